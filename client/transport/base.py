@@ -1,0 +1,24 @@
+"""The transport seam: every way of reaching a daemon ends as a gRPC target string."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Endpoint:
+    """A reachable daemon.
+
+    `grpc_target` is what grpc.insecure_channel takes ("127.0.0.1:50515", "unix-abstract:rknn_server").
+    `close` undoes whatever reaching it needed (an adb forward, a private daemon); it is idempotent.
+    """
+
+    grpc_target: str
+    description: str
+    kind: str  # "tcp" | "adb" | "private" | "unix"
+    close: Callable[[], None] = field(default=_nothing)

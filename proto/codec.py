@@ -1,0 +1,189 @@
+"""numpy arrays <-> chunked tensor messages, the same on both sides of the wire.
+
+Sending slices each array's own buffer into chunks (no full-size intermediate copy); receiving
+writes chunks into one preallocated buffer per tensor that numpy then wraps without copying.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rknn_proto import rknn_pb2
+from rknn_proto.version import CHUNK_BYTES
+
+DT = rknn_pb2.DataType
+
+# The wire's element types and their little-endian numpy equivalents.
+WIRE_DTYPES: dict[int, np.dtype] = {
+    DT.DATA_TYPE_FLOAT32: np.dtype("<f4"),
+    DT.DATA_TYPE_FLOAT16: np.dtype("<f2"),
+    DT.DATA_TYPE_FLOAT64: np.dtype("<f8"),
+    DT.DATA_TYPE_INT8: np.dtype("i1"),
+    DT.DATA_TYPE_UINT8: np.dtype("u1"),
+    DT.DATA_TYPE_INT16: np.dtype("<i2"),
+    DT.DATA_TYPE_UINT16: np.dtype("<u2"),
+    DT.DATA_TYPE_INT32: np.dtype("<i4"),
+    DT.DATA_TYPE_UINT32: np.dtype("<u4"),
+    DT.DATA_TYPE_INT64: np.dtype("<i8"),
+    DT.DATA_TYPE_BOOL: np.dtype("?"),
+}
+_BY_KIND = {(d.kind, d.itemsize): code for code, d in WIRE_DTYPES.items()}
+
+LAYOUT_NAMES = {
+    rknn_pb2.LAYOUT_UNDEFINED: "UNDEFINED",
+    rknn_pb2.LAYOUT_NCHW: "NCHW",
+    rknn_pb2.LAYOUT_NHWC: "NHWC",
+}
+_LAYOUT_CODES = {name: code for code, name in LAYOUT_NAMES.items()}
+
+
+class CodecError(ValueError):
+    """A tensor message that cannot be decoded; the text says what was wrong and what was expected."""
+
+
+@dataclass(frozen=True)
+class TensorLimits:
+    """Bounds a receiver enforces before allocating anything."""
+
+    max_tensor_bytes: int = 4 << 30
+    max_rank: int = 16
+    max_tensors: int = 256
+
+
+def supported_dtype_names() -> list[str]:
+    return sorted({str(d) if d.kind != "b" else "bool" for d in WIRE_DTYPES.values()})
+
+
+def dtype_to_wire(dtype: np.dtype) -> int:
+    code = _BY_KIND.get((dtype.kind, dtype.itemsize))
+    if code is None:
+        raise CodecError(f"dtype {dtype} cannot travel; supported: {', '.join(supported_dtype_names())}")
+    return code
+
+
+def dtype_from_wire(code: int) -> np.dtype:
+    dtype = WIRE_DTYPES.get(code)
+    if dtype is None:
+        raise CodecError(f"unknown data type code {code}; expected one of {sorted(WIRE_DTYPES)}")
+    return dtype
+
+
+def layout_to_wire(name: str) -> int:
+    try:
+        return _LAYOUT_CODES[name.upper()]
+    except KeyError:
+        raise CodecError(f"unknown layout {name!r}; expected one of {sorted(_LAYOUT_CODES)}") from None
+
+
+def layout_name(code: int) -> str:
+    try:
+        return LAYOUT_NAMES[code]
+    except KeyError:
+        raise CodecError(f"unknown layout code {code}; expected one of {sorted(LAYOUT_NAMES)}") from None
+
+
+def wire_array(array: np.ndarray) -> np.ndarray:
+    """The array as it travels: C-contiguous, little-endian, a wire dtype (copies only if needed)."""
+    dtype_to_wire(array.dtype)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array)
+
+
+def meta_of(array: np.ndarray, name: str = "", layout: str = "UNDEFINED", pass_through: bool = False) -> rknn_pb2.TensorMeta:
+    return rknn_pb2.TensorMeta(
+        name=name,
+        dtype=dtype_to_wire(array.dtype),
+        shape=list(array.shape),
+        layout=layout_to_wire(layout),
+        byte_length=array.nbytes,
+        pass_through=pass_through,
+    )
+
+
+def iter_chunks(arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> Iterator[rknn_pb2.TensorChunk]:
+    """Chunks of wire-ready arrays (see wire_array), in order; an empty tensor sends no chunk."""
+    for index, array in enumerate(arrays):
+        view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
+        for offset in range(0, array.nbytes, chunk_bytes):
+            yield rknn_pb2.TensorChunk(tensor_index=index, offset=offset, data=view[offset : offset + chunk_bytes])
+
+
+def check_meta(meta: rknn_pb2.TensorMeta, limits: TensorLimits, what: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """Validate a meta before allocating: dtype, rank, dims and byte length must agree."""
+    dtype = dtype_from_wire(meta.dtype)
+    layout_name(meta.layout)
+    shape = tuple(int(d) for d in meta.shape)
+    if len(shape) > limits.max_rank:
+        raise CodecError(f"{what}: rank {len(shape)} exceeds the limit of {limits.max_rank} dimensions")
+    if any(d < 0 for d in shape):
+        raise CodecError(f"{what}: shape {list(shape)} has a negative dimension")
+    expected = math.prod(shape) * dtype.itemsize
+    if expected > limits.max_tensor_bytes:
+        raise CodecError(
+            f"{what}: shape {list(shape)} of {dtype} needs {expected} bytes, over the limit "
+            f"max_tensor_bytes={limits.max_tensor_bytes}"
+        )
+    if meta.byte_length != expected:
+        raise CodecError(
+            f"{what}: byte_length {meta.byte_length} does not match shape {list(shape)} of {dtype} "
+            f"(expected {expected} bytes)"
+        )
+    return dtype, shape
+
+
+class TensorAssembler:
+    """Collects the chunks of several tensors into preallocated buffers, checking order and size."""
+
+    def __init__(self, metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor") -> None:
+        if len(metas) > limits.max_tensors:
+            raise CodecError(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
+        self._layouts = [check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)]
+        total = sum(m.byte_length for m in metas)
+        if total > limits.max_tensor_bytes:
+            raise CodecError(f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}")
+        self._metas = list(metas)
+        self._buffers = [bytearray(m.byte_length) for m in metas]
+        self._filled = [0] * len(metas)
+        self._current = 0
+        self._what = what
+
+    def add(self, chunk: rknn_pb2.TensorChunk) -> None:
+        i = chunk.tensor_index
+        while self._current < len(self._metas) and self._filled[self._current] == self._metas[self._current].byte_length:
+            self._current += 1
+        if i != self._current:
+            raise CodecError(
+                f"chunk for {self._what} {i} arrived out of order; expected a chunk of {self._what} {self._current}"
+            )
+        if chunk.offset != self._filled[i]:
+            raise CodecError(
+                f"chunk of {self._what} {i} at offset {chunk.offset}; expected offset {self._filled[i]}"
+            )
+        end = self._filled[i] + len(chunk.data)
+        if end > self._metas[i].byte_length:
+            raise CodecError(
+                f"{self._what} {i} received {end} bytes; its meta declared {self._metas[i].byte_length}"
+            )
+        self._buffers[i][self._filled[i] : end] = chunk.data
+        self._filled[i] = end
+
+    def missing(self) -> list[str]:
+        return [
+            f"{self._what} {i}: {got} of {m.byte_length} bytes"
+            for i, (m, got) in enumerate(zip(self._metas, self._filled, strict=True))
+            if got != m.byte_length
+        ]
+
+    def arrays(self) -> list[np.ndarray]:
+        missing = self.missing()
+        if missing:
+            raise CodecError("stream ended before all tensor bytes arrived (" + "; ".join(missing) + ")")
+        return [
+            np.frombuffer(buf, dtype=dtype).reshape(shape)
+            for buf, (dtype, shape) in zip(self._buffers, self._layouts, strict=True)
+        ]

@@ -1,0 +1,71 @@
+"""A model's content address: one digest over all of its files.
+
+The digest is the sha256 of one line ``"<sha256> <size> <name>\\n"`` per file, main file first and
+the others sorted by name, so that a model with ONNX external data is one cache entry and renaming
+or changing any of its files changes the address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rknn_proto import rknn_pb2
+
+# Names a model file may carry on the wire and in the cache: no separators, no leading dot.
+FILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+HEX_DIGEST_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_READ_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    size: int
+    sha256: str
+
+
+def valid_file_name(name: str) -> bool:
+    return bool(FILE_NAME_PATTERN.match(name)) and ".." not in name
+
+
+def manifest_digest(files: Sequence[FileEntry]) -> str:
+    """Digest of a manifest whose first entry is the main file."""
+    if not files:
+        raise ValueError("a model has at least one file")
+    ordered = [files[0], *sorted(files[1:], key=lambda f: f.name)]
+    text = "".join(f"{f.sha256} {f.size} {f.name}\n" for f in ordered)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(_READ_BYTES):
+            h.update(block)
+    return h.hexdigest()
+
+
+def describe_files(paths: Sequence[Path]) -> rknn_pb2.ModelManifest:
+    """Build the manifest of a model from its files on disk (paths[0] is the main file)."""
+    entries = [FileEntry(p.name, p.stat().st_size, file_sha256(p)) for p in paths]
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model files must have distinct names, got {names}")
+    for e in entries:
+        if not valid_file_name(e.name):
+            raise ValueError(
+                f"model file name {e.name!r} is not allowed: use letters, digits, '.', '_' and '-' only"
+            )
+    ordered = [entries[0], *sorted(entries[1:], key=lambda f: f.name)]
+    return rknn_pb2.ModelManifest(
+        digest=manifest_digest(ordered),
+        files=[rknn_pb2.ModelFile(name=e.name, size=e.size, sha256=e.sha256) for e in ordered],
+    )
+
+
+def entries_of(manifest: rknn_pb2.ModelManifest) -> list[FileEntry]:
+    return [FileEntry(f.name, f.size, f.sha256) for f in manifest.files]

@@ -1,0 +1,20 @@
+"""Protocol version and the constants both sides must agree on."""
+
+from __future__ import annotations
+
+# Minor version of the rknn.v1 contract: bumped each time a field or RPC is added.
+PROTOCOL_VERSION = 1
+# Oldest peer version this code still talks to.
+MIN_PROTOCOL_VERSION = 1
+# gRPC metadata key carrying the sender's PROTOCOL_VERSION on every call.
+PROTOCOL_VERSION_METADATA_KEY = "rknn-protocol-version"
+
+# The project's default TCP port.
+DEFAULT_PORT = 50515
+# The abstract UNIX socket the daemon listens on by default (reached over adb forward).
+DEFAULT_ABSTRACT_SOCKET = "rknn_server"
+
+# Chunk size for tensors and model uploads: about 1 MiB measured fastest in Python gRPC.
+CHUNK_BYTES = 1 << 20
+# Largest single gRPC message either side accepts: a chunk plus generous framing room.
+MAX_MESSAGE_BYTES = 8 << 20

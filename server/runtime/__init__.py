@@ -1,0 +1,1 @@
+"""Runtime backends behind one interface (see base): `host` (ONNX Runtime) and `rknnrt` (librknnrt)."""

@@ -1,0 +1,195 @@
+"""The backend interface: what the daemon needs from a runtime, in plain Python over numpy arrays.
+
+A backend opens a model file (by path, never by bytes: models can be several GiB) into a
+`ModelRuntime`, which describes its tensors and runs, profiles, measures and dumps it. Nothing here
+knows about gRPC; the service maps these calls and `BackendError` subclasses onto the wire.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class BackendError(Exception):
+    """Base of errors a backend raises; the message is shown to the user as is."""
+
+
+class ModelFormatError(BackendError):
+    """The file is not a model this backend can load (wrong format, corrupt, unsupported ops)."""
+
+
+class InputError(BackendError):
+    """Inputs that do not fit the model (count, shape, dtype)."""
+
+
+class UnsupportedError(BackendError):
+    """The backend or the board cannot do what was asked (e.g. a core mask the SoC lacks)."""
+
+
+class ExecutionError(BackendError):
+    """The runtime failed while running a valid request."""
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    """How a tensor is quantized in the runtime: real = (q - zero_point) * scale for 'affine'."""
+
+    kind: str = "none"  # "none" | "affine" | "dfp"
+    zero_point: int = 0
+    scale: float = 1.0
+    fl: int = 0
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a model as the runtime sees it."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]  # in `layout` order; <= 0 marks a dynamic dimension
+    dtype: np.dtype
+    layout: str = "UNDEFINED"  # "NCHW" | "NHWC" | "UNDEFINED"
+    quant: QuantInfo = field(default_factory=QuantInfo)
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(d <= 0 for d in self.shape)
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Options of `init_runtime` that reach the runtime."""
+
+    target: str = ""
+    perf_debug: bool = False
+    eval_mem: bool = False
+    core_mask: int = 0
+    fallback_prior_device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """One row of the per-layer performance table."""
+
+    index: int
+    op_type: str
+    data_type: str
+    target: str
+    input_shapes: tuple[str, ...]
+    output_shape: str
+    time_us: float
+    name: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FrequencyReading:
+    kind: str  # "CPU" (kHz) | "NPU" (Hz) | "DDR" (Hz)
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    layers: tuple[LayerTiming, ...]
+    total_time_us: float
+    total_rw_kb: float = 0.0
+    raw_text: str = ""
+    extra_columns: tuple[str, ...] = ()
+
+    @property
+    def total_operator_time_us(self) -> float:
+        return sum(layer.time_us for layer in self.layers)
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    weight_bytes: int
+    internal_bytes: int
+    other_bytes: int
+    model_size: int
+    method: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.internal_bytes + self.other_bytes
+
+
+@dataclass(frozen=True)
+class LayerTensor:
+    """One captured intermediate tensor, for accuracy analysis."""
+
+    index: int
+    op_type: str
+    node_name: str
+    tensor_name: str
+    array: np.ndarray
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    api: str  # e.g. "onnxruntime 1.18.0" or "2.3.2 (429f97ae6b@2025-04-09T09:08:16)"
+    driver: str  # NPU driver / runtime library version string
+
+
+class ModelRuntime(abc.ABC):
+    """A model loaded into a runtime. Not thread-safe: the daemon serialises calls per session."""
+
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+
+    @abc.abstractmethod
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run once. Inputs are already checked against `inputs` (count, dtype, shape)."""
+
+    @abc.abstractmethod
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+        """Time the model; per-layer rows only when opened with perf_debug."""
+
+    @abc.abstractmethod
+    def memory(self) -> MemoryResult:
+        """Memory the runtime holds for this model."""
+
+    def dump_layers(self, inputs: Sequence[np.ndarray]) -> Iterator[LayerTensor]:
+        """Run once and yield every intermediate tensor, one at a time."""
+        raise UnsupportedError("this runtime cannot dump per-layer tensors")
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Free everything the runtime holds for this model. Safe to call twice."""
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    perf_per_layer: bool = False
+    memory_detail: bool = False
+    layer_dumps: bool = False
+    core_mask: bool = False
+    dynamic_shape: bool = False
+    fix_freq: bool = False
+
+
+class Backend(abc.ABC):
+    """A kind of runtime (ONNX Runtime on the CPU, librknnrt on the NPU)."""
+
+    name: str
+    model_suffixes: tuple[str, ...]
+    capabilities: BackendCapabilities
+
+    @abc.abstractmethod
+    def version(self) -> VersionInfo: ...
+
+    @abc.abstractmethod
+    def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
+        """Load a model by path (other files of the model sit beside it)."""
+
+    def soc(self) -> str:
+        """The SoC this backend serves, or "" when it stands in for any."""
+        return ""
+
+    def frequencies(self) -> tuple[FrequencyReading, ...]:
+        return ()

@@ -1,0 +1,111 @@
+"""`rknn_server [serve] [options]` runs the daemon; `rknn_server health [ADDR]` probes one."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rknn_proto.version import DEFAULT_PORT
+from rknn_server import __version__
+from rknn_server.daemon import DaemonConfig, run
+from rknn_server.listen import DEFAULT_LISTEN, parse_listen
+from rknn_server.logs import configure
+from rknn_server.model_cache import CacheLimits
+from rknn_server.runtime.select import BackendUnavailable
+
+
+def _listen_arg(text: str) -> str:
+    try:
+        parse_listen(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rknn_server",
+        description="Board daemon: lets a PC run, profile and inspect models on this board's NPU over gRPC.",
+        epilog="Subcommand: 'rknn_server health [ADDR]' exits 0 when the daemon at ADDR is serving.",
+    )
+    p.add_argument("--version", action="version", version=f"rknn_server {__version__}")
+    p.add_argument(
+        "--listen",
+        action="append",
+        type=_listen_arg,
+        metavar="ADDR",
+        help="tcp://HOST:PORT or unix-abstract:NAME; repeatable; port 0 picks a free port "
+        f"(default: {' and '.join(DEFAULT_LISTEN)})",
+    )
+    p.add_argument("--runtime", choices=("auto", "host", "rknnrt"), default="auto", help="runtime backend")
+    p.add_argument("--soc", default="", help="declare the SoC (e.g. rk3588) when the probe cannot see it")
+    p.add_argument(
+        "--model-cache", type=Path, default=Path("~/.cache/rknn_server").expanduser(), help="model cache folder"
+    )
+    p.add_argument("--cache-quota", type=int, default=CacheLimits.quota_bytes, help="model cache size in bytes")
+    p.add_argument("--max-model-bytes", type=int, default=CacheLimits.max_model_bytes, help="largest model accepted")
+    p.add_argument("--session-idle-timeout", type=float, default=300.0, metavar="S", help="free idle sessions after S s")
+    p.add_argument("--max-sessions", type=int, default=16, help="most sessions open at once")
+    p.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        default="thread",
+        help="run each session in the daemon (thread) or in a worker process of its own (process)",
+    )
+    p.add_argument("--call-timeout", type=float, default=None, metavar="S", help="kill a session's worker after S s")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per host-runtime session")
+    p.add_argument("--log-format", choices=("console", "json"), default="console")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def health_main(argv: list[str]) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    p = argparse.ArgumentParser(prog="rknn_server health", description="Exit 0 when the daemon at ADDR is serving.")
+    p.add_argument("addr", nargs="?", default=f"tcp://127.0.0.1:{DEFAULT_PORT}", type=_listen_arg)
+    p.add_argument("--timeout", type=float, default=3.0)
+    args = p.parse_args(argv)
+    target = parse_listen(args.addr).grpc_address()
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=args.timeout)
+        except grpc.RpcError as exc:
+            print(f"rknn_server at {args.addr} is not answering: {exc.details()}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"rknn_server at {args.addr}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["health"]:
+        return health_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    args = serve_parser().parse_args(argv)
+    configure(args.log_format, args.log_level)
+    config = DaemonConfig(
+        listen=[parse_listen(a) for a in (args.listen or DEFAULT_LISTEN)],
+        runtime=args.runtime,
+        soc=args.soc.lower(),
+        model_cache=args.model_cache,
+        cache_limits=CacheLimits(quota_bytes=args.cache_quota, max_model_bytes=args.max_model_bytes),
+        session_idle_timeout_s=args.session_idle_timeout,
+        max_sessions=args.max_sessions,
+        isolation=args.isolation,
+        call_timeout_s=args.call_timeout,
+        threads=args.threads,
+    )
+    try:
+        return run(config)
+    except (BackendUnavailable, OSError) as exc:
+        print(f"rknn_server: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

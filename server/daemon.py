@@ -1,0 +1,146 @@
+"""The daemon: one grpc.aio server on one event loop, with health, reflection, the session reaper
+and graceful shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.version import MAX_MESSAGE_BYTES
+from rknn_server import __version__
+from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
+from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions
+from rknn_server.runtime.isolated import IsolatedRuntime
+from rknn_server.runtime.select import select_backend
+from rknn_server.service import RknnService, ServiceConfig
+from rknn_server.sessions import Session, SessionRegistry
+
+log = structlog.get_logger("rknn_server")
+SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
+
+
+@dataclass
+class DaemonConfig:
+    listen: list[ListenAddress] = field(default_factory=lambda: [parse_listen(a) for a in DEFAULT_LISTEN])
+    runtime: str = "auto"
+    soc: str = ""
+    model_cache: Path = Path("~/.cache/rknn_server").expanduser()
+    cache_limits: CacheLimits = field(default_factory=CacheLimits)
+    tensor_limits: codec.TensorLimits = field(default_factory=codec.TensorLimits)
+    session_idle_timeout_s: float = 300.0
+    max_sessions: int = 16
+    isolation: str = "thread"  # "thread": in the daemon; "process": one worker process per session
+    call_timeout_s: float | None = None
+    threads: int | None = None
+    grace_s: float = 10.0
+
+
+def _same(backend: Backend) -> Backend:
+    return backend
+
+
+def make_opener(config: DaemonConfig):  # type: ignore[no-untyped-def]
+    """How sessions load models: in this process, or each in a worker process of its own."""
+
+    def in_process(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
+        return backend.open(path, options)
+
+    def in_worker(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
+        return IsolatedRuntime(functools.partial(_same, backend), path, options, config.call_timeout_s)
+
+    return in_worker if config.isolation == "process" else in_process
+
+
+async def _reap(registry: SessionRegistry, executor: ThreadPoolExecutor, period: float) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(period)
+        for session in registry.expired():
+            await loop.run_in_executor(executor, registry.close, session, "idle lease expired")
+
+
+async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
+    backend, reason = select_backend(config.runtime, config.soc, config.threads)
+    cache = ModelCache(config.model_cache, config.cache_limits)
+    executor = ThreadPoolExecutor(max_workers=max(4, config.max_sessions), thread_name_prefix="runtime")
+
+    def on_release(session: Session) -> None:
+        cache.unpin(session.digest)
+
+    registry = SessionRegistry(config.max_sessions, config.session_idle_timeout_s, on_release)
+    service = RknnService(
+        backend,
+        cache,
+        registry,
+        executor,
+        make_opener(config),
+        ServiceConfig(tensor_limits=config.tensor_limits, runtime_reason=reason),
+    )
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    from grpc_reflection.v1alpha import reflection
+
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    bound = []
+    for address in config.listen:
+        port = server.add_insecure_port(address.grpc_address())
+        if address.scheme == "tcp" and port == 0:
+            raise OSError(f"cannot listen on {address.display()}: the address is in use or not available")
+        bound.append(address.display(port))
+    await server.start()
+    for status_name in ("", SERVICE_NAME):
+        await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
+    for text in bound:
+        print(f"listening on {text}", flush=True)
+    log.info("daemon_started", version=__version__, runtime=backend.name, reason=reason, listen=bound, soc=backend.soc())
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    reaper = asyncio.create_task(_reap(registry, executor, min(1.0, config.session_idle_timeout_s / 4)))
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(registry))
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(config.grace_s)
+    reaper.cancel()
+    for session in registry.drain():
+        registry.close(session, "daemon shutting down")
+    executor.shutdown(wait=False, cancel_futures=True)
+    log.info("daemon_stopped")
+    return 0
+
+
+def run(config: DaemonConfig) -> int:
+    """Run the daemon on uvloop when it is installed (it has no armv7 wheels), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(config))
+    if sys.version_info >= (3, 11):
+        return uvloop.run(serve(config))
+    uvloop.install()
+    return asyncio.run(serve(config))

@@ -1,0 +1,243 @@
+"""The `host` backend: ONNX Runtime on the CPU, a virtual board for people without hardware.
+
+It stands in for any SoC. Per-layer timings come from ONNX Runtime's own profiler (real per-node
+durations), memory from the model's weights, a liveness pass over intermediates and the process's
+measured memory growth while loading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import psutil
+
+from rknn_server.runtime import onnx_graph
+from rknn_server.runtime.base import (
+    Backend,
+    BackendCapabilities,
+    ExecutionError,
+    LayerTiming,
+    MemoryResult,
+    ModelFormatError,
+    ModelRuntime,
+    PerfResult,
+    RuntimeOptions,
+    TensorSpec,
+    VersionInfo,
+)
+
+# ONNX Runtime's type strings for the element types that travel on the wire.
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(int16)": np.int16,
+    "tensor(uint16)": np.uint16,
+    "tensor(int32)": np.int32,
+    "tensor(uint32)": np.uint32,
+    "tensor(int64)": np.int64,
+    "tensor(bool)": np.bool_,
+}
+# Profiler element-type names -> the toolkit's DataType column.
+_PROFILE_TYPES = {
+    "float": "FLOAT32",
+    "float16": "FLOAT16",
+    "double": "FLOAT64",
+    "int8": "INT8",
+    "uint8": "UINT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "bool": "BOOL",
+}
+PERF_RUNS = 5
+PROFILE_RUNS = 3
+
+
+def session_options(threads: int) -> ort.SessionOptions:
+    """The options every host session uses; benchmarks build their baseline with the same."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return opts
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _spec(index: int, arg: ort.NodeArg) -> TensorSpec:
+    dtype = _ORT_TYPES.get(arg.type)
+    if dtype is None:
+        raise ModelFormatError(f"tensor {arg.name!r} has type {arg.type}, which the wire cannot carry")
+    shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
+    return TensorSpec(index, arg.name, shape, np.dtype(dtype), "NCHW" if len(shape) == 4 else "UNDEFINED")
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "(" + ",".join(str(d) for d in shape) + ")"
+
+
+def _type_shapes(entries: list[dict[str, list[int]]]) -> list[tuple[str, list[int]]]:
+    return [(k, v) for entry in entries for k, v in entry.items()]
+
+
+def parse_profile(events: list[dict], runs: int) -> list[LayerTiming]:
+    """Per-node rows from ONNX Runtime profiler events: order of first run, mean time over `runs`."""
+    order: list[str] = []
+    durations: dict[str, list[float]] = {}
+    first: dict[str, dict] = {}
+    for event in events:
+        if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
+            continue
+        node = event["name"][: -len("_kernel_time")]
+        if node not in durations:
+            order.append(node)
+            durations[node] = []
+            first[node] = event["args"]
+        durations[node].append(float(event["dur"]))
+    rows = []
+    for index, node in enumerate(order, start=1):
+        args = first[node]
+        inputs = _type_shapes(args.get("input_type_shape", []))
+        outputs = _type_shapes(args.get("output_type_shape", []))
+        elem = outputs[0][0] if outputs else (inputs[0][0] if inputs else "float")
+        samples = durations[node][-runs:]
+        rows.append(
+            LayerTiming(
+                index=index,
+                op_type=str(args.get("op_name", "")),
+                data_type=_PROFILE_TYPES.get(elem, elem.upper()),
+                target="CPU",
+                input_shapes=tuple(_shape_text(s) for _, s in inputs),
+                output_shape=_shape_text(outputs[0][1]) if outputs else "\\",
+                time_us=statistics.fmean(samples),
+                name=f"{args.get('op_name', '')}:{node}",
+                extra={"Provider": str(args.get("provider", "")).removesuffix("ExecutionProvider")},
+            )
+        )
+    return rows
+
+
+class HostModel(ModelRuntime):
+    def __init__(self, path: Path, options: RuntimeOptions, threads: int) -> None:
+        self._path = path
+        self._options = options
+        self._threads = threads
+        try:
+            self._graph = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:
+            raise ModelFormatError(f"{path.name} is not a loadable ONNX model: {exc}") from exc
+        process = psutil.Process()
+        rss_before = process.memory_info().rss
+        try:
+            self._session = ort.InferenceSession(
+                str(path), session_options(threads), providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ModelFormatError(f"ONNX Runtime cannot load {path.name}: {exc}") from exc
+        self._load_growth = max(0, process.memory_info().rss - rss_before)
+        self.inputs = [_spec(i, a) for i, a in enumerate(self._session.get_inputs())]
+        self.outputs = [_spec(i, a) for i, a in enumerate(self._session.get_outputs())]
+        self._input_names = [s.name for s in self.inputs]
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self._run(self._session, inputs)
+
+    def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        try:
+            return list(session.run(None, dict(zip(self._input_names, inputs, strict=True))))
+        except Exception as exc:
+            raise ExecutionError(f"ONNX Runtime failed to run the model: {exc}") from exc
+
+    def sample_inputs(self) -> list[np.ndarray]:
+        """Zeros of each input's shape (dynamic dimensions as 1), for timing without user data."""
+        return [np.zeros([max(d, 1) for d in s.shape], dtype=s.dtype) for s in self.inputs]
+
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+        feed = list(inputs) if inputs is not None else self.sample_inputs()
+        self._run(self._session, feed)
+        times = []
+        for _ in range(PERF_RUNS):
+            start = time.perf_counter()
+            self._run(self._session, feed)
+            times.append((time.perf_counter() - start) * 1e6)
+        layers: list[LayerTiming] = []
+        if self._options.perf_debug:
+            layers = self._profile(feed)
+        return PerfResult(
+            layers=tuple(layers),
+            total_time_us=statistics.median(times),
+            extra_columns=("Provider",) if layers else (),
+        )
+
+    def _profile(self, feed: Sequence[np.ndarray]) -> list[LayerTiming]:
+        with tempfile.TemporaryDirectory(prefix="rknn-profile-") as tmp:
+            opts = session_options(self._threads)
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(Path(tmp) / "profile")
+            session = ort.InferenceSession(str(self._path), opts, providers=["CPUExecutionProvider"])
+            for _ in range(PROFILE_RUNS + 1):
+                self._run(session, feed)
+            profile = Path(session.end_profiling())
+            events = json.loads(profile.read_text())
+        return parse_profile(events, PROFILE_RUNS)
+
+    def memory(self) -> MemoryResult:
+        tensors = onnx_graph.inferred_tensors(self._graph)
+        weights = onnx_graph.initializer_bytes(self._graph)
+        internal = onnx_graph.peak_intermediate_bytes(self._graph, tensors)
+        model_size = sum(p.stat().st_size for p in self._path.parent.iterdir() if p.is_file() and p.name != ".main")
+        return MemoryResult(
+            weight_bytes=weights,
+            internal_bytes=internal,
+            other_bytes=max(0, self._load_growth - weights),
+            model_size=model_size,
+            method="weights: ONNX initializers; internal: peak of live intermediate tensors; "
+            "other: process memory growth while loading, less the weights",
+        )
+
+    def close(self) -> None:
+        self.__dict__.pop("_session", None)
+
+
+class HostBackend(Backend):
+    name = "host"
+    model_suffixes = (".onnx",)
+    capabilities = BackendCapabilities(perf_per_layer=True, memory_detail=True, dynamic_shape=True)
+
+    def __init__(self, soc: str = "", threads: int | None = None) -> None:
+        self._soc = soc.lower()
+        self.threads = threads or default_threads()
+
+    def version(self) -> VersionInfo:
+        return VersionInfo(api=f"onnxruntime {ort.__version__}", driver=f"host CPU (onnx {onnx.__version__})")
+
+    def soc(self) -> str:
+        return self._soc
+
+    def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
+        if model_path.suffix.lower() == ".rknn" or _looks_like_rknn(model_path):
+            raise ModelFormatError(
+                f"{model_path.name} is an RKNN model, and this daemon runs the host runtime (ONNX Runtime), "
+                "which cannot execute RKNN models. Run the daemon on the board with librknnrt "
+                "(rknn_server --runtime rknnrt), or load the original model with load_onnx() to use the host runtime."
+            )
+        return HostModel(model_path, options, self.threads)
+
+
+def _looks_like_rknn(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(4) == b"RKNN"

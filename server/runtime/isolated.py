@@ -1,0 +1,144 @@
+"""Run a session's model in a child process, so a hung or crashing native call can be killed
+without taking the daemon (or other sessions) down.
+
+The child is started with the spawn method (never fork after gRPC exists), builds the backend
+from a picklable factory, opens the model, then serves calls over a pipe one at a time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rknn_server.runtime.base import (
+    Backend,
+    BackendError,
+    ExecutionError,
+    LayerTensor,
+    MemoryResult,
+    ModelRuntime,
+    PerfResult,
+    RuntimeOptions,
+)
+
+BackendFactory = Callable[[], Backend]
+_END = "__end__"
+
+
+def _serve(conn: multiprocessing.connection.Connection, factory: BackendFactory, path: Path, options: RuntimeOptions) -> None:
+    try:
+        model = factory().open(path, options)
+    except BaseException as exc:
+        conn.send(("err", _portable(exc)))
+        return
+    conn.send(("ok", (list(model.inputs), list(model.outputs))))
+    while True:
+        try:
+            method, args = conn.recv()
+        except EOFError:
+            break
+        if method == "close":
+            model.close()
+            conn.send(("ok", None))
+            break
+        try:
+            if method == "dump_layers":
+                for layer in model.dump_layers(*args):
+                    conn.send(("item", layer))
+                conn.send(("ok", _END))
+            else:
+                conn.send(("ok", getattr(model, method)(*args)))
+        except BaseException as exc:
+            conn.send(("err", _portable(exc)))
+
+
+def _portable(exc: BaseException) -> BackendError:
+    """Exceptions cross the pipe as backend errors with the original text."""
+    if isinstance(exc, BackendError):
+        return exc
+    return ExecutionError(f"{type(exc).__name__}: {exc}")
+
+
+class IsolatedRuntime(ModelRuntime):
+    def __init__(
+        self, factory: BackendFactory, path: Path, options: RuntimeOptions, call_timeout_s: float | None
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._timeout = call_timeout_s
+        self._process = ctx.Process(target=_serve, args=(child, factory, path, options), daemon=True)
+        self._process.start()
+        child.close()
+        self.inputs, self.outputs = self._receive("open")
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def _receive(self, method: str) -> Any:
+        if not self._conn.poll(self._timeout):
+            self.kill()
+            raise ExecutionError(
+                f"the runtime did not answer {method} within {self._timeout}s; its worker process was killed "
+                "and this session is broken (init_runtime again)"
+            )
+        try:
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            code = self._process.exitcode
+            self.kill()
+            raise ExecutionError(
+                f"the runtime's worker process died during {method} (exit code {code}); "
+                "this session is broken (init_runtime again)"
+            ) from None
+        if kind == "err":
+            raise value
+        return value if kind == "ok" else (kind, value)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if not self._process.is_alive():
+            raise ExecutionError("this session's worker process is gone; call init_runtime again")
+        self._conn.send((method, args))
+        return self._receive(method)
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        result: list[np.ndarray] = self._call("run", list(inputs))
+        return result
+
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+        result: PerfResult = self._call("perf", None if inputs is None else list(inputs))
+        return result
+
+    def memory(self) -> MemoryResult:
+        result: MemoryResult = self._call("memory")
+        return result
+
+    def dump_layers(self, inputs: Sequence[np.ndarray]) -> Iterator[LayerTensor]:
+        item = self._call("dump_layers", list(inputs))
+        while item != _END:
+            _, layer = item
+            yield layer
+            item = self._receive("dump_layers")
+
+    def kill(self) -> None:
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join(timeout=5)
+        self._conn.close()
+
+    def close(self) -> None:
+        if self._conn.closed:
+            return
+        try:
+            if self._process.is_alive():
+                self._call("close")
+        except BackendError:
+            pass
+        finally:
+            self._process.join(timeout=5)
+            self.kill()

@@ -1,0 +1,113 @@
+"""Open sessions, each a model loaded into a runtime, with an idle lease.
+
+A session whose client stops calling (crash, cable pulled) is released by the reaper after the
+idle timeout, freeing its runtime memory and unpinning its model: nothing needs a daemon restart.
+Calls into one session are serialised by its lock; different sessions run in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from rknn_server.errors import NotFound, ResourceExhausted
+from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
+
+log = structlog.get_logger("rknn_server.sessions")
+
+
+@dataclass
+class Session:
+    id: str
+    digest: str
+    options: RuntimeOptions
+    runtime: ModelRuntime
+    idle_timeout_s: float
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def renew(self) -> None:
+        self.last_used = time.monotonic()
+
+    def expires_in(self) -> float:
+        return max(0.0, self.idle_timeout_s - (time.monotonic() - self.last_used))
+
+
+class SessionRegistry:
+    def __init__(
+        self,
+        max_sessions: int,
+        idle_timeout_s: float,
+        on_release: Callable[[Session], None],
+    ) -> None:
+        self.max_sessions = max_sessions
+        self.idle_timeout_s = idle_timeout_s
+        self._on_release = on_release
+        self._sessions: dict[str, Session] = {}
+        self._reserved = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def reserve(self) -> None:
+        """Claim a slot before loading a model, so concurrent loads cannot exceed the limit."""
+        if len(self._sessions) + self._reserved >= self.max_sessions:
+            raise ResourceExhausted(
+                f"the daemon already has {len(self._sessions)} open session(s), the limit max_sessions="
+                f"{self.max_sessions}; release one (or wait {self.idle_timeout_s:.0f}s for idle ones to expire)"
+            )
+        self._reserved += 1
+
+    def unreserve(self) -> None:
+        self._reserved -= 1
+
+    def add(self, digest: str, options: RuntimeOptions, runtime: ModelRuntime) -> Session:
+        self._reserved -= 1
+        session = Session(secrets.token_hex(16), digest, options, runtime, self.idle_timeout_s)
+        self._sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(
+                f"session {session_id!r} does not exist: it was released, expired after "
+                f"{self.idle_timeout_s:.0f}s without calls, or the daemon restarted; call init_runtime again"
+            )
+        session.renew()
+        return session
+
+    def pop(self, session_id: str) -> Session:
+        session = self.get(session_id)
+        del self._sessions[session_id]
+        return session
+
+    def expired(self) -> list[Session]:
+        """Remove and return the sessions whose lease ran out (and that are not busy)."""
+        now = time.monotonic()
+        gone = [
+            s for s in self._sessions.values() if now - s.last_used > s.idle_timeout_s and not s.lock.locked()
+        ]
+        for s in gone:
+            del self._sessions[s.id]
+        return gone
+
+    def drain(self) -> list[Session]:
+        gone = list(self._sessions.values())
+        self._sessions.clear()
+        return gone
+
+    def close(self, session: Session, reason: str) -> None:
+        """Free a session's runtime; never raises (a failing close must not hurt other sessions)."""
+        try:
+            session.runtime.close()
+        except Exception as exc:
+            log.warning("session_close_failed", session=session.id, error=str(exc))
+        finally:
+            self._on_release(session)
+        log.info("session_released", session=session.id, reason=reason, model=session.digest[:12])

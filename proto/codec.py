@@ -106,11 +106,17 @@ def meta_of(array: np.ndarray, name: str = "", layout: str = "UNDEFINED", pass_t
 
 
 def iter_chunks(arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> Iterator[rknn_pb2.TensorChunk]:
-    """Chunks of wire-ready arrays (see wire_array), in order; an empty tensor sends no chunk."""
+    """Chunks of wire-ready arrays (see wire_array), in order; an empty tensor sends no chunk.
+
+    Each chunk's bytes are copied once out of the array's own buffer (protobuf wants `bytes`);
+    no full-size intermediate is made.
+    """
     for index, array in enumerate(arrays):
-        view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
+        view = memoryview(array.reshape(-1).view(np.uint8))
         for offset in range(0, array.nbytes, chunk_bytes):
-            yield rknn_pb2.TensorChunk(tensor_index=index, offset=offset, data=view[offset : offset + chunk_bytes])
+            yield rknn_pb2.TensorChunk(
+                tensor_index=index, offset=offset, data=view[offset : offset + chunk_bytes].tobytes()
+            )
 
 
 def check_meta(meta: rknn_pb2.TensorMeta, limits: TensorLimits, what: str) -> tuple[np.dtype, tuple[int, ...]]:

@@ -55,6 +55,11 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--call-timeout", type=float, default=None, metavar="S", help="kill a session's worker after S s")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per host-runtime session")
+    p.add_argument(
+        "--exit-with-stdin",
+        action="store_true",
+        help="stop when standard input closes (used by a client that starts a private daemon)",
+    )
     p.add_argument("--log-format", choices=("console", "json"), default="console")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -99,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         isolation=args.isolation,
         call_timeout_s=args.call_timeout,
         threads=args.threads,
+        exit_with_stdin=args.exit_with_stdin,
     )
     try:
         return run(config)

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import signal
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ class DaemonConfig:
     call_timeout_s: float | None = None
     threads: int | None = None
     grace_s: float = 10.0
+    exit_with_stdin: bool = False
 
 
 def _same(backend: Backend) -> Backend:
@@ -68,6 +70,12 @@ async def _reap(registry: SessionRegistry, executor: ThreadPoolExecutor, period:
         await asyncio.sleep(period)
         for session in registry.expired():
             await loop.run_in_executor(executor, registry.close, session, "idle lease expired")
+
+
+def _wait_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    while sys.stdin.buffer.read(1 << 16):
+        pass
+    loop.call_soon_threadsafe(stop.set)
 
 
 async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
@@ -119,6 +127,8 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config.exit_with_stdin:
+        threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
     reaper = asyncio.create_task(_reap(registry, executor, min(1.0, config.session_idle_timeout_s / 4)))
     if ready is not None:
         ready.set()

@@ -74,31 +74,35 @@ def _shape_fits(expected: Sequence[int], actual: Sequence[int]) -> bool:
     return len(expected) == len(actual) and all(e <= 0 or e == a for e, a in zip(expected, actual, strict=True))
 
 
-def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[bool]:
+# Axis orders that turn data laid out as the first layout into the second.
+PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
+
+
+def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[tuple[int, ...] | None]:
     """Check the declared inputs against the model before any byte is received.
 
-    Returns, per input, whether it arrives NHWC for an NCHW model (and must be transposed).
+    Returns, per input, the axis permutation that brings it into the model's layout (None: as is).
     """
     if len(metas) != len(specs):
         raise InvalidInput(
             f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {len(metas)} were sent"
         )
-    transposes = []
+    permutations: list[tuple[int, ...] | None] = []
     for spec, meta in zip(specs, metas, strict=True):
         dtype = codec.dtype_from_wire(meta.dtype)
         shape = tuple(meta.shape)
         if dtype != spec.dtype:
             raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
         layout = codec.layout_name(meta.layout)
-        transpose = len(shape) == 4 and spec.layout == "NCHW" and layout == "NHWC"
-        effective = (shape[0], shape[3], shape[1], shape[2]) if transpose else shape
+        permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
+        effective = tuple(shape[i] for i in permutation) if permutation else shape
         if not _shape_fits(spec.shape, effective):
             raise InvalidInput(
                 f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
                 f"{list(spec.shape)} ({spec.layout})"
             )
-        transposes.append(transpose)
-    return transposes
+        permutations.append(permutation)
+    return permutations
 
 
 class _Call:
@@ -313,7 +317,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             header = first.header
             session = self.registry.get(header.session_id)
             call.session = session.id
-            transposes = check_inputs(session.runtime.inputs, header.inputs)
+            permutations = check_inputs(session.runtime.inputs, header.inputs)
             assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
             async for message in request_iterator:
                 if message.WhichOneof("part") != "chunk":
@@ -321,8 +325,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 assembler.add(message.chunk)
                 call.bytes_in += len(message.chunk.data)
             arrays = [
-                np.ascontiguousarray(a.transpose(0, 3, 1, 2)) if t else a
-                for a, t in zip(assembler.arrays(), transposes, strict=True)
+                np.ascontiguousarray(a.transpose(p)) if p else a
+                for a, p in zip(assembler.arrays(), permutations, strict=True)
             ]
             outputs, run_us = await self._run(session, arrays)
             wire = [codec.wire_array(o) for o in outputs]

@@ -1,0 +1,423 @@
+"""The idiomatic client API: `connect()` gives a Device, `Device.load()` a Session.
+
+    with rknn_client.connect("tcp://board:50515") as device:
+        with device.load("model.onnx") as session:
+            outputs = session.run([image])
+
+Errors are exceptions (see rknn_client.errors) carrying the daemon's message. This layer is strict:
+inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences live in rknn_client.compat.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from rknn_client import __version__
+from rknn_client.errors import InvalidInput, RknnError, VersionMismatch, from_rpc_error
+from rknn_client.model_files import model_files
+from rknn_client.transport.base import Endpoint
+from rknn_client.transport.resolve import resolve
+from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.version import (
+    CHUNK_BYTES,
+    MAX_MESSAGE_BYTES,
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_METADATA_KEY,
+)
+
+T = TypeVar("T")
+Progress = Callable[[int, int], None]
+_METADATA = ((PROTOCOL_VERSION_METADATA_KEY, str(PROTOCOL_VERSION)),)
+# The client trusts its daemon but still bounds what it allocates for outputs.
+_OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
+_QUANT_NAMES = {
+    rknn_pb2.QUANT_TYPE_NONE: "none",
+    rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC: "affine",
+    rknn_pb2.QUANT_TYPE_DFP: "dfp",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model input or output as the daemon's runtime sees it."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    layout: str
+    quant_type: str = "none"
+    zero_point: int = 0
+    scale: float = 1.0
+
+    @classmethod
+    def from_wire(cls, attr: rknn_pb2.TensorAttr) -> TensorInfo:
+        return cls(
+            index=attr.index,
+            name=attr.name,
+            shape=tuple(attr.shape),
+            dtype=codec.dtype_from_wire(attr.dtype),
+            layout=codec.layout_name(attr.layout),
+            quant_type=_QUANT_NAMES.get(attr.quant_type, "none"),
+            zero_point=attr.zero_point,
+            scale=attr.scale,
+        )
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    daemon_version: str
+    protocol_version: int
+    runtime: str
+    runtime_version: str
+    soc: str
+    driver_version: str
+    runtime_reason: str
+    model_formats: tuple[str, ...]
+    capabilities: dict[str, bool]
+    limits: dict[str, float]
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    index: int
+    op_type: str
+    data_type: str
+    target: str
+    input_shapes: tuple[str, ...]
+    output_shape: str
+    time_us: float
+    name: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PerfReport:
+    layers: tuple[LayerRow, ...]
+    total_time_us: float
+    total_operator_time_us: float
+    total_rw_kb: float
+    frequencies: dict[str, tuple[int, ...]]
+    frequencies_fixed: bool
+    frequency_note: str
+    raw_text: str
+    extra_columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    weight_memory: int
+    internal_memory: int
+    other_memory: int
+    total_memory: int
+    model_size: int
+    method: str
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    digest: str
+    sent_bytes: int
+    cached: bool
+
+
+class Device:
+    """A connection to one daemon. Closing it closes the channel and undoes the transport."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(
+            endpoint.grpc_target,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
+        self._info: DeviceInfo | None = None
+
+    def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        try:
+            return fn(request, metadata=_METADATA, timeout=timeout or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
+
+    def info(self) -> DeviceInfo:
+        """The daemon's description; the first call is the version handshake."""
+        if self._info is None:
+            reply = self._call(
+                "GetInfo",
+                self._stub.GetInfo,
+                rknn_pb2.GetInfoRequest(
+                    client_protocol_version=PROTOCOL_VERSION,
+                    client_version=f"rknn_client {__version__} python {platform.python_version()} {platform.system()}",
+                ),
+                timeout=30,
+            )
+            if reply.protocol_version < MIN_PROTOCOL_VERSION:
+                raise VersionMismatch(
+                    f"the daemon at {self.endpoint.description} speaks protocol {reply.protocol_version} "
+                    f"(rknn_server {reply.daemon_version}); this client needs at least {MIN_PROTOCOL_VERSION} "
+                    f"(rknn_client {__version__}). Upgrade the board: rknn-client deploy --device ID"
+                )
+            caps = reply.capabilities
+            limits = reply.limits
+            self._info = DeviceInfo(
+                daemon_version=reply.daemon_version,
+                protocol_version=reply.protocol_version,
+                runtime=reply.runtime,
+                runtime_version=reply.runtime_version,
+                soc=reply.soc,
+                driver_version=reply.driver_version,
+                runtime_reason=reply.runtime_reason,
+                model_formats=tuple(reply.model_formats),
+                capabilities={f.name: getattr(caps, f.name) for f in caps.DESCRIPTOR.fields},
+                limits={f.name: getattr(limits, f.name) for f in limits.DESCRIPTOR.fields},
+            )
+        return self._info
+
+    def upload(self, model: Path | str, progress: Progress | None = None) -> UploadResult:
+        """Send a model (and its external-data files) unless the daemon already has it; resumes."""
+        paths = model_files(Path(model))
+        wire_manifest = manifest.describe_files(paths)
+        by_name = {p.name: p for p in paths}
+        prepared = self._call(
+            "PrepareUpload", self._stub.PrepareUpload, rknn_pb2.PrepareUploadRequest(manifest=wire_manifest)
+        )
+        total = sum(f.size for f in wire_manifest.files)
+        if prepared.cached:
+            if progress:
+                progress(total, total)
+            return UploadResult(wire_manifest.digest, 0, cached=True)
+        offsets = list(prepared.held_bytes)
+        done = sum(offsets)
+
+        def requests() -> Iterator[rknn_pb2.UploadModelRequest]:
+            nonlocal done
+            yield rknn_pb2.UploadModelRequest(
+                header=rknn_pb2.UploadHeader(manifest=wire_manifest, start_offsets=offsets)
+            )
+            for index, (f, start) in enumerate(zip(wire_manifest.files, offsets, strict=True)):
+                with by_name[f.name].open("rb") as fh:
+                    fh.seek(start)
+                    offset = start
+                    while block := fh.read(CHUNK_BYTES):
+                        yield rknn_pb2.UploadModelRequest(
+                            chunk=rknn_pb2.UploadChunk(file_index=index, offset=offset, data=block)
+                        )
+                        offset += len(block)
+                        done += len(block)
+                        if progress:
+                            progress(done, total)
+
+        reply = self._call("UploadModel", self._stub.UploadModel, requests())
+        return UploadResult(reply.digest, reply.received_bytes, cached=False)
+
+    def load(
+        self,
+        model: Path | str,
+        *,
+        target: str = "",
+        perf_debug: bool = False,
+        eval_mem: bool = False,
+        core_mask: int = 0,
+        fallback_prior_device: str = "cpu",
+        progress: Progress | None = None,
+    ) -> Session:
+        """Upload (if needed) and open a session on a model."""
+        self.info()
+        uploaded = self.upload(model, progress)
+        return self.open_session(
+            uploaded.digest,
+            target=target,
+            perf_debug=perf_debug,
+            eval_mem=eval_mem,
+            core_mask=core_mask,
+            fallback_prior_device=fallback_prior_device,
+        )
+
+    def open_session(
+        self,
+        digest: str,
+        *,
+        target: str = "",
+        perf_debug: bool = False,
+        eval_mem: bool = False,
+        core_mask: int = 0,
+        fallback_prior_device: str = "cpu",
+    ) -> Session:
+        reply = self._call(
+            "InitRuntime",
+            self._stub.InitRuntime,
+            rknn_pb2.InitRuntimeRequest(
+                model_digest=digest,
+                target=target.lower(),
+                perf_debug=perf_debug,
+                eval_mem=eval_mem,
+                core_mask=core_mask,
+                fallback_prior_device=fallback_prior_device,
+            ),
+        )
+        return Session(self, reply)
+
+    def close(self) -> None:
+        self._channel.close()
+        self.endpoint.close()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Session:
+    """A model loaded on the daemon. Calls renew its lease; `release()` frees it at once."""
+
+    def __init__(self, device: Device, reply: rknn_pb2.InitRuntimeResponse) -> None:
+        self.device = device
+        self.id = reply.session_id
+        self.inputs = [TensorInfo.from_wire(a) for a in reply.inputs]
+        self.outputs = [TensorInfo.from_wire(a) for a in reply.outputs]
+        self.runtime_api_version = reply.runtime_api_version
+        self.runtime_driver_version = reply.runtime_driver_version
+        self.last_run_time_us = 0
+        self._released = False
+
+    def _check(self, arrays: Sequence[np.ndarray], strict: bool) -> None:
+        if len(arrays) != len(self.inputs):
+            raise InvalidInput(f"the model has {len(self.inputs)} input(s); {len(arrays)} were given")
+        if not strict:
+            return
+        for spec, array in zip(self.inputs, arrays, strict=True):
+            if not isinstance(array, np.ndarray):
+                raise InvalidInput(f"input {spec.index} ({spec.name}) is {type(array).__name__}; expected ndarray")
+            if array.dtype != spec.dtype:
+                raise InvalidInput(f"input {spec.index} ({spec.name}) is {array.dtype}; the model expects {spec.dtype}")
+            if len(array.shape) != len(spec.shape) or any(
+                e > 0 and e != a for e, a in zip(spec.shape, array.shape, strict=True)
+            ):
+                raise InvalidInput(
+                    f"input {spec.index} ({spec.name}) has shape {list(array.shape)}; "
+                    f"the model expects {list(spec.shape)} ({spec.layout})"
+                )
+
+    def run(
+        self,
+        inputs: Sequence[np.ndarray],
+        layouts: Sequence[str] | None = None,
+        *,
+        pass_through: Sequence[bool] | None = None,
+        strict: bool = True,
+    ) -> list[np.ndarray]:
+        """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
+        `strict=False` leaves shape and dtype checks to the daemon (which converts layouts)."""
+        self._check(inputs, strict)
+        wire = [codec.wire_array(a) for a in inputs]
+        layout_names = list(layouts) if layouts is not None else [s.layout for s in self.inputs]
+        through = list(pass_through) if pass_through is not None else [False] * len(wire)
+        metas = [
+            codec.meta_of(a, spec.name, layout, p)
+            for a, spec, layout, p in zip(wire, self.inputs, layout_names, through, strict=True)
+        ]
+
+        def requests() -> Iterator[rknn_pb2.InferenceRequest]:
+            yield rknn_pb2.InferenceRequest(header=rknn_pb2.InferenceHeader(session_id=self.id, inputs=metas))
+            for chunk in codec.iter_chunks(wire):
+                yield rknn_pb2.InferenceRequest(chunk=chunk)
+
+        where = f"Inference on {self.device.endpoint.description}"
+        try:
+            responses = self.device._stub.Inference(
+                requests(), metadata=_METADATA, timeout=self.device.timeout_s
+            )
+            first = next(responses)
+            if first.WhichOneof("part") != "header":
+                raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
+            self.last_run_time_us = first.header.run_time_us
+            assembler = codec.TensorAssembler(first.header.outputs, _OUTPUT_LIMITS, "output")
+            for response in responses:
+                assembler.add(response.chunk)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, where) from None
+        except StopIteration:
+            raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
+        return assembler.arrays()
+
+    def perf(self, fix_freq: bool = True) -> PerfReport:
+        reply = self.device._call(
+            "EvalPerf", self.device._stub.EvalPerf, rknn_pb2.EvalPerfRequest(session_id=self.id, fix_freq=fix_freq)
+        )
+        return PerfReport(
+            layers=tuple(
+                LayerRow(
+                    index=r.index,
+                    op_type=r.op_type,
+                    data_type=r.data_type,
+                    target=r.target,
+                    input_shapes=tuple(r.input_shapes),
+                    output_shape=r.output_shape,
+                    time_us=r.time_us,
+                    name=r.name,
+                    extra=dict(r.extra),
+                )
+                for r in reply.layers
+            ),
+            total_time_us=reply.total_time_us,
+            total_operator_time_us=reply.total_operator_time_us,
+            total_rw_kb=reply.total_rw_kb,
+            frequencies={f.kind: tuple(f.values) for f in reply.frequencies},
+            frequencies_fixed=reply.frequencies_fixed,
+            frequency_note=reply.frequency_note,
+            raw_text=reply.raw_text,
+            extra_columns=tuple(reply.extra_columns),
+        )
+
+    def memory(self) -> MemoryReport:
+        reply = self.device._call(
+            "EvalMemory", self.device._stub.EvalMemory, rknn_pb2.EvalMemoryRequest(session_id=self.id)
+        )
+        return MemoryReport(
+            weight_memory=reply.weight_memory,
+            internal_memory=reply.internal_memory,
+            other_memory=reply.other_memory,
+            total_memory=reply.total_memory,
+            model_size=reply.model_size,
+            method=reply.method,
+        )
+
+    def keep_alive(self) -> float:
+        reply = self.device._call(
+            "KeepAlive", self.device._stub.KeepAlive, rknn_pb2.KeepAliveRequest(session_id=self.id)
+        )
+        return reply.expires_in_s
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self.device._call("Release", self.device._stub.Release, rknn_pb2.ReleaseRequest(session_id=self.id))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def connect(device: str | None = None, target: str | None = None, timeout_s: float | None = None) -> Device:
+    """Reach a daemon: `device` (tcp://HOST:PORT, an adb serial or IP:PORT), else RKNN_SERVER, else the
+    single adb board when `target` is set, else a private host-runtime daemon started for this process."""
+    return Device(resolve(device, target), timeout_s)

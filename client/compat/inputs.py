@@ -1,0 +1,95 @@
+"""The toolkit's input rules, applied before the strict API sees the arrays.
+
+- a bare ndarray is one input (not a list of its rows);
+- `data_format` None means NHWC; a string applies to every input, a list gives one per input; any case;
+- a 3-D image for a 4-D input gains its batch dimension;
+- inputs are cast to the model's input dtype (a uint8 image into a float model), as the toolkit does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rknn_client.api import TensorInfo
+
+FORMATS = ("nhwc", "nchw")
+
+
+class InputRuleError(ValueError):
+    """Inputs that even the toolkit's rules cannot fit to the model."""
+
+
+@dataclass(frozen=True)
+class PreparedInputs:
+    arrays: list[np.ndarray]
+    layouts: list[str]
+    pass_through: list[bool]
+    notes: list[str]
+
+
+def as_input_list(inputs: Any) -> list[Any]:
+    if isinstance(inputs, np.ndarray):
+        return [inputs]
+    if isinstance(inputs, (list, tuple)):
+        return list(inputs)
+    raise InputRuleError(f"inputs must be a list of numpy arrays (or one array), not {type(inputs).__name__}")
+
+
+def formats_for(data_format: str | Sequence[str] | None, count: int) -> list[str]:
+    if data_format is None:
+        return ["nhwc"] * count
+    names = [data_format] * count if isinstance(data_format, str) else list(data_format)
+    if len(names) != count:
+        raise InputRuleError(f"data_format lists {len(names)} format(s) for {count} input(s)")
+    lowered = [str(n).lower() for n in names]
+    for n in lowered:
+        if n not in FORMATS:
+            raise InputRuleError(f"data_format {n!r} is not supported; expected 'nhwc' or 'nchw'")
+    return lowered
+
+
+def _matches(spec_shape: Sequence[int], shape: Sequence[int]) -> bool:
+    return len(spec_shape) == len(shape) and all(e <= 0 or e == a for e, a in zip(spec_shape, shape, strict=True))
+
+
+def _as_nhwc(spec: TensorInfo) -> tuple[int, ...]:
+    n, c, h, w = spec.shape
+    return (n, h, w, c)
+
+
+def prepare(
+    inputs: Any,
+    specs: Sequence[TensorInfo],
+    data_format: str | Sequence[str] | None,
+    pass_through: Sequence[int] | None,
+) -> PreparedInputs:
+    arrays = [np.asarray(a) for a in as_input_list(inputs)]
+    if len(arrays) != len(specs):
+        raise InputRuleError(
+            f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {len(arrays)} were given"
+        )
+    formats = formats_for(data_format, len(arrays))
+    through = [bool(p) for p in pass_through] if pass_through is not None else [False] * len(arrays)
+    if len(through) != len(arrays):
+        raise InputRuleError(f"inputs_pass_through lists {len(through)} value(s) for {len(arrays)} input(s)")
+    prepared, layouts, notes = [], [], []
+    for array, spec, fmt in zip(arrays, specs, formats, strict=True):
+        if len(spec.shape) == 4 and array.ndim == 3:
+            array = array[np.newaxis, ...]
+        layout = spec.layout
+        if len(spec.shape) == 4 and array.ndim == 4 and spec.layout in ("NCHW", "NHWC"):
+            layout = fmt.upper()
+            if data_format is None and spec.layout == "NCHW":
+                nhwc_ok = _matches(_as_nhwc(spec), array.shape)
+                if not nhwc_ok and _matches(spec.shape, array.shape):
+                    layout = "NCHW"
+                    notes.append(f"input {spec.index} ({spec.name}) has the model's NCHW shape; sent as NCHW")
+        if not through[spec.index] and array.dtype != spec.dtype:
+            array = array.astype(spec.dtype)
+        prepared.append(array)
+        layouts.append(layout)
+    return PreparedInputs(prepared, layouts, through, notes)

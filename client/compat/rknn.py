@@ -1,0 +1,354 @@
+"""`RKNN`: RKNN-Toolkit2's class with its exact signatures, return codes and printouts.
+
+`from rknn.api import RKNN` becomes `from rknn_client import RKNN`. Every call returns what the
+toolkit returns (0 / -1, lists, strings, dicts, None on failure) and logs why it failed; the work
+is done by the idiomatic API underneath (rknn_client.api).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from rknn_client import __version__
+from rknn_client.api import Device, PerfReport, Session, connect
+from rknn_client.compat import inputs as input_rules
+from rknn_client.compat.onnx_build import BuildError, load_and_build
+from rknn_client.compat.toolkit_log import ToolkitLog
+from rknn_client.errors import RknnError
+from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
+from rknn_client.transport.base import TransportError
+
+R = TypeVar("R")
+TARGETS = ("rv1103", "rv1103b", "rv1106", "rv1106b", "rv1126b", "rk3562", "rk3566", "rk3568", "rk3576", "rk3588")
+_EXPECTED = (RknnError, TransportError, BuildError, input_rules.InputRuleError, OSError, ValueError)
+
+
+def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Turn the idiomatic API's exceptions into the toolkit's logged error plus `failure`."""
+
+    def decorate(fn: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(fn)
+        def wrapper(self: RKNN, *args: Any, **kwargs: Any) -> R:
+            try:
+                return fn(self, *args, **kwargs)
+            except _EXPECTED as exc:
+                self.log.e(api, str(exc))
+                return failure  # type: ignore[no-any-return]
+
+        return wrapper
+
+    return decorate
+
+
+class RKNN:
+    NPU_CORE_AUTO = 0x0
+    NPU_CORE_0 = 0x1
+    NPU_CORE_1 = 0x2
+    NPU_CORE_2 = 0x4
+    NPU_CORE_0_1 = 0x3
+    NPU_CORE_0_1_2 = 0x7
+    NPU_CORE_ALL = 0xFFFF
+
+    def __init__(self, verbose: bool | str = False, verbose_file: str | None = None) -> None:
+        if verbose not in (True, False, "debug"):
+            ToolkitLog().e("__init__", "'verbose' must be True or False!")
+            verbose = False
+        self.log = ToolkitLog(verbose, verbose_file)
+        self._config: dict[str, Any] = {}
+        self._onnx: dict[str, Any] | None = None
+        self._rknn_path: Path | None = None
+        self._built: Path | None = None
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+        self._device: Device | None = None
+        self._session: Session | None = None
+        self._target = ""
+        atexit.register(self.release)
+
+    # -- model preparation -------------------------------------------------------------------
+
+    def config(
+        self,
+        mean_values: Sequence[Sequence[float]] | None = None,
+        std_values: Sequence[Sequence[float]] | None = None,
+        quantized_dtype: str = "w8a8",
+        quantized_algorithm: str = "normal",
+        quantized_method: str = "channel",
+        quantized_hybrid_level: int = 0,
+        target_platform: str | None = None,
+        quant_img_RGB2BGR: bool = False,
+        float_dtype: str = "float16",
+        optimization_level: int = 3,
+        custom_string: str | None = None,
+        remove_weight: bool = False,
+        compress_weight: bool = False,
+        inputs_yuv_fmt: Any = None,
+        single_core_mode: bool = False,
+        dynamic_input: Any = None,
+        model_pruning: bool = False,
+        op_target: Any = None,
+        quantize_weight: bool = False,
+        remove_reshape: bool = False,
+        sparse_infer: bool = False,
+        enable_flash_attention: bool = False,
+        auto_hybrid_cos_thresh: float = 0.98,
+        auto_hybrid_euc_thresh: float | None = None,
+        **kwargs: Any,
+    ) -> int:
+        if target_platform is not None and str(target_platform).lower() not in (*TARGETS, "rk2118"):
+            self.log.e("config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}")
+            return -1
+        self._config = {
+            "mean_values": mean_values,
+            "std_values": std_values,
+            "quantized_dtype": quantized_dtype,
+            "quantized_algorithm": quantized_algorithm,
+            "quantized_method": quantized_method,
+            "target_platform": (target_platform or "").lower(),
+            "quant_img_RGB2BGR": quant_img_RGB2BGR,
+        }
+        for key in kwargs:
+            self.log.w("config", f"unknown argument {key!r} ignored")
+        return 0
+
+    def load_onnx(
+        self,
+        model: str,
+        inputs: Sequence[str] | None = None,
+        input_size_list: Sequence[Sequence[int]] | None = None,
+        input_initial_val: Any = None,
+        outputs: Sequence[str] | None = None,
+    ) -> int:
+        if not Path(model).is_file():
+            self.log.e("load_onnx", f"model file {model} does not exist")
+            return -1
+        self._onnx = {"path": Path(model), "inputs": inputs, "input_size_list": input_size_list, "outputs": outputs}
+        self._rknn_path = None
+        self._built = None
+        self.log.i("load_onnx", f"loading model {model}")
+        return 0
+
+    def _unsupported_loader(self, api: str) -> int:
+        self.log.e(api, f"{api} is not supported by rknn_client; export the model to ONNX and use load_onnx()")
+        return -1
+
+    def load_pytorch(self, model: str, input_size_list: Any = None) -> int:
+        return self._unsupported_loader("load_pytorch")
+
+    def load_tensorflow(self, tf_pb: str, inputs: Any = None, input_size_list: Any = None, outputs: Any = None,
+                        input_is_nchw: bool = False) -> int:
+        return self._unsupported_loader("load_tensorflow")
+
+    def load_tflite(self, model: str, input_is_nchw: bool = False) -> int:
+        return self._unsupported_loader("load_tflite")
+
+    def load_caffe(self, model: str, blobs: Any = None, input_name: Any = None) -> int:
+        return self._unsupported_loader("load_caffe")
+
+    def load_darknet(self, model: str, weight: str) -> int:
+        return self._unsupported_loader("load_darknet")
+
+    def load_rknn(self, path: str) -> int:
+        if not Path(path).is_file():
+            self.log.e("load_rknn", f"rknn model file {path} does not exist")
+            return -1
+        self._rknn_path = Path(path)
+        self._onnx = None
+        self._built = None
+        return 0
+
+    @_toolkit_call("build", -1)
+    def build(
+        self, do_quantization: bool = True, dataset: str | None = None, rknn_batch_size: int | None = None,
+        auto_hybrid: bool = False,
+    ) -> int:
+        if self._onnx is None:
+            self.log.e("build", "no model loaded: call load_onnx() first")
+            return -1
+        if do_quantization:
+            self.log.w(
+                "build",
+                "int8 quantization emulation is not available in this build; the model runs in float32",
+            )
+        if rknn_batch_size not in (None, 1):
+            self.log.w("build", f"rknn_batch_size={rknn_batch_size} is not emulated on the host runtime; using 1")
+        self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
+        out = Path(self._workdir.name) / f"{self._onnx['path'].stem}.built.onnx"
+        self._built = load_and_build(
+            self._onnx["path"],
+            out,
+            inputs=self._onnx["inputs"],
+            input_size_list=self._onnx["input_size_list"],
+            outputs=self._onnx["outputs"],
+            mean_values=self._config.get("mean_values"),
+            std_values=self._config.get("std_values"),
+        )
+        return 0
+
+    def export_rknn(self, export_path: str, **kwargs: Any) -> int:
+        self.log.e(
+            "export_rknn",
+            "RKNN models are produced by Rockchip's RKNN-Toolkit2; rknn_client runs ONNX models on the host "
+            "runtime and .rknn models on boards, but does not convert models",
+        )
+        return -1
+
+    # -- runtime -----------------------------------------------------------------------------
+
+    def _model_for_runtime(self) -> Path:
+        if self._rknn_path is not None:
+            return self._rknn_path
+        if self._onnx is None:
+            raise BuildError("no model loaded: call load_rknn() or load_onnx() first")
+        if self._built is None:
+            self.log.i("init_runtime", "the model was not built; building it without quantization")
+            if self.build(do_quantization=False) != 0:
+                raise BuildError("building the model failed (see the error above)")
+        assert self._built is not None
+        return self._built
+
+    @_toolkit_call("init_runtime", -1)
+    def init_runtime(
+        self,
+        target: str | None = None,
+        device_id: str | None = None,
+        perf_debug: bool = False,
+        eval_mem: bool = False,
+        async_mode: bool = False,
+        core_mask: int = NPU_CORE_AUTO,
+        fallback_prior_device: str = "cpu",
+        **kwargs: Any,
+    ) -> int:
+        kwargs.pop("target_sub_class", None)
+        for key in kwargs:
+            self.log.w("init_runtime", f"unknown argument {key!r} ignored")
+        if target is not None and str(target).lower() not in TARGETS:
+            self.log.e("init_runtime", f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}")
+            return -1
+        model = self._model_for_runtime()
+        self._close_runtime()
+        self._target = (target or "").lower()
+        if target:
+            self.log.i("init_runtime", f"target set by user is: {self._target}")
+        self._device = connect(device_id, target)
+        info = self._device.info()
+        self.log.i("init_runtime", f"Connect to Device success! ({self._device.endpoint.description})")
+        if self._target and info.soc and info.soc != self._target:
+            raise RknnError(
+                f"target mismatch: init_runtime(target='{self._target}') but the board at "
+                f"{self._device.endpoint.description} is {info.soc}"
+            )
+        self._session = self._device.load(
+            model,
+            target=self._target,
+            perf_debug=perf_debug,
+            eval_mem=eval_mem,
+            core_mask=core_mask,
+            fallback_prior_device=fallback_prior_device,
+        )
+        if async_mode:
+            self.log.w("init_runtime", "async_mode runs synchronously in this version")
+        return 0
+
+    def _require_session(self) -> Session:
+        if self._session is None:
+            raise RknnError("the runtime is not initialized: call init_runtime() first")
+        return self._session
+
+    @_toolkit_call("inference", None)
+    def inference(
+        self,
+        inputs: Any,
+        data_format: str | Sequence[str] | None = None,
+        inputs_pass_through: Sequence[int] | None = None,
+        get_frame_id: bool = False,
+    ) -> list[np.ndarray] | None:
+        session = self._require_session()
+        prepared = input_rules.prepare(inputs, session.inputs, data_format, inputs_pass_through)
+        for note in prepared.notes:
+            self.log.w("inference", note)
+        outputs: list[Any] = session.run(
+            prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False
+        )
+        if get_frame_id:
+            outputs.append(0)
+        return outputs
+
+    @_toolkit_call("eval_perf", None)
+    def eval_perf(self, is_print: bool = True, fix_freq: bool = True) -> str | None:
+        report: PerfReport = self._require_session().perf(fix_freq=fix_freq)
+        text = perf_text(report)
+        if is_print:
+            print(text, end="")
+        self.last_perf = report
+        return text
+
+    @_toolkit_call("eval_memory", None)
+    def eval_memory(self, is_print: bool = True) -> dict[str, int] | None:
+        report = self._require_session().memory()
+        if is_print:
+            print(memory_text(report), end="")
+        return {
+            "weight_memory": report.weight_memory,
+            "internal_memory": report.internal_memory,
+            "other_memory": report.other_memory,
+            "total_memory": report.total_memory,
+        }
+
+    @_toolkit_call("get_sdk_version", None)
+    def get_sdk_version(self) -> str | None:
+        session = self._require_session()
+        assert self._device is not None
+        info = self._device.info()
+        text = sdk_version_text(
+            f"rknn_client {__version__}",
+            f"{info.daemon_version} ({info.runtime})",
+            f"{session.runtime_api_version} [{session.runtime_driver_version}]",
+        )
+        print(text, end="")
+        return text
+
+    def list_devices(self) -> tuple[list[str], list[str]]:
+        try:
+            from rknn_client.transport.adb import list_adb_serials
+        except ImportError:
+            adb_devices: list[str] = []
+        else:
+            try:
+                adb_devices = list_adb_serials()
+            except TransportError as exc:
+                self.log.w("list_devices", str(exc))
+                adb_devices = []
+        print(devices_text(adb_devices, []), end="")
+        return adb_devices, []
+
+    def accuracy_analysis(
+        self, inputs: Sequence[str], output_dir: str = "./snapshot", target: str | None = None,
+        device_id: str | None = None,
+    ) -> int:
+        self.log.e("accuracy_analysis", "accuracy analysis is not available in this build")
+        return -1
+
+    def _close_runtime(self) -> None:
+        session, device = self._session, self._device
+        self._session = self._device = None
+        if session is not None:
+            try:
+                session.release()
+            except RknnError as exc:
+                self.log.w("release", str(exc))
+        if device is not None:
+            device.close()
+
+    def release(self) -> None:
+        self._close_runtime()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        atexit.unregister(self.release)

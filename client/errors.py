@@ -1,0 +1,81 @@
+"""The client's exceptions, mapped from gRPC status codes in one place.
+
+Each carries the daemon's own message (what was wrong and what was expected), never a bare code.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class RknnError(Exception):
+    """Base of everything the client raises."""
+
+
+class InvalidInput(RknnError):
+    """The request did not fit the model or the contract."""
+
+
+class NotFound(RknnError):
+    """An unknown session or model."""
+
+
+class SessionLost(NotFound):
+    """The session is gone: released, expired after its idle lease, or the daemon restarted."""
+
+
+class FailedPrecondition(RknnError):
+    """The request cannot be served in the daemon's current state (e.g. target mismatch)."""
+
+
+class ResourceExhausted(RknnError):
+    """A daemon limit was reached; the message names the limit and its value."""
+
+
+class Unsupported(RknnError):
+    """The daemon or its runtime cannot do this."""
+
+
+class RuntimeFailure(RknnError):
+    """The runtime failed while running a valid request."""
+
+
+class ConnectionFailed(RknnError):
+    """The daemon could not be reached."""
+
+
+class VersionMismatch(RknnError):
+    """Client and daemon speak protocol versions that cannot work together."""
+
+
+_BY_CODE: dict[grpc.StatusCode, type[RknnError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidInput,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.ALREADY_EXISTS: FailedPrecondition,
+    grpc.StatusCode.ABORTED: FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.UNIMPLEMENTED: Unsupported,
+    grpc.StatusCode.INTERNAL: RuntimeFailure,
+    grpc.StatusCode.DATA_LOSS: RuntimeFailure,
+    grpc.StatusCode.UNKNOWN: RuntimeFailure,
+    grpc.StatusCode.UNAVAILABLE: ConnectionFailed,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ConnectionFailed,
+}
+
+
+def from_rpc_error(exc: grpc.RpcError, where: str) -> RknnError:
+    """The typed exception for a failed call, with the daemon's message and where it happened."""
+    code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ConnectionFailed(
+            f"{where}: the daemon is not reachable ({details}). Check that rknn_server runs on the board "
+            "(rknn-client doctor --device ID walks the whole chain)"
+        )
+    kind = _BY_CODE.get(code, RknnError)
+    if kind is NotFound and "session" in details:
+        kind = SessionLost
+    return kind(f"{details} [{code.name} from {where}]")
+

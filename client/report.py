@@ -1,0 +1,145 @@
+"""Reports in RKNN-Toolkit2's text formats, so scripts that parse the toolkit's printouts keep working."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rknn_client.api import MemoryReport, PerfReport
+
+_RULE = "=" * 54
+_SDK_RULE = "=" * 46
+# Column order of the toolkit's per-layer table; backend-specific columns go before FullName.
+_LAYER_HEAD = ("ID", "OpType", "DataType", "Target", "InputShape", "OutputShape")
+_RANK_HEAD = ("OpType", "CallNumber", "CPUTime(us)", "GPUTime(us)", "NPUTime(us)", "TotalTime(us)", "TimeRatio(%)")
+_FREQ_ORDER = ("CPU", "NPU", "DDR")
+
+
+def _row(cells: list[str] | tuple[str, ...]) -> str:
+    return " | ".join(cells)
+
+
+def _us(value: float) -> str:
+    return str(round(value))
+
+
+def frequency_text(report: PerfReport) -> str:
+    lines = []
+    for kind in _FREQ_ORDER:
+        values = report.frequencies.get(kind)
+        if values:
+            lines.append(f"{kind} Current Frequency List:")
+            lines.extend(f"  - {v}" for v in values)
+    if report.frequency_note:
+        lines.append(report.frequency_note)
+    return "\n".join(lines)
+
+
+def layer_table(report: PerfReport) -> str:
+    extras = list(report.extra_columns)
+    lines = [
+        "Network Layer Information Table",
+        _row([*_LAYER_HEAD, "Time(us)", *extras, "FullName"]),
+    ]
+    for r in report.layers:
+        cells = [
+            str(r.index),
+            r.op_type,
+            r.data_type,
+            r.target,
+            ",".join(r.input_shapes) or "\\",
+            r.output_shape or "\\",
+            _us(r.time_us),
+            *[r.extra.get(c, "\\") for c in extras],
+            r.name,
+        ]
+        lines.append(_row(cells))
+    lines += [
+        "",
+        f"Total Operator Elapsed Per Frame Time(us): {_us(report.total_operator_time_us)}",
+        f"Total Memory Read/Write Per Frame Size(KB): {report.total_rw_kb:.1f}",
+    ]
+    return "\n".join(lines)
+
+
+def ranking_table(report: PerfReport) -> str:
+    per_op: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "CPU": 0.0, "GPU": 0.0, "NPU": 0.0})
+    for r in report.layers:
+        entry = per_op[r.op_type]
+        entry["calls"] += 1
+        entry[r.target if r.target in ("CPU", "GPU", "NPU") else "CPU"] += r.time_us
+    total = sum(r.time_us for r in report.layers) or 1.0
+    ranked = sorted(per_op.items(), key=lambda kv: -(kv[1]["CPU"] + kv[1]["GPU"] + kv[1]["NPU"]))
+    lines = ["Operator Time Consuming Ranking Table", _row(_RANK_HEAD)]
+    for op, e in ranked:
+        op_total = e["CPU"] + e["GPU"] + e["NPU"]
+        lines.append(
+            _row(
+                [
+                    op,
+                    str(int(e["calls"])),
+                    _us(e["CPU"]),
+                    _us(e["GPU"]),
+                    _us(e["NPU"]),
+                    _us(op_total),
+                    f"{op_total / total * 100:.2f}%",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+def perf_text(report: PerfReport) -> str:
+    """The eval_perf report: frequencies, then the per-layer tables or the total alone."""
+    parts = [frequency_text(report)] if report.frequencies or report.frequency_note else []
+    if report.layers:
+        parts += [layer_table(report), ranking_table(report)]
+    total = report.total_time_us
+    fps = 1e6 / total if total > 0 else 0.0
+    parts.append("\n".join([_RULE, "                 Performance", _RULE, f"Total Time(us): {_us(total)}", f"FPS: {fps:.2f}", _RULE]))
+    if report.raw_text:
+        parts.append(report.raw_text.rstrip())
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def human_bytes(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f} MiB"
+    return f"{n / (1 << 10):.2f} KiB"
+
+
+def memory_text(report: MemoryReport) -> str:
+    return "\n".join(
+        [
+            _RULE,
+            "      Memory Profile Info Dump",
+            _RULE,
+            "NPU model memory detail(bytes):",
+            f"  Weight Memory: {human_bytes(report.weight_memory)}",
+            f"  Internal Tensor Memory: {human_bytes(report.internal_memory)}",
+            f"  Other Memory: {human_bytes(report.other_memory)}",
+            f"  Total Memory: {human_bytes(report.total_memory)}",
+            "",
+            "INFO: When evaluating memory usage, we need consider",
+            f"the size of model, current model size is: {human_bytes(report.model_size)}",
+            _RULE,
+        ]
+    ) + "\n"
+
+
+def sdk_version_text(api: str, server: str, runtime: str) -> str:
+    return "\n".join(
+        [_SDK_RULE, "RKNN VERSION:", f"API: {api}", f"DRV: rknn_server: {server}", f"DRV: rknnrt: {runtime}", _SDK_RULE]
+    ) + "\n"
+
+
+def devices_text(adb_devices: list[str], ntb_devices: list[str]) -> str:
+    stars = "*" * 25
+    if not adb_devices and not ntb_devices:
+        return f"{stars}\nNone devices connected.\n{stars}\n"
+    lines = [stars]
+    if adb_devices:
+        lines += ["all device(s) with adb mode:", ",".join(adb_devices)]
+    if ntb_devices:
+        lines += ["all device(s) with ntb mode:", ",".join(ntb_devices)]
+    lines.append(stars)
+    return "\n".join(lines) + "\n"

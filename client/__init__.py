@@ -6,8 +6,8 @@ RKNN-Toolkit2's and rknn-toolkit-lite2's classes (change one import line).
 
 __version__ = "0.1.0"
 
-from rknn_client.api import Device, Session, connect  # noqa: E402
-from rknn_client.compat.lite import RKNNLite  # noqa: E402
-from rknn_client.compat.rknn import RKNN  # noqa: E402
+from rknn_client.api import Device, Session, connect
+from rknn_client.compat.lite import RKNNLite
+from rknn_client.compat.rknn import RKNN
 
 __all__ = ["RKNN", "Device", "RKNNLite", "Session", "__version__", "connect"]

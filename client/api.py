@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 import numpy as np
@@ -301,9 +301,13 @@ class Session:
             return
         for spec, array in zip(self.inputs, arrays, strict=True):
             if not isinstance(array, np.ndarray):
-                raise InvalidInput(f"input {spec.index} ({spec.name}) is {type(array).__name__}; expected ndarray")
+                raise InvalidInput(
+                    f"input {spec.index} ({spec.name}) is {type(array).__name__}; expected ndarray"
+                )
             if array.dtype != spec.dtype:
-                raise InvalidInput(f"input {spec.index} ({spec.name}) is {array.dtype}; the model expects {spec.dtype}")
+                raise InvalidInput(
+                    f"input {spec.index} ({spec.name}) is {array.dtype}; the model expects {spec.dtype}"
+                )
             if len(array.shape) != len(spec.shape) or any(
                 e > 0 and e != a for e, a in zip(spec.shape, array.shape, strict=True)
             ):
@@ -338,8 +342,9 @@ class Session:
 
         where = f"Inference on {self.device.endpoint.description}"
         try:
-            responses = self.device._stub.Inference(
-                requests(), metadata=_METADATA, timeout=self.device.timeout_s
+            responses = cast(
+                Iterator[rknn_pb2.InferenceResponse],
+                self.device._stub.Inference(requests(), metadata=_METADATA, timeout=self.device.timeout_s),
             )
             first = next(responses)
             if first.WhichOneof("part") != "header":
@@ -356,7 +361,9 @@ class Session:
 
     def perf(self, fix_freq: bool = True) -> PerfReport:
         reply = self.device._call(
-            "EvalPerf", self.device._stub.EvalPerf, rknn_pb2.EvalPerfRequest(session_id=self.id, fix_freq=fix_freq)
+            "EvalPerf",
+            self.device._stub.EvalPerf,
+            rknn_pb2.EvalPerfRequest(session_id=self.id, fix_freq=fix_freq),
         )
         return PerfReport(
             layers=tuple(

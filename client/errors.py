@@ -78,4 +78,3 @@ def from_rpc_error(exc: grpc.RpcError, where: str) -> RknnError:
     if kind is NotFound and "session" in details:
         kind = SessionLost
     return kind(f"{details} [{code.name} from {where}]")
-

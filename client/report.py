@@ -10,7 +10,15 @@ _RULE = "=" * 54
 _SDK_RULE = "=" * 46
 # Column order of the toolkit's per-layer table; backend-specific columns go before FullName.
 _LAYER_HEAD = ("ID", "OpType", "DataType", "Target", "InputShape", "OutputShape")
-_RANK_HEAD = ("OpType", "CallNumber", "CPUTime(us)", "GPUTime(us)", "NPUTime(us)", "TotalTime(us)", "TimeRatio(%)")
+_RANK_HEAD = (
+    "OpType",
+    "CallNumber",
+    "CPUTime(us)",
+    "GPUTime(us)",
+    "NPUTime(us)",
+    "TotalTime(us)",
+    "TimeRatio(%)",
+)
 _FREQ_ORDER = ("CPU", "NPU", "DDR")
 
 
@@ -62,7 +70,9 @@ def layer_table(report: PerfReport) -> str:
 
 
 def ranking_table(report: PerfReport) -> str:
-    per_op: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "CPU": 0.0, "GPU": 0.0, "NPU": 0.0})
+    per_op: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"calls": 0, "CPU": 0.0, "GPU": 0.0, "NPU": 0.0}
+    )
     for r in report.layers:
         entry = per_op[r.op_type]
         entry["calls"] += 1
@@ -95,7 +105,18 @@ def perf_text(report: PerfReport) -> str:
         parts += [layer_table(report), ranking_table(report)]
     total = report.total_time_us
     fps = 1e6 / total if total > 0 else 0.0
-    parts.append("\n".join([_RULE, "                 Performance", _RULE, f"Total Time(us): {_us(total)}", f"FPS: {fps:.2f}", _RULE]))
+    parts.append(
+        "\n".join(
+            [
+                _RULE,
+                "                 Performance",
+                _RULE,
+                f"Total Time(us): {_us(total)}",
+                f"FPS: {fps:.2f}",
+                _RULE,
+            ]
+        )
+    )
     if report.raw_text:
         parts.append(report.raw_text.rstrip())
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -108,28 +129,41 @@ def human_bytes(n: int) -> str:
 
 
 def memory_text(report: MemoryReport) -> str:
-    return "\n".join(
-        [
-            _RULE,
-            "      Memory Profile Info Dump",
-            _RULE,
-            "NPU model memory detail(bytes):",
-            f"  Weight Memory: {human_bytes(report.weight_memory)}",
-            f"  Internal Tensor Memory: {human_bytes(report.internal_memory)}",
-            f"  Other Memory: {human_bytes(report.other_memory)}",
-            f"  Total Memory: {human_bytes(report.total_memory)}",
-            "",
-            "INFO: When evaluating memory usage, we need consider",
-            f"the size of model, current model size is: {human_bytes(report.model_size)}",
-            _RULE,
-        ]
-    ) + "\n"
+    return (
+        "\n".join(
+            [
+                _RULE,
+                "      Memory Profile Info Dump",
+                _RULE,
+                "NPU model memory detail(bytes):",
+                f"  Weight Memory: {human_bytes(report.weight_memory)}",
+                f"  Internal Tensor Memory: {human_bytes(report.internal_memory)}",
+                f"  Other Memory: {human_bytes(report.other_memory)}",
+                f"  Total Memory: {human_bytes(report.total_memory)}",
+                "",
+                "INFO: When evaluating memory usage, we need consider",
+                f"the size of model, current model size is: {human_bytes(report.model_size)}",
+                _RULE,
+            ]
+        )
+        + "\n"
+    )
 
 
 def sdk_version_text(api: str, server: str, runtime: str) -> str:
-    return "\n".join(
-        [_SDK_RULE, "RKNN VERSION:", f"API: {api}", f"DRV: rknn_server: {server}", f"DRV: rknnrt: {runtime}", _SDK_RULE]
-    ) + "\n"
+    return (
+        "\n".join(
+            [
+                _SDK_RULE,
+                "RKNN VERSION:",
+                f"API: {api}",
+                f"DRV: rknn_server: {server}",
+                f"DRV: rknnrt: {runtime}",
+                _SDK_RULE,
+            ]
+        )
+        + "\n"
+    )
 
 
 def devices_text(adb_devices: list[str], ntb_devices: list[str]) -> str:

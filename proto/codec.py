@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 
@@ -16,9 +17,11 @@ from rknn_proto import rknn_pb2
 from rknn_proto.version import CHUNK_BYTES
 
 DT = rknn_pb2.DataType
+DataTypeCode: TypeAlias = rknn_pb2.DataType.ValueType
+LayoutCode: TypeAlias = rknn_pb2.Layout.ValueType
 
 # The wire's element types and their little-endian numpy equivalents.
-WIRE_DTYPES: dict[int, np.dtype] = {
+WIRE_DTYPES: dict[DataTypeCode, np.dtype] = {
     DT.DATA_TYPE_FLOAT32: np.dtype("<f4"),
     DT.DATA_TYPE_FLOAT16: np.dtype("<f2"),
     DT.DATA_TYPE_FLOAT64: np.dtype("<f8"),
@@ -33,7 +36,7 @@ WIRE_DTYPES: dict[int, np.dtype] = {
 }
 _BY_KIND = {(d.kind, d.itemsize): code for code, d in WIRE_DTYPES.items()}
 
-LAYOUT_NAMES = {
+LAYOUT_NAMES: dict[LayoutCode, str] = {
     rknn_pb2.LAYOUT_UNDEFINED: "UNDEFINED",
     rknn_pb2.LAYOUT_NCHW: "NCHW",
     rknn_pb2.LAYOUT_NHWC: "NHWC",
@@ -58,7 +61,7 @@ def supported_dtype_names() -> list[str]:
     return sorted({str(d) if d.kind != "b" else "bool" for d in WIRE_DTYPES.values()})
 
 
-def dtype_to_wire(dtype: np.dtype) -> int:
+def dtype_to_wire(dtype: np.dtype) -> DataTypeCode:
     code = _BY_KIND.get((dtype.kind, dtype.itemsize))
     if code is None:
         raise CodecError(f"dtype {dtype} cannot travel; supported: {', '.join(supported_dtype_names())}")
@@ -66,13 +69,13 @@ def dtype_to_wire(dtype: np.dtype) -> int:
 
 
 def dtype_from_wire(code: int) -> np.dtype:
-    dtype = WIRE_DTYPES.get(code)
+    dtype = WIRE_DTYPES.get(DataTypeCode(code))
     if dtype is None:
         raise CodecError(f"unknown data type code {code}; expected one of {sorted(WIRE_DTYPES)}")
     return dtype
 
 
-def layout_to_wire(name: str) -> int:
+def layout_to_wire(name: str) -> LayoutCode:
     try:
         return _LAYOUT_CODES[name.upper()]
     except KeyError:
@@ -81,7 +84,7 @@ def layout_to_wire(name: str) -> int:
 
 def layout_name(code: int) -> str:
     try:
-        return LAYOUT_NAMES[code]
+        return LAYOUT_NAMES[LayoutCode(code)]
     except KeyError:
         raise CodecError(f"unknown layout code {code}; expected one of {sorted(LAYOUT_NAMES)}") from None
 
@@ -94,7 +97,9 @@ def wire_array(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def meta_of(array: np.ndarray, name: str = "", layout: str = "UNDEFINED", pass_through: bool = False) -> rknn_pb2.TensorMeta:
+def meta_of(
+    array: np.ndarray, name: str = "", layout: str = "UNDEFINED", pass_through: bool = False
+) -> rknn_pb2.TensorMeta:
     return rknn_pb2.TensorMeta(
         name=name,
         dtype=dtype_to_wire(array.dtype),
@@ -105,21 +110,25 @@ def meta_of(array: np.ndarray, name: str = "", layout: str = "UNDEFINED", pass_t
     )
 
 
-def iter_chunks(arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> Iterator[rknn_pb2.TensorChunk]:
+def iter_chunks(
+    arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[rknn_pb2.TensorChunk]:
     """Chunks of wire-ready arrays (see wire_array), in order; an empty tensor sends no chunk.
 
     Each chunk's bytes are copied once out of the array's own buffer (protobuf wants `bytes`);
     no full-size intermediate is made.
     """
     for index, array in enumerate(arrays):
-        view = memoryview(array.reshape(-1).view(np.uint8))
+        view = array.reshape(-1).view(np.uint8).data
         for offset in range(0, array.nbytes, chunk_bytes):
             yield rknn_pb2.TensorChunk(
                 tensor_index=index, offset=offset, data=view[offset : offset + chunk_bytes].tobytes()
             )
 
 
-def check_meta(meta: rknn_pb2.TensorMeta, limits: TensorLimits, what: str) -> tuple[np.dtype, tuple[int, ...]]:
+def check_meta(
+    meta: rknn_pb2.TensorMeta, limits: TensorLimits, what: str
+) -> tuple[np.dtype, tuple[int, ...]]:
     """Validate a meta before allocating: dtype, rank, dims and byte length must agree."""
     dtype = dtype_from_wire(meta.dtype)
     layout_name(meta.layout)
@@ -145,13 +154,19 @@ def check_meta(meta: rknn_pb2.TensorMeta, limits: TensorLimits, what: str) -> tu
 class TensorAssembler:
     """Collects the chunks of several tensors into preallocated buffers, checking order and size."""
 
-    def __init__(self, metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor") -> None:
+    def __init__(
+        self, metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
+    ) -> None:
         if len(metas) > limits.max_tensors:
             raise CodecError(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
-        self._layouts = [check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)]
+        self._layouts = [
+            check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)
+        ]
         total = sum(m.byte_length for m in metas)
         if total > limits.max_tensor_bytes:
-            raise CodecError(f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}")
+            raise CodecError(
+                f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
+            )
         self._metas = list(metas)
         self._buffers = [bytearray(m.byte_length) for m in metas]
         self._filled = [0] * len(metas)
@@ -160,7 +175,10 @@ class TensorAssembler:
 
     def add(self, chunk: rknn_pb2.TensorChunk) -> None:
         i = chunk.tensor_index
-        while self._current < len(self._metas) and self._filled[self._current] == self._metas[self._current].byte_length:
+        while (
+            self._current < len(self._metas)
+            and self._filled[self._current] == self._metas[self._current].byte_length
+        ):
             self._current += 1
         if i != self._current:
             raise CodecError(

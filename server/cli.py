@@ -41,11 +41,20 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=("auto", "host", "rknnrt"), default="auto", help="runtime backend")
     p.add_argument("--soc", default="", help="declare the SoC (e.g. rk3588) when the probe cannot see it")
     p.add_argument(
-        "--model-cache", type=Path, default=Path("~/.cache/rknn_server").expanduser(), help="model cache folder"
+        "--model-cache",
+        type=Path,
+        default=Path("~/.cache/rknn_server").expanduser(),
+        help="model cache folder",
     )
-    p.add_argument("--cache-quota", type=int, default=CacheLimits.quota_bytes, help="model cache size in bytes")
-    p.add_argument("--max-model-bytes", type=int, default=CacheLimits.max_model_bytes, help="largest model accepted")
-    p.add_argument("--session-idle-timeout", type=float, default=300.0, metavar="S", help="free idle sessions after S s")
+    p.add_argument(
+        "--cache-quota", type=int, default=CacheLimits.quota_bytes, help="model cache size in bytes"
+    )
+    p.add_argument(
+        "--max-model-bytes", type=int, default=CacheLimits.max_model_bytes, help="largest model accepted"
+    )
+    p.add_argument(
+        "--session-idle-timeout", type=float, default=300.0, metavar="S", help="free idle sessions after S s"
+    )
     p.add_argument("--max-sessions", type=int, default=16, help="most sessions open at once")
     p.add_argument(
         "--isolation",
@@ -53,7 +62,9 @@ def serve_parser() -> argparse.ArgumentParser:
         default="thread",
         help="run each session in the daemon (thread) or in a worker process of its own (process)",
     )
-    p.add_argument("--call-timeout", type=float, default=None, metavar="S", help="kill a session's worker after S s")
+    p.add_argument(
+        "--call-timeout", type=float, default=None, metavar="S", help="kill a session's worker after S s"
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads per host-runtime session")
     p.add_argument(
         "--exit-with-stdin",
@@ -69,14 +80,18 @@ def health_main(argv: list[str]) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    p = argparse.ArgumentParser(prog="rknn_server health", description="Exit 0 when the daemon at ADDR is serving.")
+    p = argparse.ArgumentParser(
+        prog="rknn_server health", description="Exit 0 when the daemon at ADDR is serving."
+    )
     p.add_argument("addr", nargs="?", default=f"tcp://127.0.0.1:{DEFAULT_PORT}", type=_listen_arg)
     p.add_argument("--timeout", type=float, default=3.0)
     args = p.parse_args(argv)
     target = parse_listen(args.addr).grpc_address()
     with grpc.insecure_channel(target) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=args.timeout)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=args.timeout
+            )
         except grpc.RpcError as exc:
             print(f"rknn_server at {args.addr} is not answering: {exc.details()}", file=sys.stderr)
             return 1

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MAX_MESSAGE_BYTES
@@ -36,7 +37,7 @@ class DaemonConfig:
     listen: list[ListenAddress] = field(default_factory=lambda: [parse_listen(a) for a in DEFAULT_LISTEN])
     runtime: str = "auto"
     soc: str = ""
-    model_cache: Path = Path("~/.cache/rknn_server").expanduser()
+    model_cache: Path = field(default_factory=lambda: Path("~/.cache/rknn_server").expanduser())
     cache_limits: CacheLimits = field(default_factory=CacheLimits)
     tensor_limits: codec.TensorLimits = field(default_factory=codec.TensorLimits)
     session_idle_timeout_s: float = 300.0
@@ -103,12 +104,13 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ]
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     from grpc_reflection.v1alpha import reflection
 
     reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
     )
     bound = []
     for address in config.listen:
@@ -121,7 +123,14 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     for text in bound:
         print(f"listening on {text}", flush=True)
-    log.info("daemon_started", version=__version__, runtime=backend.name, reason=reason, listen=bound, soc=backend.soc())
+    log.info(
+        "daemon_started",
+        version=__version__,
+        runtime=backend.name,
+        reason=reason,
+        listen=bound,
+        soc=backend.soc(),
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

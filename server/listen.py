@@ -31,8 +31,10 @@ class ListenAddress:
 
     @property
     def is_loopback(self) -> bool:
-        return self.scheme == "unix-abstract" or self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith(
-            "127."
+        return (
+            self.scheme == "unix-abstract"
+            or self.host in ("127.0.0.1", "localhost", "::1")
+            or self.host.startswith("127.")
         )
 
 

@@ -66,7 +66,9 @@ def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> 
         )
     expected = manifest_digest(entries_of(manifest))
     if expected != manifest.digest:
-        raise InvalidInput(f"model digest {manifest.digest} does not match its file list (expected {expected})")
+        raise InvalidInput(
+            f"model digest {manifest.digest} does not match its file list (expected {expected})"
+        )
 
 
 class Upload:
@@ -90,7 +92,9 @@ class Upload:
                 while remaining:
                     block = fh.read(min(_HASH_READ_BYTES, remaining))
                     if not block:
-                        raise DataLoss(f"partial upload of {f.name!r} is shorter than {start} bytes; upload again")
+                        raise DataLoss(
+                            f"partial upload of {f.name!r} is shorter than {start} bytes; upload again"
+                        )
                     hasher.update(block)
                     remaining -= len(block)
             self._hashers.append(hasher)

@@ -71,14 +71,18 @@ def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
 
 
 def _shape_fits(expected: Sequence[int], actual: Sequence[int]) -> bool:
-    return len(expected) == len(actual) and all(e <= 0 or e == a for e, a in zip(expected, actual, strict=True))
+    return len(expected) == len(actual) and all(
+        e <= 0 or e == a for e, a in zip(expected, actual, strict=True)
+    )
 
 
 # Axis orders that turn data laid out as the first layout into the second.
 PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
 
 
-def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[tuple[int, ...] | None]:
+def check_inputs(
+    specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]
+) -> list[tuple[int, ...] | None]:
     """Check the declared inputs against the model before any byte is received.
 
     Returns, per input, the axis permutation that brings it into the model's layout (None: as is).
@@ -240,7 +244,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             if first.WhichOneof("part") != "header":
                 raise InvalidInput("the first UploadModel message must be an UploadHeader")
             header = first.header
-            upload = await self._blocking(self.cache.begin_upload, header.manifest, list(header.start_offsets))
+            upload = await self._blocking(
+                self.cache.begin_upload, header.manifest, list(header.start_offsets)
+            )
             try:
                 async for message in request_iterator:
                     if message.WhichOneof("part") != "chunk":
@@ -251,7 +257,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 await self._blocking(upload.finish)
             finally:
                 upload.close()
-            return rknn_pb2.UploadModelResponse(digest=header.manifest.digest, received_bytes=upload.received_bytes)
+            return rknn_pb2.UploadModelResponse(
+                digest=header.manifest.digest, received_bytes=upload.received_bytes
+            )
 
         return await self._unary("UploadModel", context, body)
 
@@ -275,7 +283,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 )
             fallback = request.fallback_prior_device or "cpu"
             if fallback not in ("cpu", "gpu"):
-                raise InvalidInput(f"fallback_prior_device {fallback!r} is not allowed; expected 'cpu' or 'gpu'")
+                raise InvalidInput(
+                    f"fallback_prior_device {fallback!r} is not allowed; expected 'cpu' or 'gpu'"
+                )
             path = await self._blocking(self.cache.main_file, request.model_digest)
             options = RuntimeOptions(
                 target=target,

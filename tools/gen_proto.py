@@ -57,7 +57,9 @@ def main() -> int:
         committed = {p.name for p in PROTO_DIR.iterdir() if p.name.endswith(GENERATED_SUFFIXES)}
         orphans = committed - {f.name for f in files}
         if args.check and (stale or orphans):
-            print(f"generated code is stale: {sorted(stale + list(orphans))}; run 'make proto'", file=sys.stderr)
+            print(
+                f"generated code is stale: {sorted(stale + list(orphans))}; run 'make proto'", file=sys.stderr
+            )
             return 1
     if args.check:
         print("generated code is fresh")

@@ -53,7 +53,9 @@ def formats_for(data_format: str | Sequence[str] | None, count: int) -> list[str
 
 
 def _matches(spec_shape: Sequence[int], shape: Sequence[int]) -> bool:
-    return len(spec_shape) == len(shape) and all(e <= 0 or e == a for e, a in zip(spec_shape, shape, strict=True))
+    return len(spec_shape) == len(shape) and all(
+        e <= 0 or e == a for e, a in zip(spec_shape, shape, strict=True)
+    )
 
 
 def _as_nhwc(spec: TensorInfo) -> tuple[int, ...]:

@@ -25,12 +25,16 @@ def _channel_values(values: Sequence[float], channels: int, what: str, name: str
     if array.size == 1:
         array = np.repeat(array, channels)
     if array.size != channels:
-        raise BuildError(f"{what} for input {name!r} has {array.size} value(s); the input has {channels} channel(s)")
+        raise BuildError(
+            f"{what} for input {name!r} has {array.size} value(s); the input has {channels} channel(s)"
+        )
     return array.reshape(1, channels, 1, 1)
 
 
 def bake_normalization(
-    model: onnx.ModelProto, mean_values: Sequence[Sequence[float]] | None, std_values: Sequence[Sequence[float]] | None
+    model: onnx.ModelProto,
+    mean_values: Sequence[Sequence[float]] | None,
+    std_values: Sequence[Sequence[float]] | None,
 ) -> onnx.ModelProto:
     """Insert (x - mean) / std in front of each input that has mean/std values (toolkit contract:
     subtract mean, divide by std, no channel swap)."""
@@ -39,8 +43,8 @@ def bake_normalization(
     graph = model.graph
     weights = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in weights]
-    means = list(mean_values or [None] * len(inputs))
-    stds = list(std_values or [None] * len(inputs))
+    means: list[Sequence[float] | None] = list(mean_values) if mean_values else [None] * len(inputs)
+    stds: list[Sequence[float] | None] = list(std_values) if std_values else [None] * len(inputs)
     if len(means) != len(inputs) or len(stds) != len(inputs):
         raise BuildError(
             f"mean_values/std_values give {len(means)}/{len(stds)} list(s); the model has {len(inputs)} input(s)"
@@ -51,7 +55,9 @@ def bake_normalization(
             continue
         dims = value.type.tensor_type.shape.dim
         if len(dims) != 4 or not dims[1].HasField("dim_value"):
-            raise BuildError(f"mean/std need a 4-D NCHW input with a known channel count; {value.name!r} is not")
+            raise BuildError(
+                f"mean/std need a 4-D NCHW input with a known channel count; {value.name!r} is not"
+            )
         channels = dims[1].dim_value
         mean_arr = _channel_values(mean if mean is not None else [0.0], channels, "mean_values", value.name)
         std_arr = _channel_values(std if std is not None else [1.0], channels, "std_values", value.name)
@@ -70,10 +76,18 @@ def bake_normalization(
             ]
         )
         new_nodes += [
-            helper.make_node("Sub", [value.name, f"{value.name}__rknn_mean"], [f"{value.name}__rknn_centered"],
-                             name=f"{value.name}__rknn_sub_mean"),
-            helper.make_node("Div", [f"{value.name}__rknn_centered", f"{value.name}__rknn_std"], [normalized],
-                             name=f"{value.name}__rknn_div_std"),
+            helper.make_node(
+                "Sub",
+                [value.name, f"{value.name}__rknn_mean"],
+                [f"{value.name}__rknn_centered"],
+                name=f"{value.name}__rknn_sub_mean",
+            ),
+            helper.make_node(
+                "Div",
+                [f"{value.name}__rknn_centered", f"{value.name}__rknn_std"],
+                [normalized],
+                name=f"{value.name}__rknn_div_std",
+            ),
         ]
     nodes = [*new_nodes, *graph.node]
     del graph.node[:]
@@ -81,7 +95,9 @@ def bake_normalization(
     return model
 
 
-def set_input_shapes(model: onnx.ModelProto, names: Sequence[str] | None, sizes: Sequence[Sequence[int]]) -> None:
+def set_input_shapes(
+    model: onnx.ModelProto, names: Sequence[str] | None, sizes: Sequence[Sequence[int]]
+) -> None:
     weights = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in weights]
     if names is not None:
@@ -123,8 +139,13 @@ def load_and_build(
         missing = [o for o in outputs if o not in known]
         if missing:
             raise BuildError(f"outputs {missing} are not tensors of the model")
-        input_names = list(inputs) if inputs else [i.name for i in model.graph.input
-                                                   if i.name not in {w.name for w in model.graph.initializer}]
+        input_names = (
+            list(inputs)
+            if inputs
+            else [
+                i.name for i in model.graph.input if i.name not in {w.name for w in model.graph.initializer}
+            ]
+        )
         extractor = utils.Extractor(model)
         model = extractor.extract_model(input_names, list(outputs))
     model = bake_normalization(model, mean_values, std_values)

@@ -26,7 +26,18 @@ from rknn_client.report import devices_text, memory_text, perf_text, sdk_version
 from rknn_client.transport.base import TransportError
 
 R = TypeVar("R")
-TARGETS = ("rv1103", "rv1103b", "rv1106", "rv1106b", "rv1126b", "rk3562", "rk3566", "rk3568", "rk3576", "rk3588")
+TARGETS = (
+    "rv1103",
+    "rv1103b",
+    "rv1106",
+    "rv1106b",
+    "rv1126b",
+    "rk3562",
+    "rk3566",
+    "rk3568",
+    "rk3576",
+    "rk3588",
+)
 _EXPECTED = (RknnError, TransportError, BuildError, input_rules.InputRuleError, OSError, ValueError)
 
 
@@ -40,7 +51,7 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
                 return fn(self, *args, **kwargs)
             except _EXPECTED as exc:
                 self.log.e(api, str(exc))
-                return failure  # type: ignore[no-any-return]
+                return failure
 
         return wrapper
 
@@ -102,7 +113,9 @@ class RKNN:
         **kwargs: Any,
     ) -> int:
         if target_platform is not None and str(target_platform).lower() not in (*TARGETS, "rk2118"):
-            self.log.e("config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}")
+            self.log.e(
+                "config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}"
+            )
             return -1
         self._config = {
             "mean_values": mean_values,
@@ -128,21 +141,34 @@ class RKNN:
         if not Path(model).is_file():
             self.log.e("load_onnx", f"model file {model} does not exist")
             return -1
-        self._onnx = {"path": Path(model), "inputs": inputs, "input_size_list": input_size_list, "outputs": outputs}
+        self._onnx = {
+            "path": Path(model),
+            "inputs": inputs,
+            "input_size_list": input_size_list,
+            "outputs": outputs,
+        }
         self._rknn_path = None
         self._built = None
         self.log.i("load_onnx", f"loading model {model}")
         return 0
 
     def _unsupported_loader(self, api: str) -> int:
-        self.log.e(api, f"{api} is not supported by rknn_client; export the model to ONNX and use load_onnx()")
+        self.log.e(
+            api, f"{api} is not supported by rknn_client; export the model to ONNX and use load_onnx()"
+        )
         return -1
 
     def load_pytorch(self, model: str, input_size_list: Any = None) -> int:
         return self._unsupported_loader("load_pytorch")
 
-    def load_tensorflow(self, tf_pb: str, inputs: Any = None, input_size_list: Any = None, outputs: Any = None,
-                        input_is_nchw: bool = False) -> int:
+    def load_tensorflow(
+        self,
+        tf_pb: str,
+        inputs: Any = None,
+        input_size_list: Any = None,
+        outputs: Any = None,
+        input_is_nchw: bool = False,
+    ) -> int:
         return self._unsupported_loader("load_tensorflow")
 
     def load_tflite(self, model: str, input_is_nchw: bool = False) -> int:
@@ -165,7 +191,10 @@ class RKNN:
 
     @_toolkit_call("build", -1)
     def build(
-        self, do_quantization: bool = True, dataset: str | None = None, rknn_batch_size: int | None = None,
+        self,
+        do_quantization: bool = True,
+        dataset: str | None = None,
+        rknn_batch_size: int | None = None,
         auto_hybrid: bool = False,
     ) -> int:
         if self._onnx is None:
@@ -177,7 +206,9 @@ class RKNN:
                 "int8 quantization emulation is not available in this build; the model runs in float32",
             )
         if rknn_batch_size not in (None, 1):
-            self.log.w("build", f"rknn_batch_size={rknn_batch_size} is not emulated on the host runtime; using 1")
+            self.log.w(
+                "build", f"rknn_batch_size={rknn_batch_size} is not emulated on the host runtime; using 1"
+            )
         self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
         out = Path(self._workdir.name) / f"{self._onnx['path'].stem}.built.onnx"
         self._built = load_and_build(
@@ -229,7 +260,9 @@ class RKNN:
         for key in kwargs:
             self.log.w("init_runtime", f"unknown argument {key!r} ignored")
         if target is not None and str(target).lower() not in TARGETS:
-            self.log.e("init_runtime", f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}")
+            self.log.e(
+                "init_runtime", f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}"
+            )
             return -1
         model = self._model_for_runtime()
         self._close_runtime()
@@ -329,7 +362,10 @@ class RKNN:
         return adb_devices, []
 
     def accuracy_analysis(
-        self, inputs: Sequence[str], output_dir: str = "./snapshot", target: str | None = None,
+        self,
+        inputs: Sequence[str],
+        output_dir: str = "./snapshot",
+        target: str | None = None,
         device_id: str | None = None,
     ) -> int:
         self.log.e("accuracy_analysis", "accuracy analysis is not available in this build")

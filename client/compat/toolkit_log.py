@@ -21,7 +21,10 @@ class ToolkitLog:
                 self._file = path
 
     def _emit(self, level: str, api: str, message: str, show: bool) -> None:
-        lines = [f"{level} {api}: {line}" if api else f"{level} {line}" for line in str(message).splitlines() or [""]]
+        lines = [
+            f"{level} {api}: {line}" if api else f"{level} {line}"
+            for line in str(message).splitlines() or [""]
+        ]
         text = "\n".join(lines)
         if show:
             print(text, file=sys.stderr if level == "E" else sys.stdout, flush=True)

@@ -19,6 +19,8 @@ def tcp_endpoint(address: str) -> Endpoint:
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError:
-        raise TransportError(f"{address!r} has an invalid port; expected tcp://HOST:PORT with PORT 1-65535") from None
+        raise TransportError(
+            f"{address!r} has an invalid port; expected tcp://HOST:PORT with PORT 1-65535"
+        ) from None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return Endpoint(grpc_target=f"{host}:{port}", description=f"tcp://{host}:{port}", kind="tcp")

@@ -199,7 +199,9 @@ class HostModel(ModelRuntime):
         tensors = onnx_graph.inferred_tensors(self._graph)
         weights = onnx_graph.initializer_bytes(self._graph)
         internal = onnx_graph.peak_intermediate_bytes(self._graph, tensors)
-        model_size = sum(p.stat().st_size for p in self._path.parent.iterdir() if p.is_file() and p.name != ".main")
+        model_size = sum(
+            p.stat().st_size for p in self._path.parent.iterdir() if p.is_file() and p.name != ".main"
+        )
         return MemoryResult(
             weight_bytes=weights,
             internal_bytes=internal,

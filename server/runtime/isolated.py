@@ -30,7 +30,9 @@ BackendFactory = Callable[[], Backend]
 _END = "__end__"
 
 
-def _serve(conn: multiprocessing.connection.Connection, factory: BackendFactory, path: Path, options: RuntimeOptions) -> None:
+def _serve(
+    conn: multiprocessing.connection.Connection, factory: BackendFactory, path: Path, options: RuntimeOptions
+) -> None:
     try:
         model = factory().open(path, options)
     except BaseException as exc:

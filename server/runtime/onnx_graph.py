@@ -45,7 +45,11 @@ def inferred_tensors(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     except Exception:  # shape inference is best effort; fall back to what the model declares
         inferred = model
     g = inferred.graph
-    return {v.name: _tensor_info(v) for v in [*g.input, *g.value_info, *g.output] if v.type.HasField("tensor_type")}
+    return {
+        v.name: _tensor_info(v)
+        for v in [*g.input, *g.value_info, *g.output]
+        if v.type.HasField("tensor_type")
+    }
 
 
 def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> int:

@@ -1,0 +1,48 @@
+# The two set-up commands on a fresh machine (Python 3.10+ and make): `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TYPECHECK := build/typecheck
+
+.PHONY: install demo test lint typecheck proto proto-check unit bench clean
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m demo.run_demo
+
+proto: $(STAMP)
+	$(PY) tools/gen_proto.py
+
+proto-check: $(STAMP)
+	$(PY) tools/gen_proto.py --check
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# mypy needs folders named like the packages: link them under build/typecheck.
+typecheck: $(STAMP)
+	@mkdir -p $(TYPECHECK)
+	@ln -sfn ../../proto $(TYPECHECK)/rknn_proto
+	@ln -sfn ../../server $(TYPECHECK)/rknn_server
+	@ln -sfn ../../client $(TYPECHECK)/rknn_client
+	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p rknn_proto -p rknn_server -p rknn_client
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint typecheck proto-check unit
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+clean:
+	rm -rf build demo-work bench-results .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,89 @@
+"""Start `rknn_server` as a real subprocess on a free loopback port, and stop it by PID.
+
+Shared by the demo, the benchmarks and the integration tests, so they all run the daemon the way
+a user does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class DaemonProcess:
+    process: subprocess.Popen[str]
+    address: str  # "127.0.0.1:PORT"
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.address}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return int(self.process.returncode)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def start_daemon(
+    cache_dir: Path, log_path: Path, extra_args: Sequence[str] = (), listen_tcp: bool = True
+) -> DaemonProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "rknn_server",
+        "--model-cache",
+        str(cache_dir),
+        "--log-format",
+        "json",
+        *extra_args,
+    ]
+    if listen_tcp:
+        cmd += ["--listen", "tcp://127.0.0.1:0"]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    log.close()
+    found: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("listening on tcp://"):
+                found.append(line.strip().removeprefix("listening on tcp://"))
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(START_TIMEOUT_S)
+    if not found:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"rknn_server did not start: {log_path.read_text()[-3000:]}")
+    return DaemonProcess(process, found[0], log_path)

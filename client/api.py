@@ -85,6 +85,8 @@ class DeviceInfo:
     model_formats: tuple[str, ...]
     capabilities: dict[str, bool]
     limits: dict[str, float]
+    open_sessions: int
+    board: str
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,9 @@ class Device:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
 
-    def info(self) -> DeviceInfo:
+    def info(self, refresh: bool = False) -> DeviceInfo:
         """The daemon's description; the first call is the version handshake."""
-        if self._info is None:
+        if self._info is None or refresh:
             reply = self._call(
                 "GetInfo",
                 self._stub.GetInfo,
@@ -183,6 +185,8 @@ class Device:
                 model_formats=tuple(reply.model_formats),
                 capabilities={f.name: getattr(caps, f.name) for f in caps.DESCRIPTOR.fields},
                 limits={f.name: getattr(limits, f.name) for f in limits.DESCRIPTOR.fields},
+                open_sessions=reply.open_sessions,
+                board=reply.board,
             )
         return self._info
 

@@ -410,6 +410,7 @@ class GetInfoResponse(_message.Message):
     RUNTIME_REASON_FIELD_NUMBER: _builtins.int
     MODEL_FORMATS_FIELD_NUMBER: _builtins.int
     BOARD_FIELD_NUMBER: _builtins.int
+    OPEN_SESSIONS_FIELD_NUMBER: _builtins.int
     daemon_version: _builtins.str
     """rknn_server package version, e.g. "0.1.0"."""
     protocol_version: _builtins.int
@@ -428,6 +429,8 @@ class GetInfoResponse(_message.Message):
     """Why this runtime was chosen (e.g. "librknnrt.so not found; using host")."""
     board: _builtins.str
     """Board model from the device tree, when known."""
+    open_sessions: _builtins.int
+    """Sessions open right now (the daemon's current load)."""
     @_builtins.property
     def capabilities(self) -> Global___Capabilities: ...
     @_builtins.property
@@ -451,10 +454,11 @@ class GetInfoResponse(_message.Message):
         runtime_reason: _builtins.str = ...,
         model_formats: _abc.Iterable[_builtins.str] | None = ...,
         board: _builtins.str = ...,
+        open_sessions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["board", b"board", "capabilities", b"capabilities", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "protocol_version", b"protocol_version", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["board", b"board", "capabilities", b"capabilities", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -221,6 +221,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 runtime_reason=self.config.runtime_reason,
                 model_formats=list(self.backend.model_suffixes),
                 board=self.config.board,
+                open_sessions=len(self.registry),
             )
 
         return await self._unary("GetInfo", context, body)

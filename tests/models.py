@@ -1,0 +1,120 @@
+"""Small real ONNX models for the tests, built with onnx.helper and seeded weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def small_cnn(path: Path, seed: int = 0, channels: int = 3, size: int = 16) -> Path:
+    """Conv -> Relu -> Conv -> Add(skip) -> GlobalAveragePool -> Flatten -> Gemm: a classifier in miniature."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((8, channels, 3, 3)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2
+    fc = rng.standard_normal((10, 8)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["a1"], name="add1"),
+        helper.make_node("GlobalAveragePool", ["a1"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc"], ["logits"], transB=1, name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "small_cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (fc, "fc"))],
+    )
+    return _save(graph, path)
+
+
+# Element types the wire carries, with the ONNX type of each.
+DTYPES = {
+    "uint8": TensorProto.UINT8,
+    "int8": TensorProto.INT8,
+    "int16": TensorProto.INT16,
+    "int32": TensorProto.INT32,
+    "int64": TensorProto.INT64,
+    "float16": TensorProto.FLOAT16,
+    "float32": TensorProto.FLOAT,
+    "bool": TensorProto.BOOL,
+}
+
+
+def identity_of(path: Path, dtype: str, shape: tuple[int, ...] = (2, 3)) -> Path:
+    """y = Identity(x) for one dtype: checks bytes survive the wire exactly."""
+    elem = DTYPES[dtype]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        f"identity_{dtype}",
+        [helper.make_tensor_value_info("x", elem, list(shape))],
+        [helper.make_tensor_value_info("y", elem, list(shape))],
+    )
+    return _save(graph, path)
+
+
+def two_inputs(path: Path) -> Path:
+    """y = a * 2 + b with an int64 second output (count of a), for multi-input and int64 rules."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["a", "two"], ["m"]),
+            helper.make_node("Add", ["m", "b"], ["y"]),
+            helper.make_node("Shape", ["a"], ["shape"]),
+        ],
+        "two_inputs",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+        ],
+        [numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")],
+    )
+    return _save(graph, path)
+
+
+def big_identity(path: Path, elements: int) -> Path:
+    """A float32 identity of `elements` values, for multi-chunk tensors."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "big_identity",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, elements])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, elements])],
+    )
+    return _save(graph, path)
+
+
+def external_data_model(folder: Path) -> Path:
+    """A model whose weight lives in a separate file (ONNX external data)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "external",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    path = folder / "external.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="external.weights", size_threshold=0)
+    return path

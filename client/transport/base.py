@@ -22,3 +22,7 @@ class Endpoint:
     description: str
     kind: str  # "tcp" | "adb" | "private" | "unix"
     close: Callable[[], None] = field(default=_nothing)
+
+
+class TransportError(Exception):
+    """A daemon could not be reached by the chosen transport; the message says why and what to do."""

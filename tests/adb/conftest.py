@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, find_adb
+from tests.adb.fixtures import AbstractEchoServer, EmulatedBoard, PrivateAdbServer, find_adb
 from tests.adb.services import DeviceProfile
 
 MakeBoard = Callable[..., EmulatedBoard]
@@ -48,3 +48,10 @@ def make_board(adb_env: PrivateAdbServer, tmp_path: Path) -> Iterator[MakeBoard]
     yield make
     for board in boards:
         board.close()
+
+
+@pytest.fixture
+def echo_server() -> Iterator[AbstractEchoServer]:
+    server = AbstractEchoServer()
+    yield server
+    server.close()

@@ -10,7 +10,9 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,3 +136,34 @@ class EmulatedBoard:
     def close(self) -> None:
         self.server.adb("disconnect", self.serial, check=False)
         self.thread.stop()
+
+
+class AbstractEchoServer:
+    """A local abstract UNIX socket server that echoes everything back upper-cased."""
+
+    def __init__(self) -> None:
+        self.name = f"adbtest-{uuid.uuid4().hex[:12]}"
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind("\0" + self.name)
+        self._listener.listen()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(connection,), daemon=True).start()
+
+    @staticmethod
+    def _echo(connection: socket.socket) -> None:
+        with connection:
+            while data := connection.recv(65536):
+                connection.sendall(data.upper())
+
+    def close(self) -> None:
+        self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join()

@@ -7,54 +7,12 @@ import socket
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.adb.conftest import MakeBoard
-from tests.adb.fixtures import PrivateAdbServer
+from tests.adb.fixtures import AbstractEchoServer, PrivateAdbServer
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class AbstractEchoServer:
-    """A local abstract UNIX socket server that echoes everything back upper-cased."""
-
-    def __init__(self) -> None:
-        self.name = f"adbtest-{uuid.uuid4().hex[:12]}"
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind("\0" + self.name)
-        self._listener.listen()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(connection,), daemon=True).start()
-
-    @staticmethod
-    def _echo(connection: socket.socket) -> None:
-        with connection:
-            while data := connection.recv(65536):
-                connection.sendall(data.upper())
-
-    def close(self) -> None:
-        self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        self._thread.join()
-
-
-@pytest.fixture
-def echo_server() -> Iterator[AbstractEchoServer]:
-    server = AbstractEchoServer()
-    yield server
-    server.close()
 
 
 def read_exactly(connection: socket.socket, size: int) -> bytes:

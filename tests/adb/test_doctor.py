@@ -52,7 +52,9 @@ def fake_daemon() -> Iterator[Callable[[int], FakeDaemon]]:
 
     def start(protocol_version: int) -> FakeDaemon:
         server = grpc.server(ThreadPoolExecutor(max_workers=2))
-        rknn_pb2_grpc.add_RknnServerServicer_to_server(InfoOnly(protocol_version), server)
+        # The stubs declare every RPC abstract; the fake only needs GetInfo (the rest answer UNIMPLEMENTED).
+        servicer = InfoOnly(protocol_version)  # type: ignore[abstract]
+        rknn_pb2_grpc.add_RknnServerServicer_to_server(servicer, server)
         name = f"rknn-doctor-{uuid.uuid4().hex[:12]}"
         server.add_insecure_port(f"unix-abstract:{name}")
         port = server.add_insecure_port("127.0.0.1:0")

@@ -1,0 +1,286 @@
+"""`rknn-client doctor`: walk the chain from this PC to the board's NPU and name the first broken link.
+
+Each link is a Check; the walk stops at the first failed blocking check, whose `fix` says what to do.
+Non-blocking checks (warnings) are reported and the walk goes on.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+
+import adbutils
+import grpc
+from rknn_client.transport.adb import (
+    AdbTransportError,
+    adb_server_address,
+    adb_server_running,
+    find_device,
+    open_adb,
+    require_ready,
+)
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.version import (
+    DEFAULT_ABSTRACT_SOCKET,
+    DEFAULT_PORT,
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_METADATA_KEY,
+)
+
+# Where RKNPU2 images install the closed rknn_server and the scripts that respawn it.
+VENDOR_DIRS = ("/usr/bin", "/oem/usr/bin")
+VENDOR_SCRIPTS = tuple(
+    f"{folder}/{name}" for folder in VENDOR_DIRS for name in ("start_rknn.sh", "restart_rknn.sh")
+)
+VENDOR_BINARY_SUFFIX = "/usr/bin/rknn_server"
+VENDOR_FIX = (
+    "stop it with `adb shell killall rknn_server`, keep it from coming back with "
+    f"`adb shell chmod -x {' '.join(VENDOR_SCRIPTS)}` (ignore the paths that do not exist) "
+    "and remove its line from the board's init scripts (/etc/init.d, or the Android init .rc)"
+)
+NPU_NODES = ("/dev/dri/renderD129", "/dev/rknpu")
+DRIVER_VERSION_FILES = ("/sys/kernel/debug/rknpu/version", "/sys/module/rknpu/version")
+_SHELL_SECONDS = 15
+
+
+@dataclass(frozen=True)
+class Check:
+    """One link of the chain: whether it holds, what was seen, and how to fix it when not."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    # A failed blocking check ends the walk: the links after it cannot be tested.
+    blocking: bool = True
+
+
+def diagnose(
+    device_id: str | None, *, socket_name: str = DEFAULT_ABSTRACT_SOCKET, timeout: float = 5.0
+) -> list[Check]:
+    """Check every link to the daemon named by `device_id` (adb serial, IP:PORT, tcp://HOST:PORT or None)."""
+    if device_id is not None and device_id.startswith("tcp://"):
+        walk = _tcp_chain(device_id, timeout)
+    else:
+        walk = _adb_chain(device_id, socket_name, timeout)
+    checks: list[Check] = []
+    for check in walk:
+        checks.append(check)
+        if check.blocking and not check.ok:
+            break
+    return checks
+
+
+def format_report(checks: list[Check]) -> str:
+    """A human-readable report, one line per check, the fix under each failed one."""
+    lines = []
+    for check in checks:
+        mark = "OK" if check.ok else ("FAIL" if check.blocking else "WARN")
+        lines.append(f"[{mark:>4}] {check.name}: {check.detail}")
+        if not check.ok and check.fix:
+            lines.append(f"       fix: {check.fix}")
+    if checks and checks[-1].blocking and not checks[-1].ok:
+        lines.append("Stopped at the first broken link; fix it and run doctor again.")
+    elif checks:
+        lines.append("Every link holds.")
+    return "\n".join(lines)
+
+
+def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Iterator[Check]:
+    host, port = adb_server_address()
+    if not adb_server_running(host, port):
+        yield Check(
+            "adb server",
+            False,
+            f"no adb server answers on {host}:{port}",
+            f"start one with `adb -P {port} start-server` "
+            "(or set ANDROID_ADB_SERVER_PORT to your server's port)",
+        )
+        return
+    yield Check("adb server", True, f"answers on {host}:{port}")
+    client = adbutils.AdbClient(host=host, port=port)
+    try:
+        info = find_device(client, device_id)
+    except AdbTransportError as error:
+        yield Check("adb device", False, error.problem, error.fix)
+        return
+    yield Check("adb device", True, f"{info.serial}{f' ({info.model})' if info.model else ''}")
+    try:
+        require_ready(info)
+    except AdbTransportError as error:
+        yield Check("device state", False, error.problem, error.fix)
+        return
+    yield Check("device state", True, "device (online and authorized)")
+    board = _BoardShell(client.device(info.serial))
+    yield from _daemon_process_checks(board, socket_name)
+    try:
+        endpoint = open_adb(info.serial, socket_name=socket_name)
+    except AdbTransportError as error:
+        yield Check("adb forward", False, error.problem, error.fix)
+        return
+    try:
+        daemon = yield from _daemon_checks(endpoint.grpc_target, timeout)
+    finally:
+        endpoint.close()
+    if daemon is None:
+        return
+    nodes = board.run(f"ls {' '.join(NPU_NODES)} 2>/dev/null").split()
+    yield Check(
+        "NPU device node",
+        bool(nodes),
+        ", ".join(nodes) if nodes else f"none of {', '.join(NPU_NODES)} exists",
+        "the RKNPU kernel driver is not loaded: use the board vendor's kernel "
+        "and check `dmesg | grep -i rknpu`",
+    )
+    version = daemon.driver_version or board.run(f"cat {' '.join(DRIVER_VERSION_FILES)} 2>/dev/null").strip()
+    yield _driver_check(version)
+
+
+class _BoardShell:
+    """adb shell on the board, answering '' when the command itself cannot run."""
+
+    def __init__(self, device: adbutils.AdbDevice) -> None:
+        self._device = device
+
+    def run(self, command: str) -> str:
+        try:
+            return str(self._device.shell(command, timeout=_SHELL_SECONDS))
+        except adbutils.AdbError:
+            return ""
+
+
+def _daemon_process_checks(board: _BoardShell, socket_name: str) -> Iterator[Check]:
+    """Is a daemon running, is it ours or the vendor's, and does it listen on the abstract socket."""
+    found = board.run('for p in $(pidof rknn_server); do echo "$p $(readlink /proc/$p/exe)"; done')
+    processes = [line.split(maxsplit=1) for line in found.splitlines() if line.strip()]
+    vendor = [f"pid {pid} ({exe[0]})" for pid, *exe in processes if exe and _is_vendor_binary(exe[0])]
+    ours = [f"pid {pid}" for pid, *exe in processes if not (exe and _is_vendor_binary(exe[0]))]
+    unix_table = board.run(f"grep -F @{socket_name} /proc/net/unix")
+    listening = any(line.split()[-1] == f"@{socket_name}" for line in unix_table.splitlines() if line.split())
+    if vendor and not ours and not listening:
+        yield Check(
+            "daemon process",
+            False,
+            f"the vendor's closed rknn_server runs instead of this project's daemon: {', '.join(vendor)}",
+            VENDOR_FIX + "; then start this project's daemon (`rknn_server serve`)",
+        )
+        return
+    if not ours and not listening:
+        yield Check(
+            "daemon process",
+            False,
+            "no rknn_server daemon runs on the board",
+            "start it on the board with `rknn_server serve` (or the service that deploy/ installs)",
+        )
+        return
+    running = ", ".join(ours) if ours else f"no process named rknn_server, but @{socket_name} is listening"
+    yield Check("daemon process", True, running)
+    if vendor:
+        detail = f"also running: {', '.join(vendor)}"
+        yield Check("vendor rknn_server", False, detail, VENDOR_FIX, blocking=False)
+    scripts = board.run(f"ls {' '.join(VENDOR_SCRIPTS)} 2>/dev/null").split()
+    if scripts:
+        detail = f"the vendor's respawn scripts exist: {', '.join(scripts)}"
+        yield Check("vendor start scripts", False, detail, VENDOR_FIX, blocking=False)
+    yield Check(
+        "abstract socket",
+        listening,
+        f"@{socket_name} is {'listening' if listening else 'not listening'}",
+        f"restart the daemon listening on unix-abstract:{socket_name} (its default `--listen`)",
+    )
+
+
+def _daemon_checks(target: str, timeout: float) -> Generator[Check, None, rknn_pb2.GetInfoResponse | None]:
+    """The gRPC handshake, protocol and runtime; returns GetInfo's answer, or None when it failed."""
+    request = rknn_pb2.GetInfoRequest(
+        client_protocol_version=PROTOCOL_VERSION, client_version="rknn_client doctor"
+    )
+    metadata = ((PROTOCOL_VERSION_METADATA_KEY, str(PROTOCOL_VERSION)),)
+    try:
+        with grpc.insecure_channel(target) as channel:
+            info = rknn_pb2_grpc.RknnServerStub(channel).GetInfo(request, timeout=timeout, metadata=metadata)
+    except grpc.RpcError as error:
+        yield Check(
+            "gRPC handshake",
+            False,
+            f"GetInfo via {target} failed: {error.code().name}: {error.details()}",
+            "the process on the socket is not this project's daemon or is stuck: read its log, restart it, "
+            "and make sure the vendor's rknn_server is not the one listening",
+        )
+        return None
+    yield Check("gRPC handshake", True, f"rknn_server {info.daemon_version} answered GetInfo")
+    if info.min_client_protocol_version > PROTOCOL_VERSION:
+        yield Check(
+            "protocol version",
+            False,
+            f"the daemon needs client protocol >= {info.min_client_protocol_version}, this client speaks "
+            f"{PROTOCOL_VERSION}",
+            "upgrade the PC side: `pip install -U rknn-server-oss[client]`",
+        )
+        return None
+    if info.protocol_version < MIN_PROTOCOL_VERSION:
+        yield Check(
+            "protocol version",
+            False,
+            f"the daemon speaks protocol {info.protocol_version}, "
+            f"this client needs >= {MIN_PROTOCOL_VERSION}",
+            "upgrade the daemon on the board: `pip install -U rknn-server-oss[server]` and restart it",
+        )
+        return None
+    yield Check("protocol version", True, f"daemon {info.protocol_version}, client {PROTOCOL_VERSION}")
+    npu = info.runtime == "rknnrt"
+    reason = f" ({info.runtime_reason})" if info.runtime_reason else ""
+    detail = f"{info.runtime} {info.runtime_version}".strip() + reason
+    yield Check(
+        "runtime library",
+        npu,
+        detail,
+        "install librknnrt.so on the board (/usr/lib) and restart the daemon, or point it there with "
+        "`--runtime-lib PATH`; until then models run on the board's CPU",
+        blocking=False,
+    )
+    return info
+
+
+def _tcp_chain(device_id: str, timeout: float) -> Iterator[Check]:
+    host, _, port_text = device_id.removeprefix("tcp://").rpartition(":")
+    if not host:
+        host, port_text = port_text, str(DEFAULT_PORT)
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port_text)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as error:
+        yield Check(
+            "tcp connect",
+            False,
+            f"cannot connect to {host}:{port_text}: {error}",
+            f"start the daemon on the board with `--listen tcp://0.0.0.0:{port_text}` and check the network "
+            "and firewall between this PC and the board",
+        )
+        return
+    yield Check("tcp connect", True, f"{host}:{port_text} accepts connections")
+    target = f"[{host}]:{port_text}" if ":" in host else f"{host}:{port_text}"
+    daemon = yield from _daemon_checks(target, timeout)
+    if daemon is not None:
+        yield _driver_check(daemon.driver_version)
+
+
+def _is_vendor_binary(exe: str) -> bool:
+    """The closed daemon is an executable named rknn_server in /usr/bin or /oem/usr/bin.
+
+    This project's daemon runs as a Python interpreter, so its /proc/PID/exe never ends so.
+    """
+    return exe.endswith(VENDOR_BINARY_SUFFIX)
+
+
+def _driver_check(version: str) -> Check:
+    return Check(
+        "NPU driver version",
+        bool(version),
+        version or "unknown",
+        "read it on the board with `dmesg | grep -i rknpu`",
+        blocking=False,
+    )

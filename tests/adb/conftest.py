@@ -1,0 +1,57 @@
+"""Fixtures: a private adb server for the session and emulated boards per test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.adb.fixtures import AbstractEchoServer, EmulatedBoard, PrivateAdbServer, find_adb
+from tests.adb.services import DeviceProfile
+
+MakeBoard = Callable[..., EmulatedBoard]
+
+
+@pytest.fixture(scope="session")
+def adb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateAdbServer]:
+    binary = find_adb()
+    if binary is None:
+        pytest.skip("no adb binary: pip install adbutils or apt-get install adb")
+    server = PrivateAdbServer(binary, tmp_path_factory.mktemp("adb-home"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def adb_env(adb_server: PrivateAdbServer, monkeypatch: pytest.MonkeyPatch) -> PrivateAdbServer:
+    """Point this process (adbutils, the transport) at the private server only."""
+    for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ADB_MDNS_OPENSCREEN", "HOME"):
+        monkeypatch.setenv(key, adb_server.env[key])
+    monkeypatch.setenv("ADBUTILS_ADB_PATH", adb_server.binary)
+    monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+    return adb_server
+
+
+@pytest.fixture
+def make_board(adb_env: PrivateAdbServer, tmp_path: Path) -> Iterator[MakeBoard]:
+    """Factory: attach an emulated board (DeviceProfile keyword arguments) to the private server."""
+    boards: list[EmulatedBoard] = []
+
+    def make(serial_name: str = "board", **profile_args: object) -> EmulatedBoard:
+        profile = DeviceProfile(tmp_path / f"root-{serial_name}", serial_name=serial_name, **profile_args)  # type: ignore[arg-type]
+        board = EmulatedBoard(adb_env, profile)
+        boards.append(board)
+        return board
+
+    yield make
+    for board in boards:
+        board.close()
+
+
+@pytest.fixture
+def echo_server() -> Iterator[AbstractEchoServer]:
+    server = AbstractEchoServer()
+    yield server
+    server.close()

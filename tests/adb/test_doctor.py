@@ -1,0 +1,199 @@
+"""client/doctor.py: each link broken in turn, over the real adb and an emulated board."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from rknn_client.doctor import Check, diagnose, format_report
+from rknn_client.transport.adb import adb_server_running
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.version import PROTOCOL_VERSION
+
+from tests.adb.conftest import MakeBoard
+from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, free_port
+
+
+class InfoOnly(rknn_pb2_grpc.RknnServerServicer):
+    """A daemon that only answers GetInfo, with a chosen protocol version."""
+
+    def __init__(self, protocol_version: int) -> None:
+        self.protocol_version = protocol_version
+
+    def GetInfo(
+        self, request: rknn_pb2.GetInfoRequest, context: grpc.ServicerContext
+    ) -> rknn_pb2.GetInfoResponse:
+        return rknn_pb2.GetInfoResponse(
+            daemon_version="0.0-fake",
+            protocol_version=self.protocol_version,
+            min_client_protocol_version=self.protocol_version,
+            runtime="rknnrt",
+            runtime_version="librknnrt 2.3.2",
+            driver_version="0.9.8",
+        )
+
+
+@dataclass
+class FakeDaemon:
+    socket_name: str
+    tcp_port: int
+
+
+@pytest.fixture
+def fake_daemon() -> Iterator[Callable[[int], FakeDaemon]]:
+    """Factory: a GetInfo-only gRPC server on a fresh abstract socket and a loopback TCP port."""
+    servers: list[grpc.Server] = []
+
+    def start(protocol_version: int) -> FakeDaemon:
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        # The stubs declare every RPC abstract; the fake only needs GetInfo (the rest answer UNIMPLEMENTED).
+        servicer = InfoOnly(protocol_version)  # type: ignore[abstract]
+        rknn_pb2_grpc.add_RknnServerServicer_to_server(servicer, server)
+        name = f"rknn-doctor-{uuid.uuid4().hex[:12]}"
+        server.add_insecure_port(f"unix-abstract:{name}")
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return FakeDaemon(name, port)
+
+    yield start
+    for server in servers:
+        server.stop(None)
+
+
+def npu_board(make_board: MakeBoard) -> EmulatedBoard:
+    board = make_board(model="Radxa ROCK 5B")
+    node = board.profile.local_path("/dev/rknpu")
+    node.parent.mkdir(parents=True)
+    node.touch()
+    return board
+
+
+def names(checks: list[Check]) -> list[str]:
+    return [check.name for check in checks]
+
+
+def broken(checks: list[Check]) -> Check:
+    """The check the walk stopped at."""
+    last = checks[-1]
+    assert not last.ok and last.blocking, format_report(checks)
+    return last
+
+
+def test_everything_works(
+    adb_env: PrivateAdbServer, make_board: MakeBoard, fake_daemon: Callable[[int], FakeDaemon]
+) -> None:
+    board = npu_board(make_board)
+    daemon = fake_daemon(PROTOCOL_VERSION)
+    checks = diagnose(board.serial, socket_name=daemon.socket_name)
+    assert all(check.ok for check in checks), format_report(checks)
+    assert names(checks) == [
+        "adb server",
+        "adb device",
+        "device state",
+        "daemon process",
+        "abstract socket",
+        "gRPC handshake",
+        "protocol version",
+        "runtime library",
+        "NPU device node",
+        "NPU driver version",
+    ]
+    assert "Every link holds." in format_report(checks)
+    assert adb_env.adb("forward", "--list").stdout.strip() == ""
+
+
+def test_no_adb_server(adb_env: PrivateAdbServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(port))
+    checks = diagnose(None)
+    assert names(checks) == ["adb server"]
+    assert "start-server" in broken(checks).fix
+    assert not adb_server_running("127.0.0.1", port), "doctor must not start an adb server"
+
+
+def test_no_board_attached(adb_env: PrivateAdbServer) -> None:
+    assert broken(diagnose(None)).name == "adb device"
+
+
+def test_device_offline(adb_env: PrivateAdbServer, make_board: MakeBoard) -> None:
+    board = make_board()
+    board.go_offline()
+    state = adb_env.wait_for_state(board.serial, {"offline", None})
+    failed = broken(diagnose(board.serial))
+    assert failed.name == ("device state" if state == "offline" else "adb device")
+    assert board.serial in failed.detail
+
+
+def test_daemon_not_running(make_board: MakeBoard) -> None:
+    board = npu_board(make_board)
+    failed = broken(diagnose(board.serial, socket_name=f"nobody-{uuid.uuid4().hex[:12]}"))
+    assert failed.name == "daemon process"
+    assert "rknn_server serve" in failed.fix
+
+
+def test_wrong_protocol_version(make_board: MakeBoard, fake_daemon: Callable[[int], FakeDaemon]) -> None:
+    board = npu_board(make_board)
+    daemon = fake_daemon(999)
+    failed = broken(diagnose(board.serial, socket_name=daemon.socket_name))
+    assert failed.name == "protocol version"
+    assert "999" in failed.detail and "pip install -U" in failed.fix
+
+
+def test_missing_npu_node(make_board: MakeBoard, fake_daemon: Callable[[int], FakeDaemon]) -> None:
+    board = make_board()
+    daemon = fake_daemon(PROTOCOL_VERSION)
+    assert broken(diagnose(board.serial, socket_name=daemon.socket_name)).name == "NPU device node"
+
+
+def test_vendor_server_and_its_respawn_scripts(make_board: MakeBoard) -> None:
+    board = npu_board(make_board)
+    bin_dir = board.profile.local_path("/usr/bin/rknn_server").parent
+    bin_dir.mkdir(parents=True)
+    vendor_binary = bin_dir / "rknn_server"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", vendor_binary)
+    (bin_dir / "start_rknn.sh").write_text("#!/bin/sh\nwhile true; do rknn_server; done\n")
+    process = subprocess.Popen([str(vendor_binary), "600"])
+    try:
+        failed = broken(diagnose(board.serial, socket_name=f"nobody-{uuid.uuid4().hex[:12]}"))
+    finally:
+        process.kill()
+        process.wait()
+    assert failed.name == "daemon process"
+    assert f"pid {process.pid}" in failed.detail and "vendor" in failed.detail
+    assert "start_rknn.sh" in failed.fix and "killall rknn_server" in failed.fix
+
+
+def test_vendor_scripts_are_a_warning_when_our_daemon_runs(
+    make_board: MakeBoard, fake_daemon: Callable[[int], FakeDaemon]
+) -> None:
+    board = npu_board(make_board)
+    script = board.profile.local_path("/oem/usr/bin/restart_rknn.sh")
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    daemon = fake_daemon(PROTOCOL_VERSION)
+    checks = diagnose(board.serial, socket_name=daemon.socket_name)
+    warning = next(check for check in checks if check.name == "vendor start scripts")
+    assert not warning.ok and not warning.blocking and "restart_rknn.sh" in warning.detail
+    assert checks[-1].name == "NPU driver version" and checks[-1].ok
+    assert "[WARN] vendor start scripts" in format_report(checks)
+
+
+def test_tcp_device_skips_adb(fake_daemon: Callable[[int], FakeDaemon]) -> None:
+    daemon = fake_daemon(PROTOCOL_VERSION)
+    checks = diagnose(f"tcp://127.0.0.1:{daemon.tcp_port}")
+    expected = ["tcp connect", "gRPC handshake", "protocol version", "runtime library", "NPU driver version"]
+    assert names(checks) == expected
+    assert all(check.ok for check in checks), format_report(checks)
+
+
+def test_tcp_device_not_listening() -> None:
+    failed = broken(diagnose(f"tcp://127.0.0.1:{free_port()}"))
+    assert failed.name == "tcp connect"
+    assert "--listen tcp://" in failed.fix

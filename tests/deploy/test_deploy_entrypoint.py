@@ -1,0 +1,124 @@
+"""The container's own command line, run on the host: the daemon starts and the image's health probe passes.
+
+The host image's ENTRYPOINT + CMD run as written, except that the listen address becomes a free loopback
+port and the model cache a temporary folder; the HEALTHCHECK command then runs against that port.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from deploy_files import REPO
+
+IMAGE_PORT = "50515"
+LISTENING = re.compile(r"listening on tcp://127\.0\.0\.1:(\d+)")
+# How long the daemon may take to start before the test gives up (a hang guard, not a measurement).
+START_DEADLINE_S = 120
+
+
+def host_argv(dockerfile, cache: Path) -> list[str]:
+    stage = dockerfile.stage("host")
+    argv = (
+        dockerfile.effective(stage, "ENTRYPOINT").exec_form() + dockerfile.effective(stage, "CMD").exec_form()
+    )
+    listens = [i for i, arg in enumerate(argv) if arg == "--listen"]
+    assert listens, argv
+    for i in listens:
+        assert argv[i + 1].startswith("tcp://"), "only TCP is reachable from outside a container"
+        argv[i + 1] = "tcp://127.0.0.1:0"
+    argv[argv.index("--model-cache") + 1] = str(cache)
+    return argv
+
+
+def probe_argv(dockerfile, port: int) -> list[str]:
+    probe = dockerfile.effective(dockerfile.stage("host"), "HEALTHCHECK").exec_form()
+    address = f"tcp://127.0.0.1:{IMAGE_PORT}"
+    assert address in probe, probe
+    return [f"tcp://127.0.0.1:{port}" if arg == address else arg for arg in probe]
+
+
+def shim_bin(folder: Path) -> Path:
+    """A `rknn_server` command like the one pip installs (the console script), running this source tree."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'rknn_server = "rknn_server.cli:main"' in pyproject
+    folder.mkdir()
+    shim = folder / "rknn_server"
+    code = "import sys; from rknn_server.cli import main; sys.exit(main())"
+    shim.write_text(f"#!/bin/sh\nexec '{sys.executable}' -c '{code}' \"$@\"\n")
+    shim.chmod(0o755)
+    return folder
+
+
+def read_port(daemon: subprocess.Popen[str]) -> int:
+    """The port from the daemon's `listening on` line; its other output is kept for the failure message."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert daemon.stdout is not None
+        for line in daemon.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=START_DEADLINE_S)
+        except queue.Empty:
+            raise AssertionError(f"no `listening on` line; output so far: {seen}") from None
+        if line is None:
+            raise AssertionError(f"the daemon exited with {daemon.wait()}; output: {seen}")
+        seen.append(line)
+        match = LISTENING.search(line)
+        if match:
+            return int(match.group(1))
+
+
+def stop(daemon: subprocess.Popen[str]) -> None:
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+
+
+def test_container_command_serves_its_health_probe(tmp_path, dockerfile) -> None:
+    if importlib.util.find_spec("rknn_server.cli") is None:
+        pytest.skip("the daemon CLI (rknn_server.cli) is not in this tree yet")
+    env = {
+        **os.environ,
+        "PATH": f"{shim_bin(tmp_path / 'bin')}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = host_argv(dockerfile, tmp_path / "cache")
+    with (tmp_path / "daemon.stderr").open("w") as stderr:
+        daemon = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+        try:
+            port = read_port(daemon)
+            healthy = subprocess.run(
+                probe_argv(dockerfile, port), capture_output=True, text=True, env=env, timeout=60, check=False
+            )
+        finally:
+            stop(daemon)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr + (tmp_path / "daemon.stderr").read_text()
+    # The same probe must fail once the daemon is gone, or it proves nothing.
+    gone = subprocess.run(probe_argv(dockerfile, port), capture_output=True, env=env, timeout=60, check=False)
+    assert gone.returncode != 0

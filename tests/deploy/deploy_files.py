@@ -107,15 +107,14 @@ class Dockerfile:
                 return stage
         raise KeyError(name)
 
-    def effective(self, stage: Stage, keyword: str) -> Instruction | None:
+    def effective(self, stage: Stage, keyword: str) -> Instruction:
         """The instruction in force in a stage: its own, or the one inherited from the stage it builds on."""
         own = stage.last(keyword)
         if own is not None:
             return own
         base = self.resolve(stage.base)
-        if base in {s.name for s in self.stages}:
-            return self.effective(self.stage(base), keyword)
-        return None
+        assert base in {s.name for s in self.stages}, f"no {keyword} in stage {stage.name} or its bases"
+        return self.effective(self.stage(base), keyword)
 
     def resolve(self, word: str) -> str:
         """A FROM word with the global build args' defaults substituted (`${FLAVOR}` -> `board`)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_files import REPO, find_compose
+from deploy_files import REPO, Dockerfile, find_compose
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 
@@ -35,20 +35,20 @@ def resolved(tmp_path: Path, *profiles: str, env: dict[str, str] | None = None) 
     return config
 
 
-def test_profiles_are_board_default_and_host(tmp_path) -> None:
+def test_profiles_are_board_default_and_host(tmp_path: Path) -> None:
     result = compose(tmp_path, "config", "--profiles")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["host"]
 
 
 @pytest.mark.parametrize("profiles", [(), ("host",)], ids=["default", "host"])
-def test_config_is_valid(tmp_path, profiles) -> None:
+def test_config_is_valid(tmp_path: Path, profiles: tuple[str, ...]) -> None:
     flags = [arg for profile in profiles for arg in ("--profile", profile)]
     result = compose(tmp_path, *flags, "config", "-q")
     assert result.returncode == 0, result.stderr
 
 
-def test_parser_rejects_an_unknown_key(tmp_path) -> None:
+def test_parser_rejects_an_unknown_key(tmp_path: Path) -> None:
     """Guards the validity test: the parser must check the schema, not just read YAML."""
     bad = tmp_path / "docker-compose.yml"
     bad.write_text(
@@ -59,12 +59,12 @@ def test_parser_rejects_an_unknown_key(tmp_path) -> None:
     assert "restartt" in result.stderr
 
 
-def test_default_profile_runs_only_the_board(tmp_path) -> None:
+def test_default_profile_runs_only_the_board(tmp_path: Path) -> None:
     assert set(resolved(tmp_path)["services"]) == {"board"}
     assert set(resolved(tmp_path, "host")["services"]) == {"board", "host"}
 
 
-def test_board_maps_npu_soc_id_and_runtime_read_only(tmp_path) -> None:
+def test_board_maps_npu_soc_id_and_runtime_read_only(tmp_path: Path) -> None:
     board = resolved(tmp_path)["services"]["board"]
     assert not board.get("privileged", False)
     assert [(d["source"], d["target"]) for d in board["devices"]] == [("/dev/dri/renderD129",) * 2]
@@ -75,7 +75,7 @@ def test_board_maps_npu_soc_id_and_runtime_read_only(tmp_path) -> None:
     assert board["group_add"] == ["video"]
 
 
-def test_board_paths_follow_the_variables(tmp_path) -> None:
+def test_board_paths_follow_the_variables(tmp_path: Path) -> None:
     env = {
         "RKNN_NPU_DEVICE": "/dev/rknpu",
         "RKNN_RUNTIME_LIB": "/oem/usr/lib/librknnmrt.so",
@@ -90,7 +90,7 @@ def test_board_paths_follow_the_variables(tmp_path) -> None:
     assert [(p["published"], p["target"]) for p in board["ports"]] == [("6000", 50515)]
 
 
-def test_board_listens_on_tcp_with_auth_from_a_secret(tmp_path) -> None:
+def test_board_listens_on_tcp_with_auth_from_a_secret(tmp_path: Path) -> None:
     config = resolved(tmp_path)
     board = config["services"]["board"]
     command = board["command"]
@@ -102,7 +102,7 @@ def test_board_listens_on_tcp_with_auth_from_a_secret(tmp_path) -> None:
     assert [p["target"] for p in board["ports"]] == [50515]
 
 
-def test_board_keeps_models_on_a_named_volume_and_restarts(tmp_path) -> None:
+def test_board_keeps_models_on_a_named_volume_and_restarts(tmp_path: Path) -> None:
     config = resolved(tmp_path)
     board = config["services"]["board"]
     [cache] = [v for v in board["volumes"] if v["target"] == "/var/cache/rknn_server"]
@@ -113,7 +113,7 @@ def test_board_keeps_models_on_a_named_volume_and_restarts(tmp_path) -> None:
     assert board["restart"] == "unless-stopped"
 
 
-def test_host_profile_needs_no_npu(tmp_path) -> None:
+def test_host_profile_needs_no_npu(tmp_path: Path) -> None:
     host = resolved(tmp_path, "host")["services"]["host"]
     assert host["profiles"] == ["host"]
     assert "devices" not in host
@@ -122,7 +122,7 @@ def test_host_profile_needs_no_npu(tmp_path) -> None:
     assert [p["host_ip"] for p in host["ports"]] == ["127.0.0.1"]
 
 
-def test_board_command_is_the_board_image_cmd_plus_auth(tmp_path, dockerfile) -> None:
+def test_board_command_is_the_board_image_cmd_plus_auth(tmp_path: Path, dockerfile: Dockerfile) -> None:
     board = resolved(tmp_path)["services"]["board"]
     assert board["build"]["args"] == {"FLAVOR": "board"}
     image_cmd = dockerfile.effective(dockerfile.stage("board"), "CMD").exec_form()

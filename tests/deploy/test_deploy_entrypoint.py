@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from deploy_files import REPO
+from deploy_files import BOARD_ARGS, REPO, Dockerfile
 
 IMAGE_PORT = "50515"
 LISTENING = re.compile(r"listening on tcp://127\.0\.0\.1:(\d+)")
@@ -25,7 +25,7 @@ LISTENING = re.compile(r"listening on tcp://127\.0\.0\.1:(\d+)")
 START_DEADLINE_S = 120
 
 
-def host_argv(dockerfile, cache: Path) -> list[str]:
+def host_argv(dockerfile: Dockerfile, cache: Path) -> list[str]:
     stage = dockerfile.stage("host")
     argv = (
         dockerfile.effective(stage, "ENTRYPOINT").exec_form() + dockerfile.effective(stage, "CMD").exec_form()
@@ -39,7 +39,7 @@ def host_argv(dockerfile, cache: Path) -> list[str]:
     return argv
 
 
-def probe_argv(dockerfile, port: int) -> list[str]:
+def probe_argv(dockerfile: Dockerfile, port: int) -> list[str]:
     probe = dockerfile.effective(dockerfile.stage("host"), "HEALTHCHECK").exec_form()
     address = f"tcp://127.0.0.1:{IMAGE_PORT}"
     assert address in probe, probe
@@ -69,7 +69,7 @@ def read_port(daemon: subprocess.Popen[str]) -> int:
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
-    seen = []
+    seen: list[str] = []
     while True:
         try:
             line = lines.get(timeout=START_DEADLINE_S)
@@ -92,14 +92,35 @@ def stop(daemon: subprocess.Popen[str]) -> None:
         daemon.wait()
 
 
-def test_container_command_serves_its_health_probe(tmp_path, dockerfile) -> None:
+def daemon_env(tmp_path: Path) -> dict[str, str]:
+    """The environment with `rknn_server` on PATH, or a skip while the daemon is not in the tree."""
     if importlib.util.find_spec("rknn_server.cli") is None:
         pytest.skip("the daemon CLI (rknn_server.cli) is not in this tree yet")
-    env = {
+    return {
         **os.environ,
         "PATH": f"{shim_bin(tmp_path / 'bin')}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def test_daemon_knows_every_flag_the_deploy_files_pass(tmp_path: Path, dockerfile: Dockerfile) -> None:
+    """A flag the daemon lacks would make every board unit and container exit at start."""
+    env = daemon_env(tmp_path)
+    used = {arg for arg in BOARD_ARGS if arg.startswith("--")}
+    for flavor in ("board", "host"):
+        used |= {
+            a for a in dockerfile.effective(dockerfile.stage(flavor), "CMD").exec_form() if a.startswith("--")
+        }
+    result = subprocess.run(
+        ["rknn_server", "serve", "--help"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", result.stdout))
+    assert used <= known, f"flags the daemon does not know: {sorted(used - known)}"
+
+
+def test_container_command_serves_its_health_probe(tmp_path: Path, dockerfile: Dockerfile) -> None:
+    env = daemon_env(tmp_path)
     argv = host_argv(dockerfile, tmp_path / "cache")
     with (tmp_path / "daemon.stderr").open("w") as stderr:
         daemon = subprocess.Popen(

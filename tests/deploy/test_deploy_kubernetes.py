@@ -30,7 +30,7 @@ def test_manifests_pass_strict_schema_validation() -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_validation_rejects_an_unknown_field(tmp_path) -> None:
+def test_validation_rejects_an_unknown_field(tmp_path: Path) -> None:
     """Guards the test above: strict mode must reject what the schema does not know."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(MANIFEST.read_text().replace("hostPort: 50515", "hostPortt: 50515"))

@@ -37,13 +37,13 @@ def verify_unit(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, check=False)
 
 
-def test_systemd_unit_verifies_clean(tmp_path) -> None:
+def test_systemd_unit_verifies_clean(tmp_path: Path) -> None:
     result = verify_unit(tmp_path, SYSTEMD_UNIT.read_text())
     assert result.returncode == 0, result.stderr
     assert SYSTEMD_UNIT.name not in result.stdout + result.stderr, result.stdout + result.stderr
 
 
-def test_systemd_verify_reports_a_bad_key(tmp_path) -> None:
+def test_systemd_verify_reports_a_bad_key(tmp_path: Path) -> None:
     """Guards the test above: an unknown key is reported (as a warning naming the unit)."""
     result = verify_unit(tmp_path, SYSTEMD_UNIT.read_text().replace("RestartSec=", "RestartSecs="))
     assert "RestartSecs" in result.stderr
@@ -111,7 +111,7 @@ def wait_for_lines(path: Path, count: int, process: subprocess.Popen[bytes]) -> 
     raise AssertionError(f"fewer than {count} starts logged in {path}")
 
 
-def test_init_script_restarts_the_daemon_when_it_dies(tmp_path) -> None:
+def test_init_script_restarts_the_daemon_when_it_dies(tmp_path: Path) -> None:
     supervisor, calls = start_supervisor(tmp_path, "exit 3")
     try:
         lines = wait_for_lines(calls, 2, supervisor)
@@ -124,7 +124,7 @@ def test_init_script_restarts_the_daemon_when_it_dies(tmp_path) -> None:
     assert argv[argv.index("--model-cache") + 1] == "/var/cache/rknn_server"
 
 
-def test_stopping_the_init_script_stops_the_daemon(tmp_path) -> None:
+def test_stopping_the_init_script_stops_the_daemon(tmp_path: Path) -> None:
     supervisor, calls = start_supervisor(tmp_path, "exec sleep 600")
     try:
         [line] = wait_for_lines(calls, 1, supervisor)

@@ -1,0 +1,105 @@
+"""Shared fixtures: real daemon subprocesses on free loopback ports, and the board cases the
+compatibility tests run against (one per transport x backend, each with its own reference)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from demo.daemon_process import DaemonProcess, start_daemon
+from tests import models
+
+DaemonFactory = Callable[..., DaemonProcess]
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def cnn_model(models_dir: Path) -> Path:
+    return models.small_cnn(models_dir / "small_cnn.onnx")
+
+
+@pytest.fixture(scope="session")
+def host_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One host-runtime daemon shared by the tests that only need a well-behaved board."""
+    root = tmp_path_factory.mktemp("host-daemon")
+    daemon = start_daemon(root / "cache", root / "daemon.log", ["--runtime", "host"])
+    yield daemon
+    daemon.stop()
+    assert daemon.process.returncode == 0, daemon.log_text()[-2000:]
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
+    """Factory for daemons with their own options (a declared SoC, short leases...), stopped at the end."""
+    started: list[DaemonProcess] = []
+
+    def make(*args: str, name: str = "daemon") -> DaemonProcess:
+        daemon = start_daemon(tmp_path / f"{name}-cache", tmp_path / f"{name}.log", ["--runtime", "host", *args])
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        daemon.stop()
+
+
+def onnx_reference(model: Path, mean: float = 0.0, std: float = 1.0) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """Outputs of a direct ONNX Runtime run of the model, on NCHW float inputs normalised as configured."""
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(inputs: list[np.ndarray]) -> list[np.ndarray]:
+        feed = {n: ((a.astype(np.float32) - mean) / std) for n, a in zip(names, inputs, strict=True)}
+        return list(session.run(None, feed))
+
+    return run
+
+
+@dataclass
+class BoardCase:
+    """A board the compatibility tests drive: how to reach it, how to load the model on an RKNN
+    object, and the reference outputs for NCHW float inputs."""
+
+    id: str
+    device_id: str
+    target: str | None
+    load: Callable[[object], int]
+    reference: Callable[[list[np.ndarray]], list[np.ndarray]]
+    input_nchw: tuple[int, int, int, int]
+    atol: float = 1e-4
+
+
+# mean/std the compat cases configure, so the tests also prove they are baked into the model.
+CASE_MEAN, CASE_STD = 10.0, 50.0
+
+
+def host_tcp_case(daemon: DaemonProcess, model: Path) -> BoardCase:
+    def load(rknn: object) -> int:
+        rknn.config(mean_values=[[CASE_MEAN] * 3], std_values=[[CASE_STD] * 3])  # type: ignore[attr-defined]
+        return int(rknn.load_onnx(str(model)))  # type: ignore[attr-defined]
+
+    return BoardCase(
+        id="tcp-host",
+        device_id=daemon.url,
+        target=None,
+        load=load,
+        reference=onnx_reference(model, CASE_MEAN, CASE_STD),
+        input_nchw=(1, 3, 16, 16),
+    )
+
+
+@pytest.fixture(params=["tcp-host"])
+def board(request: pytest.FixtureRequest, host_daemon: DaemonProcess, cnn_model: Path) -> BoardCase:
+    """Every transport x backend the compatibility suite runs over (later issues add theirs here)."""
+    if request.param == "tcp-host":
+        return host_tcp_case(host_daemon, cnn_model)
+    raise AssertionError(request.param)

@@ -1,0 +1,1 @@
+"""Accuracy analysis on the PC: quantization emulation, per-layer capture and the layer-by-layer error report."""

@@ -1,1 +1,1 @@
-"""Accuracy analysis on the PC: quantization emulation, per-layer capture and the layer-by-layer error report."""
+"""Accuracy analysis on the PC: quantization emulation, per-layer capture, the layer-by-layer error report."""

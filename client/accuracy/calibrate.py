@@ -52,7 +52,9 @@ def search_range(counts: np.ndarray, edges: np.ndarray) -> tuple[float, float]:
     return float(alphas[best] * low), float(alphas[best] * high)
 
 
-def mmse_ranges(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
+def mmse_ranges(
+    model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, tuple[float, float]]:
     """MMSE range of every floating-point activation (graph inputs and node outputs) over the samples."""
     exposed, layers = expose_all_layers(model)
     types = tensor_types(model)
@@ -62,7 +64,7 @@ def mmse_ranges(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarra
     outputs = [name for name in names if name not in feed_names]
 
     def activations(sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = dict(zip(outputs, run_session(session, sample, outputs)))
+        values = dict(zip(outputs, run_session(session, sample, outputs), strict=True))
         values.update({name: np.asarray(sample[name]) for name in names if name in feed_names})
         return values
 
@@ -72,7 +74,9 @@ def mmse_ranges(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarra
         for name, value in activations(sample).items():
             lows[name] = min(lows[name], float(np.min(value)))
             highs[name] = max(highs[name], float(np.max(value)))
-    edges = {name: np.linspace(min(lows[name], 0.0), max(highs[name], 0.0), HISTOGRAM_BINS + 1) for name in names}
+    edges = {
+        name: np.linspace(min(lows[name], 0.0), max(highs[name], 0.0), HISTOGRAM_BINS + 1) for name in names
+    }
     counts = {name: np.zeros(HISTOGRAM_BINS, np.int64) for name in names}
     for sample in samples:
         for name, value in activations(sample).items():

@@ -113,6 +113,6 @@ def run_capture(
     session = open_session(exposed)
     feeds = {name: inputs[name] for name in input_names}
     values = run_session(session, feeds, [layer.tensor_name for layer in computed])
-    by_name = {layer.tensor_name: value for layer, value in zip(computed, values)}
+    by_name = {layer.tensor_name: value for layer, value in zip(computed, values, strict=True)}
     by_name.update({name: np.asarray(inputs[name]) for name in input_names})
     return [(layer, by_name[layer.tensor_name]) for layer in layers]

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import onnx
 
-from rknn_client.accuracy.capture import INPUT_OP_TYPE, LayerInfo, constant_tensors, graph_inputs, tensor_types
+from rknn_client.accuracy.capture import (
+    INPUT_OP_TYPE,
+    LayerInfo,
+    constant_tensors,
+    graph_inputs,
+    tensor_types,
+)
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 FLOAT_TYPES = frozenset(
@@ -54,7 +60,7 @@ def model_layers(model: onnx.ModelProto) -> list[ModelLayer]:
     types = tensor_types(model)
     constant = constant_tensors(graph)
     outputs = {info.name for info in graph.output}
-    found: list[tuple[str, str, str]] = [(INPUT_OP_TYPE, info.name, info.name) for info in graph_inputs(graph)]
+    found = [(INPUT_OP_TYPE, info.name, info.name) for info in graph_inputs(graph)]
     for node in graph.node:
         if node.op_type in QDQ_OPS:
             continue

@@ -53,14 +53,16 @@ def _channel_constant(values: Channels, spec: InputSpec, what: str) -> np.ndarra
         return array.reshape(())
     channels = spec.shape[1] if len(spec.shape) > 1 else None
     if channels is not None and channels != array.size:
-        raise AccuracyError(f"{what} for input {spec.name} has {array.size} values, the input has {channels} channels")
+        raise AccuracyError(
+            f"{what} for input {spec.name} has {array.size} values, the input has {channels} channels"
+        )
     return array.reshape([1, array.size] + [1] * max(len(spec.shape) - 2, 0))
 
 
 def bake_normalization(
     model: onnx.ModelProto, mean: Sequence[Channels] | None, std: Sequence[Channels] | None
 ) -> onnx.ModelProto:
-    """A copy of `model` that computes `(x - mean) / std` on each input first (toolkit format: one list per input)."""
+    """A copy of `model` computing `(x - mean) / std` on each input first (a list per input)."""
     specs = input_specs(model)
     for what, given in (("mean_values", mean), ("std_values", std)):
         if given is not None and len(given) != len(specs):
@@ -99,12 +101,13 @@ def bake_normalization(
 
 def _read_image(path: Path, spec: InputSpec) -> np.ndarray:
     """An image file as a 1xCxHxW array of the model's dtype; the size must match the model."""
-    if len(spec.shape) != 4 or spec.shape[1] not in PIL_MODES:
-        raise AccuracyError(f"input {spec.name} (shape {spec.shape}) is not an NCHW image input; use a .npy file")
-    _, channels, height, width = spec.shape
+    mode = PIL_MODES.get(spec.shape[1]) if len(spec.shape) == 4 else None
+    if mode is None:
+        raise AccuracyError(f"input {spec.name} (shape {spec.shape}) is not an NCHW image input; use .npy")
+    height, width = spec.shape[2], spec.shape[3]
     try:
         with Image.open(path) as image:
-            pixels = np.asarray(image.convert(PIL_MODES[channels]))
+            pixels = np.asarray(image.convert(mode))
     except OSError as exc:
         raise AccuracyError(f"cannot read image {path}: {exc}") from exc
     pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
@@ -123,7 +126,7 @@ def _read_npy(path: Path, spec: InputSpec) -> np.ndarray:
     except (OSError, ValueError) as exc:
         raise AccuracyError(f"cannot read {path}: {exc}") from exc
     fits = len(array.shape) == len(spec.shape) and all(
-        want is None or want == got for want, got in zip(spec.shape, array.shape)
+        want is None or want == got for want, got in zip(spec.shape, array.shape, strict=True)
     )
     if not fits:
         raise AccuracyError(f"{path} has shape {array.shape}, input {spec.name} needs {spec.shape}")
@@ -147,11 +150,11 @@ def load_inputs(paths: Sequence[str | Path], specs: Sequence[InputSpec]) -> dict
     """One file per model input, in the model's input order."""
     if len(paths) != len(specs):
         raise AccuracyError(f"{len(paths)} input file(s) given, the model has {len(specs)} input(s)")
-    return {spec.name: load_input(path, spec) for path, spec in zip(paths, specs)}
+    return {spec.name: load_input(path, spec) for path, spec in zip(paths, specs, strict=True)}
 
 
 def read_dataset(dataset_txt: str | Path) -> list[list[Path]]:
-    """dataset.txt: one sample per line, one path per model input separated by spaces, relative to its folder."""
+    """dataset.txt: a sample per line, a path per model input (space separated), relative to its folder."""
     listing = Path(dataset_txt)
     try:
         lines = listing.read_text().splitlines()

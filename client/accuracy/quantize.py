@@ -1,4 +1,4 @@
-"""`build(do_quantization=True, dataset=...)` emulated: an int8 QDQ model from ONNX Runtime's static quantization.
+"""`build(do_quantization=True, dataset=...)` emulated with ONNX Runtime's static quantization (int8 QDQ).
 
 Mapping of the toolkit's options onto `onnxruntime.quantization.quantize_static` (QuantFormat.QDQ,
 int8 activations and weights, asymmetric activations, symmetric weights):

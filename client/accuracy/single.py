@@ -33,6 +33,11 @@ class _LayerCut:
     dtypes: dict[str, np.dtype]
     session: ort.InferenceSession | None
 
+    def inputs(self, reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The cut's input tensors, taken from the reference and cast to the model's types."""
+        feeds = self.feeds.items()
+        return {tensor: np.asarray(reference[source], self.dtypes[tensor]) for tensor, source in feeds}
+
 
 @dataclass(frozen=True)
 class SingleResult:
@@ -107,7 +112,7 @@ class SingleLayerRunner:
             if missing:
                 skipped[name] = f"no reference value for {', '.join(missing)}"
                 continue
-            feeds = {tensor: np.asarray(reference[source], cut.dtypes[tensor]) for tensor, source in cut.feeds.items()}
+            feeds = cut.inputs(reference)
             if cut.session is None:
                 values[name] = feeds[cut.layer.value]
                 continue

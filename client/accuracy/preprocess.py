@@ -22,7 +22,7 @@ from rknn_client.accuracy.capture import graph_inputs
 from rknn_client.accuracy.errors import AccuracyError
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
-PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+PIL_MODES: dict[int | None, str] = {1: "L", 3: "RGB", 4: "RGBA"}
 Channels = Sequence[float]
 
 

@@ -43,8 +43,10 @@ class _Builder:
         )
         return out
 
-    def op(self, op_type: str, inputs: list[str], out: str, **attrs: object) -> str:
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{out}_node", **attrs))
+    def op(self, op_type: str, inputs: list[str], out: str, **attrs: int) -> str:
+        node = helper.make_node(op_type, inputs, [out], name=f"{out}_node")
+        node.attribute.extend(helper.make_attribute(key, value) for key, value in attrs.items())
+        self.nodes.append(node)
         return out
 
 

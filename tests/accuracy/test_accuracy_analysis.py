@@ -12,24 +12,34 @@ from onnx import numpy_helper
 
 from rknn_client.accuracy.analysis import REPORT_FILE, analyse
 from rknn_client.accuracy.capture import LayerInfo, run_capture
+from rknn_client.accuracy.compare import ErrorPair
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
+
+
+def known(pair: ErrorPair | None) -> ErrorPair:
+    """The pair a layer must have."""
+    assert pair is not None
+    return pair
+
 
 FILE_NAME = re.compile(r"^\d{3}_[A-Za-z]+_[A-Za-z0-9._-]+_shape_[0-9_]+_[a-z0-9]+\.npy$")
 
 
 def test_int8_errors_grow_towards_the_output(
     tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
-):
+) -> None:
     result = analyse(float_model, quant_model, [test_image], tmp_path / "snap")
 
     # The raw image and the mean subtraction are whole numbers in [-128, 255]: int8 with scale 1 is exact.
-    assert result.row("input").entire.euc == 0.0 and result.row("input_mean_sub").entire.euc == 0.0
+    assert (
+        known(result.row("input").entire).euc == 0.0 and known(result.row("input_mean_sub").entire).euc == 0.0
+    )
     first_conv = result.row("relu1")  # conv1 + Relu, fused by quantize_static
     compared = [row for row in result.rows[result.rows.index(first_conv) :] if row.entire is not None]
     assert len(compared) >= 10
-    assert all(row.entire.cos < 1.0 - 1e-7 and row.single.cos < 1.0 - 1e-7 for row in compared)
-    assert all(row.entire.euc > 0.0 and row.single.euc > 0.0 for row in compared)
-    assert result.row("prob").entire.cos < first_conv.entire.cos
+    assert all(known(row.entire).cos < 1.0 - 1e-7 and known(row.single).cos < 1.0 - 1e-7 for row in compared)
+    assert all(known(row.entire).euc > 0.0 and known(row.single).euc > 0.0 for row in compared)
+    assert known(result.row("prob").entire).cos < known(first_conv.entire).cos
     # quantize_static folds Relu/Clip into the conv before: the conv's own output is golden-only.
     assert result.row("conv1").sides == {"golden"}
     assert result.row("relu1").op_type == "Relu" and result.row("relu1").sides == {"golden", "simulator"}
@@ -50,14 +60,16 @@ def test_int8_errors_grow_towards_the_output(
     assert "only in golden" in text and "conv1" in text.split("only in golden")[1]
 
 
-def test_without_quantization_every_cosine_is_one(tmp_path: Path, float_model: Path, test_image: Path):
+def test_without_quantization_every_cosine_is_one(
+    tmp_path: Path, float_model: Path, test_image: Path
+) -> None:
     result = analyse(float_model, float_model, [test_image], tmp_path / "snap")
 
     assert all(row.sides == {"golden", "simulator"} for row in result.rows)
     for row in result.rows:
-        assert row.entire.cos == pytest.approx(1.0, abs=1e-6)
-        assert row.single.cos == pytest.approx(1.0, abs=1e-6)
-        assert row.entire.euc == pytest.approx(0.0, abs=1e-4)
+        assert known(row.entire).cos == pytest.approx(1.0, abs=1e-6)
+        assert known(row.single).cos == pytest.approx(1.0, abs=1e-6)
+        assert known(row.entire).euc == pytest.approx(0.0, abs=1e-4)
 
 
 def _break_weight(quant_model: Path, conv_node: str, out: Path) -> Path:
@@ -74,7 +86,7 @@ def _break_weight(quant_model: Path, conv_node: str, out: Path) -> Path:
 
 def test_runtime_single_sim_points_at_the_broken_layer(
     tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
-):
+) -> None:
     broken = _break_weight(quant_model, "project_node", tmp_path / "broken.onnx")
     feeds = load_inputs([test_image], input_specs(onnx.load(float_model)))
     runtime_layers = run_capture(broken, feeds)
@@ -86,7 +98,11 @@ def test_runtime_single_sim_points_at_the_broken_layer(
     assert {row.name for row in with_single_sim} == {
         row.name for row in result.rows if "simulator" in row.sides
     }
-    bad = [row.name for row in with_single_sim if row.single_sim.cos < 0.999 or row.single_sim.euc > 1e-3]
+    bad = [
+        row.name
+        for row in with_single_sim
+        if known(row.single_sim).cos < 0.999 or known(row.single_sim).euc > 1e-3
+    ]
     assert bad == ["project"]
     names = [row.name for row in result.rows]
     broken_at = names.index("project")
@@ -95,7 +111,7 @@ def test_runtime_single_sim_points_at_the_broken_layer(
             assert row.runtime_entire == row.entire
     for name in ("project", "add1", "relu2"):
         row = result.row(name)
-        assert row.runtime_entire.cos < row.entire.cos - 1e-3
+        assert known(row.runtime_entire).cos < known(row.entire).cos - 1e-3
     assert result.only_runtime == ()
     assert len(list((tmp_path / "snap" / "runtime").glob("*.npy"))) == len(runtime_layers)
     text = (tmp_path / "snap" / REPORT_FILE).read_text()
@@ -104,7 +120,7 @@ def test_runtime_single_sim_points_at_the_broken_layer(
 
 def test_runtime_layers_matched_by_name_nhwc_and_unknown(
     tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
-):
+) -> None:
     """A board-like runtime: original tensor names, NHWC layout, some layers missing, hostile names."""
     simulator = {
         info.tensor_name: array for info, array in run_capture(quant_model, {"input": _image(test_image)})

@@ -21,7 +21,7 @@ def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     return session.run(None, {"input": x})[0]
 
 
-def test_baked_model_on_raw_input_equals_original_on_normalised_input():
+def test_baked_model_on_raw_input_equals_original_on_normalised_input() -> None:
     original = build_cnn()
     x = image_array(5).transpose(2, 0, 1)[np.newaxis].astype(np.float32)
     mean = np.array(MEAN[0], np.float32).reshape(1, 3, 1, 1)
@@ -34,7 +34,7 @@ def test_baked_model_on_raw_input_equals_original_on_normalised_input():
     np.testing.assert_allclose(_run(baked, x), _run(original, (x - mean) / std), rtol=1e-5, atol=1e-6)
 
 
-def test_identity_normalisation_leaves_the_model_alone():
+def test_identity_normalisation_leaves_the_model_alone() -> None:
     original = build_cnn()
     assert bake_normalization(original, [[0, 0, 0]], [[1, 1, 1]]) == original
     assert bake_normalization(original, None, None) == original
@@ -44,12 +44,14 @@ def test_identity_normalisation_leaves_the_model_alone():
     ("mean", "std", "message"),
     [([[1, 2]], None, "has 2 values"), ([[0]], [[0]], "contain 0"), ([[0], [0]], None, "2 entries")],
 )
-def test_bad_normalisation_is_refused(mean, std, message):
+def test_bad_normalisation_is_refused(
+    mean: list[list[float]], std: list[list[float]] | None, message: str
+) -> None:
     with pytest.raises(AccuracyError, match=message):
         bake_normalization(build_cnn(), mean, std)
 
 
-def test_image_is_read_as_nchw_float(tmp_path: Path):
+def test_image_is_read_as_nchw_float(tmp_path: Path) -> None:
     picture = image_array(3)
     Image.fromarray(picture).save(tmp_path / "a.bmp")
     spec = input_specs(build_cnn())[0]
@@ -60,7 +62,7 @@ def test_image_is_read_as_nchw_float(tmp_path: Path):
     np.testing.assert_array_equal(array[0], picture.transpose(2, 0, 1))
 
 
-def test_npy_is_used_as_is_and_shape_checked(tmp_path: Path):
+def test_npy_is_used_as_is_and_shape_checked(tmp_path: Path) -> None:
     spec = input_specs(build_cnn())[0]
     good = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
     np.save(tmp_path / "good.npy", good)
@@ -70,7 +72,7 @@ def test_npy_is_used_as_is_and_shape_checked(tmp_path: Path):
         load_input(tmp_path / "bad.npy", spec)
 
 
-def test_dataset_paths_are_relative_to_the_list(tmp_path: Path):
+def test_dataset_paths_are_relative_to_the_list(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "list.txt").write_text("a.png b.npy\n\n/abs/c.jpg\n")
     assert read_dataset(tmp_path / "sub" / "list.txt") == [
@@ -79,7 +81,7 @@ def test_dataset_paths_are_relative_to_the_list(tmp_path: Path):
     ]
 
 
-def test_wrong_image_size_is_an_error(tmp_path: Path, float_model: Path, quant_model: Path):
+def test_wrong_image_size_is_an_error(tmp_path: Path, float_model: Path, quant_model: Path) -> None:
     Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(tmp_path / "small.jpg")
     with pytest.raises(AccuracyError, match=r"30x20 \(WxH\).*needs 32x32"):
         analyse(float_model, quant_model, [tmp_path / "small.jpg"], tmp_path / "snap")
@@ -87,7 +89,7 @@ def test_wrong_image_size_is_an_error(tmp_path: Path, float_model: Path, quant_m
 
 def test_missing_and_unsupported_inputs(
     tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
-):
+) -> None:
     with pytest.raises(AccuracyError, match="does not exist"):
         analyse(float_model, quant_model, [tmp_path / "nope.png"], tmp_path / "snap")
     (tmp_path / "x.txt").write_text("hi")
@@ -99,7 +101,9 @@ def test_missing_and_unsupported_inputs(
         analyse(tmp_path / "none.onnx", quant_model, [test_image], tmp_path / "snap")
 
 
-def test_unwritable_output_dir(tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path):
+def test_unwritable_output_dir(
+    tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(AccuracyError, match="not writable"):
@@ -108,7 +112,7 @@ def test_unwritable_output_dir(tmp_path: Path, float_model: Path, quant_model: P
 
 def test_a_rerun_replaces_the_report_only_at_the_end(
     tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
-):
+) -> None:
     out = tmp_path / "snap"
     analyse(float_model, quant_model, [test_image], out)
     assert (out / REPORT_FILE).exists()

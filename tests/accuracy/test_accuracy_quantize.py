@@ -35,7 +35,7 @@ def _weight_scale_shape(path: Path, conv: str) -> tuple[int, ...]:
 
 def test_mmse_ranges_are_never_wider_than_minmax(
     tmp_path: Path, float_model: Path, quant_model: Path, dataset: Path
-):
+) -> None:
     mmse = tmp_path / "mmse.onnx"
     quantize_model(float_model, mmse, dataset, "mmse", "channel")
 
@@ -45,7 +45,7 @@ def test_mmse_ranges_are_never_wider_than_minmax(
     assert any(mmse_scales[name] < minmax_scales[name] * 0.99 for name in mmse_scales)
 
 
-def test_search_range_clips_heavy_tails_and_lowers_the_error():
+def test_search_range_clips_heavy_tails_and_lowers_the_error() -> None:
     values = np.random.default_rng(0).laplace(0.0, 1.0, 100_000)
     counts, edges = np.histogram(values, bins=2048, range=(float(values.min()), float(values.max())))
 
@@ -57,13 +57,13 @@ def test_search_range_clips_heavy_tails_and_lowers_the_error():
     assert quantization_mse(values, weights, low, high) < full * 0.9
 
 
-def test_search_range_keeps_an_all_zero_tensor():
+def test_search_range_keeps_an_all_zero_tensor() -> None:
     assert search_range(np.zeros(4, np.int64), np.zeros(5)) == (0.0, 0.0)
 
 
 def test_kl_divergence_and_per_layer_weights(
     tmp_path: Path, float_model: Path, quant_model: Path, dataset: Path
-):
+) -> None:
     kl = tmp_path / "kl.onnx"
     quantize_model(float_model, kl, dataset, "kl_divergence", "layer")
 
@@ -77,13 +77,13 @@ def test_kl_divergence_and_per_layer_weights(
     [("fast", "channel", "quantized_algorithm"), ("normal", "group", "quantized_method")],
 )
 def test_unknown_options_are_refused(
-    tmp_path: Path, float_model: Path, dataset: Path, algorithm, method, message
-):
+    tmp_path: Path, float_model: Path, dataset: Path, algorithm: str, method: str, message: str
+) -> None:
     with pytest.raises(AccuracyError, match=message):
         quantize_model(float_model, tmp_path / "q.onnx", dataset, algorithm, method)
 
 
-def test_dataset_problems_are_clear(tmp_path: Path, float_model: Path):
+def test_dataset_problems_are_clear(tmp_path: Path, float_model: Path) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     with pytest.raises(AccuracyError, match="lists no inputs"):

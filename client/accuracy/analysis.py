@@ -29,13 +29,13 @@ from rknn_client.accuracy.report import (
     LayerLike,
     TableRow,
     format_table,
+    remove_layers,
     write_layers,
     write_text_atomically,
 )
 from rknn_client.accuracy.single import SingleLayerRunner
 
 REPORT_FILE = "error_analysis.txt"
-SIDE_DIRS = ("golden", "simulator", "runtime")
 FORMULAS = (
     "# cos = sum(a*b) / (||a|| * ||b||), euc = ||a - b|| = sqrt(sum((a - b)^2)),",
     "# over the flattened tensors in float64 (cos is 1.0 when both are all zero).",
@@ -207,7 +207,9 @@ def analyse(
     write_layers(out / "golden", [(layer.info, golden[layer.value]) for layer in golden_layers])
     write_layers(out / "simulator", [(layer.info, simulator[layer.value]) for layer in sim_layers])
     delivered = None if runtime_layers is None else list(runtime_layers)
-    if delivered is not None:
+    if delivered is None:
+        remove_layers(out / "runtime")
+    else:
         write_layers(out / "runtime", delivered)
 
     golden_by_name = {layer.info.tensor_name: golden[layer.value] for layer in golden_layers}

@@ -105,12 +105,24 @@ def layer_file_name(layer: LayerLike, array: np.ndarray) -> str:
     return f"{layer.index:03d}_{op_type}_{tensor}_shape_{shape}_{dtype}.npy"
 
 
-def write_layers(directory: Path, layers: Iterable[tuple[LayerLike, np.ndarray]]) -> None:
-    """Create `directory` (emptied of earlier dumps) and save one .npy per layer in it."""
+def remove_layers(directory: Path) -> None:
+    """Delete an earlier run's dumps from `directory`, and the folder if that empties it."""
+    if not directory.is_dir():
+        return
     try:
-        directory.mkdir(parents=True, exist_ok=True)
         for stale in directory.glob("*.npy"):
             stale.unlink()
+        if not any(directory.iterdir()):
+            directory.rmdir()
+    except OSError as exc:
+        raise AccuracyError(f"cannot remove earlier layer dumps from {directory}: {exc}") from exc
+
+
+def write_layers(directory: Path, layers: Iterable[tuple[LayerLike, np.ndarray]]) -> None:
+    """Create `directory` (emptied of earlier dumps) and save one .npy per layer in it."""
+    remove_layers(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
         for layer, array in layers:
             value = np.asarray(array)
             np.save(directory / layer_file_name(layer, value), value, allow_pickle=False)

@@ -4,8 +4,9 @@
                                                                           0.0 when only one is)
     euc(a, b) = sqrt(sum((a_i - b_i)^2))                                  (not normalised)
 
-`align` decides whether two tensors of one layer can be compared at all: same shape, or a 4-D tensor
-that a board delivered in NHWC while the reference is NCHW.
+`align` decides whether two tensors of one layer can be compared at all: same shape, a 4-D tensor
+that a board delivered in NHWC while the reference is NCHW (a shape that reads the same both ways,
+C == H == W, is taken as NCHW), or the same values with extra axes of size 1.
 """
 
 from __future__ import annotations

@@ -43,7 +43,9 @@ def make_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
     started: list[DaemonProcess] = []
 
     def make(*args: str, name: str = "daemon") -> DaemonProcess:
-        daemon = start_daemon(tmp_path / f"{name}-cache", tmp_path / f"{name}.log", ["--runtime", "host", *args])
+        daemon = start_daemon(
+            tmp_path / f"{name}-cache", tmp_path / f"{name}.log", ["--runtime", "host", *args]
+        )
         started.append(daemon)
         return daemon
 
@@ -52,7 +54,9 @@ def make_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
         daemon.stop()
 
 
-def onnx_reference(model: Path, mean: float = 0.0, std: float = 1.0) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+def onnx_reference(
+    model: Path, mean: float = 0.0, std: float = 1.0
+) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """Outputs of a direct ONNX Runtime run of the model, on NCHW float inputs normalised as configured."""
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]

@@ -38,7 +38,9 @@ def test_tensors_over_one_chunk_round_trip(host_daemon: DaemonProcess, tmp_path:
     np.testing.assert_array_equal(out, data)
 
 
-def test_int64_and_several_inputs_through_the_compat_class(host_daemon: DaemonProcess, tmp_path: Path) -> None:
+def test_int64_and_several_inputs_through_the_compat_class(
+    host_daemon: DaemonProcess, tmp_path: Path
+) -> None:
     model = models.two_inputs(tmp_path / "two.onnx")
     rknn = RKNN()
     try:
@@ -66,7 +68,9 @@ def test_a_bare_2d_ndarray_is_one_input_not_its_rows(host_daemon: DaemonProcess,
     np.testing.assert_array_equal(out, data)
 
 
-def test_external_data_models_upload_as_one_content_address(host_daemon: DaemonProcess, tmp_path: Path) -> None:
+def test_external_data_models_upload_as_one_content_address(
+    host_daemon: DaemonProcess, tmp_path: Path
+) -> None:
     model = models.external_data_model(tmp_path)
     x = np.ones((1, 4), dtype=np.float32)
     reference = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
@@ -95,7 +99,9 @@ def test_mean_and_std_are_baked_into_the_built_model(host_daemon: DaemonProcess,
     session = ort.InferenceSession(str(cnn_model))
     nchw = image.transpose(2, 0, 1)[np.newaxis].astype(np.float32)
     np.testing.assert_allclose(results[0][0], session.run(None, {"input": nchw})[0], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(results[1][0], session.run(None, {"input": (nchw - 100) / 2})[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        results[1][0], session.run(None, {"input": (nchw - 100) / 2})[0], rtol=1e-4, atol=1e-4
+    )
 
 
 def test_target_mismatch_names_both_socs(make_daemon: DaemonFactory, cnn_model: Path, capsys) -> None:
@@ -155,7 +161,9 @@ def test_export_rknn_refuses_with_a_reason(capsys) -> None:
     assert "Rockchip" in capsys.readouterr().err
 
 
-def test_load_rknn_on_the_host_runtime_says_what_to_do(host_daemon: DaemonProcess, tmp_path: Path, capsys) -> None:
+def test_load_rknn_on_the_host_runtime_says_what_to_do(
+    host_daemon: DaemonProcess, tmp_path: Path, capsys
+) -> None:
     model = tmp_path / "model.rknn"
     model.write_bytes(b"RKNN" + os.urandom(64))
     rknn = RKNN()

@@ -39,7 +39,9 @@ def assert_outputs(board: BoardCase, got: list[np.ndarray] | None, want: list[np
         np.testing.assert_allclose(g, w, atol=board.atol, rtol=1e-4)
 
 
-def test_inference_with_a_3d_uint8_image_equals_the_reference(board: BoardCase, rknn: RKNN, image: np.ndarray) -> None:
+def test_inference_with_a_3d_uint8_image_equals_the_reference(
+    board: BoardCase, rknn: RKNN, image: np.ndarray
+) -> None:
     assert rknn.init_runtime(target=board.target, device_id=board.device_id) == 0
     assert_outputs(board, rknn.inference(inputs=[image]), expected(board, image))
 
@@ -50,7 +52,9 @@ def test_a_bare_ndarray_is_one_input(board: BoardCase, rknn: RKNN, image: np.nda
 
 
 @pytest.mark.parametrize("data_format", ["nchw", "NCHW", ["nchw"], ["NCHW"]])
-def test_nchw_data_format_in_any_spelling(board: BoardCase, rknn: RKNN, image: np.ndarray, data_format) -> None:
+def test_nchw_data_format_in_any_spelling(
+    board: BoardCase, rknn: RKNN, image: np.ndarray, data_format
+) -> None:
     assert rknn.init_runtime(target=board.target, device_id=board.device_id) == 0
     nchw = image.transpose(2, 0, 1)[np.newaxis].astype(np.float32)
     assert_outputs(board, rknn.inference([nchw], data_format=data_format), expected(board, image))
@@ -111,7 +115,9 @@ def test_eval_memory_returns_the_toolkit_dict(board: BoardCase, rknn: RKNN, caps
     assert memory is not None
     assert set(memory) == {"weight_memory", "internal_memory", "other_memory", "total_memory"}
     assert memory["weight_memory"] > 0 and memory["internal_memory"] > 0
-    assert memory["total_memory"] == memory["weight_memory"] + memory["internal_memory"] + memory["other_memory"]
+    assert (
+        memory["total_memory"] == memory["weight_memory"] + memory["internal_memory"] + memory["other_memory"]
+    )
     printed = capsys.readouterr().out
     assert "Memory Profile Info Dump" in printed and "Weight Memory:" in printed
 
@@ -127,7 +133,9 @@ def test_get_sdk_version_has_the_three_version_lines(board: BoardCase, rknn: RKN
     assert lines[4].startswith("DRV: rknnrt: ")
 
 
-def test_calls_after_release_fail_with_minus_one_semantics(board: BoardCase, rknn: RKNN, image, capsys) -> None:
+def test_calls_after_release_fail_with_minus_one_semantics(
+    board: BoardCase, rknn: RKNN, image, capsys
+) -> None:
     assert rknn.init_runtime(target=board.target, device_id=board.device_id) == 0
     rknn.release()
     assert rknn.inference([image]) is None
@@ -145,7 +153,10 @@ def test_rknnlite_runs_the_same_flow(board: BoardCase, image: np.ndarray) -> Non
     lite = RKNNLite()
     assert board.load(lite._rknn) == 0
     try:
-        assert lite.init_runtime(target=board.target, device_id=board.device_id, core_mask=RKNNLite.NPU_CORE_0) == 0
+        assert (
+            lite.init_runtime(target=board.target, device_id=board.device_id, core_mask=RKNNLite.NPU_CORE_0)
+            == 0
+        )
         outputs = lite.inference(inputs=[image])
         assert_outputs(board, outputs, expected(board, image))
         with_id = lite.inference(inputs=[image], get_frame_id=True)

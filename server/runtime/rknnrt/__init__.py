@@ -1,0 +1,1 @@
+"""The board backend: librknnrt.so / librknnmrt.so through ctypes (see backend.RknnrtBackend)."""

@@ -139,7 +139,9 @@ def read_frequencies(root: Path) -> tuple[FrequencyReading, ...]:
 
 
 def probe_platform(root: Path) -> PlatformInfo:
-    compatible = tuple(entry for entry in _read_text(root / "proc/device-tree/compatible").split("\x00") if entry)
+    compatible = tuple(
+        entry for entry in _read_text(root / "proc/device-tree/compatible").split("\x00") if entry
+    )
     soc = soc_from_compatible(compatible)
     return PlatformInfo(
         root=root,

@@ -31,7 +31,17 @@ def build_stub(out_dir: Path, mrt: bool = False) -> Path:
     """Compile librknnrt.so (or, with mrt, librknnmrt.so without the general API) into out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / ("librknnmrt.so" if mrt else "librknnrt.so")
-    command = [compiler(), "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(out), str(STUB_DIR / "rknn_stub.c")]
+    command = [
+        compiler(),
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-Wall",
+        "-Werror",
+        "-o",
+        str(out),
+        str(STUB_DIR / "rknn_stub.c"),
+    ]
     command += ["-DSTUB_MRT"] if mrt else []
     subprocess.run([*command, "-lm"], check=True, capture_output=True)
     return out
@@ -42,7 +52,7 @@ def build_plugin(out_dir: Path, file_name: str, op_type: str, with_entry: bool =
     source = out_dir / f"{file_name}.c"
     entry = (
         f'static rknn_custom_op op = {{1, 1, "{op_type}"}};\n'
-        "__attribute__((visibility(\"default\"))) rknn_custom_op* get_rknn_custom_op(void) { return &op; }\n"
+        '__attribute__((visibility("default"))) rknn_custom_op* get_rknn_custom_op(void) { return &op; }\n'
     )
     source.write_text(f'#include "rknn_stub_api.h"\n{entry if with_entry else "int unrelated_symbol;"}\n')
     out = out_dir / file_name
@@ -85,7 +95,14 @@ def write_stub_model(
     lines = ["rknn-stub 1"]
     lines += [tensor.line("input") for tensor in inputs]
     lines += [tensor.line("output") for tensor in outputs]
-    lines += [f"a {a!r}", f"b {b!r}", f"weight {weight}", f"internal {internal}", f"dma {dma}", f"perf_us {perf_us}"]
+    lines += [
+        f"a {a!r}",
+        f"b {b!r}",
+        f"weight {weight}",
+        f"internal {internal}",
+        f"dma {dma}",
+        f"perf_us {perf_us}",
+    ]
     if custom_string:
         lines.append(f"custom_string {custom_string}")
     if requires_op:

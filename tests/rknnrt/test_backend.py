@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from rknn_server.platform import PlatformInfo
-from rknn_server.runtime.base import ExecutionError, InputError, ModelFormatError, RuntimeOptions, UnsupportedError
+from rknn_server.runtime.base import (
+    ExecutionError,
+    InputError,
+    ModelFormatError,
+    RuntimeOptions,
+    UnsupportedError,
+)
 from rknn_server.runtime.rknnrt import RknnrtBackend
 from rknn_server.runtime.rknnrt.tensors import InputFormat
 from tests.rknnrt.stub_build import StubTensor, build_plugin, write_stub_model
@@ -99,7 +105,11 @@ def test_dynamic_shapes(backend: RknnrtBackend, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("soc", "mask", "message"),
-    [("rk3576", 0x4, "rk3576 lacks"), ("rk3576", 0x7, "rk3576 lacks"), ("rk3566", 0x1, "only supported on rk3588")],
+    [
+        ("rk3576", 0x4, "rk3576 lacks"),
+        ("rk3576", 0x7, "rk3576 lacks"),
+        ("rk3566", 0x1, "only supported on rk3588"),
+    ],
 )
 def test_core_mask_refused(stub_lib: Path, tmp_path: Path, soc: str, mask: int, message: str) -> None:
     backend = RknnrtBackend(stub_lib, PlatformInfo(soc=soc), None)
@@ -213,7 +223,9 @@ def test_layer_dumps_in_private_directory(backend: RknnrtBackend, tmp_path: Path
     np.testing.assert_array_equal(layers[3].array, 2 * b + 1)
 
 
-def test_layer_dump_temp_dirs_are_removed(backend: RknnrtBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_layer_dump_temp_dirs_are_removed(
+    backend: RknnrtBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))

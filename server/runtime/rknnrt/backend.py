@@ -27,7 +27,9 @@ class RknnrtBackend(Backend):
         self._library = RuntimeLibrary(lib_path)
         self._probe = probe
         default_dir = probe.root / DEFAULT_PLUGIN_DIR.relative_to("/")
-        self._plugin_dir = plugin_dir if plugin_dir is not None else (default_dir if default_dir.is_dir() else None)
+        self._plugin_dir = (
+            plugin_dir if plugin_dir is not None else (default_dir if default_dir.is_dir() else None)
+        )
         self._plugins = load_plugins(self._plugin_dir) if self._plugin_dir is not None else ()
         symbols = self._library.symbols
         self.capabilities = BackendCapabilities(

@@ -99,13 +99,17 @@ class RknnrtModel(ModelRuntime):
         for plugin in plugins:
             ret = self._lib.rknn_register_custom_ops(self._ctx, plugin.op, 1)
             if ret < 0:
-                raise ModelFormatError(f"rknn_register_custom_ops failed for {plugin.path.name}: {abi.error_name(ret)}")
+                raise ModelFormatError(
+                    f"rknn_register_custom_ops failed for {plugin.path.name}: {abi.error_name(ret)}"
+                )
         if self._options.core_mask != abi.CoreMask.AUTO:
             if "rknn_set_core_mask" not in self._library.symbols:
                 raise UnsupportedError("this runtime cannot select NPU cores (no rknn_set_core_mask)")
             ret = self._lib.rknn_set_core_mask(self._ctx, self._options.core_mask)
             if ret < 0:
-                raise UnsupportedError(f"core_mask {self._options.core_mask:#x} refused: {abi.error_name(ret)}")
+                raise UnsupportedError(
+                    f"core_mask {self._options.core_mask:#x} refused: {abi.error_name(ret)}"
+                )
         io_num = self._query(abi.Query.IN_OUT_NUM, abi.NATIVE.input_output_num())
         self._in_attrs = [self._attr(abi.Query.INPUT_ATTR, i) for i in range(io_num.n_input)]
         self._out_attrs = [self._attr(abi.Query.OUTPUT_ATTR, i) for i in range(io_num.n_output)]
@@ -132,7 +136,9 @@ class RknnrtModel(ModelRuntime):
             return ()
         info = abi.NATIVE.input_range()
         info.index = index
-        ret = self._lib.rknn_query(self._ctx, int(abi.Query.INPUT_DYNAMIC_RANGE), ctypes.byref(info), ctypes.sizeof(info))
+        ret = self._lib.rknn_query(
+            self._ctx, int(abi.Query.INPUT_DYNAMIC_RANGE), ctypes.byref(info), ctypes.sizeof(info)
+        )
         if ret < 0 or info.shape_number == 0:
             return ()
         count = min(int(info.shape_number), abi.MAX_DYNAMIC_SHAPE_NUM)
@@ -143,20 +149,32 @@ class RknnrtModel(ModelRuntime):
     def sdk_version(self) -> VersionInfo:
         """API and driver strings as the runtime reports them for this context."""
         info = self._query(abi.Query.SDK_VERSION, abi.NATIVE.sdk_version())
-        return VersionInfo(api=info.api_version.decode(errors="replace"), driver=info.drv_version.decode(errors="replace"))
+        return VersionInfo(
+            api=info.api_version.decode(errors="replace"), driver=info.drv_version.decode(errors="replace")
+        )
 
     def custom_string(self) -> str:
-        return self._query(abi.Query.CUSTOM_STRING, abi.NATIVE.custom_string()).string.decode(errors="replace")
+        return self._query(abi.Query.CUSTOM_STRING, abi.NATIVE.custom_string()).string.decode(
+            errors="replace"
+        )
 
     def native_inputs(self) -> list[TensorSpec]:
-        return [tensors.tensor_spec(self._attr(abi.Query.NATIVE_INPUT_ATTR, i)) for i in range(len(self._in_attrs))]
+        return [
+            tensors.tensor_spec(self._attr(abi.Query.NATIVE_INPUT_ATTR, i))
+            for i in range(len(self._in_attrs))
+        ]
 
     def native_outputs(self) -> list[TensorSpec]:
-        return [tensors.tensor_spec(self._attr(abi.Query.NATIVE_OUTPUT_ATTR, i)) for i in range(len(self._out_attrs))]
+        return [
+            tensors.tensor_spec(self._attr(abi.Query.NATIVE_OUTPUT_ATTR, i))
+            for i in range(len(self._out_attrs))
+        ]
 
     def memory(self) -> MemoryResult:
         info = abi.NATIVE.mem_size()
-        ret = self._lib.rknn_query(self._ctx, int(abi.Query.MEM_SIZE), ctypes.byref(info), ctypes.sizeof(info))
+        ret = self._lib.rknn_query(
+            self._ctx, int(abi.Query.MEM_SIZE), ctypes.byref(info), ctypes.sizeof(info)
+        )
         if ret < 0:
             raise UnsupportedError(f"rknn_query(MEM_SIZE) failed: {abi.error_name(ret)}")
         weight, internal = int(info.total_weight_size), int(info.total_internal_size)
@@ -174,7 +192,9 @@ class RknnrtModel(ModelRuntime):
 
     # --- running --------------------------------------------------------------------------------
 
-    def run(self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None) -> list[np.ndarray]:
+    def run(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> list[np.ndarray]:
         """Run once; `formats` gives each input's layout (default NHWC) and pass_through."""
         if len(inputs) != len(self._in_attrs):
             raise InputError(f"the model has {len(self._in_attrs)} inputs, got {len(inputs)}")
@@ -234,13 +254,17 @@ class RknnrtModel(ModelRuntime):
             entry.pass_through = int(fmt.pass_through)
             entry.type = int(kind)
             entry.fmt = self._input_format(i, data, fmt)
-        self._check(self._lib.rknn_inputs_set(self._ctx, len(inputs), rknn_inputs), "rknn_inputs_set", InputError)
+        self._check(
+            self._lib.rknn_inputs_set(self._ctx, len(inputs), rknn_inputs), "rknn_inputs_set", InputError
+        )
         self._timed_run()
         outputs = (abi.NATIVE.output * len(self._out_attrs))()
         for i in range(len(self._out_attrs)):
             outputs[i].index = i
             outputs[i].want_float = 1
-        self._check(self._lib.rknn_outputs_get(self._ctx, len(self._out_attrs), outputs, None), "rknn_outputs_get")
+        self._check(
+            self._lib.rknn_outputs_get(self._ctx, len(self._out_attrs), outputs, None), "rknn_outputs_get"
+        )
         try:
             return [
                 np.frombuffer(ctypes.string_at(out.buf, out.size), dtype=np.float32).reshape(
@@ -289,7 +313,9 @@ class RknnrtModel(ModelRuntime):
             data = self._native_input(array, fmt, attr)
             view = self._mem_view(mem)
             if data.nbytes > view.size:
-                raise InputError(f"input {attr.name.decode()} has {data.nbytes} bytes; the runtime expects {view.size}")
+                raise InputError(
+                    f"input {attr.name.decode()} has {data.nbytes} bytes; the runtime expects {view.size}"
+                )
             ctypes.memmove(view.virt_addr, data.ctypes.data, data.nbytes)
         self._timed_run()
         results = []
@@ -312,16 +338,24 @@ class RknnrtModel(ModelRuntime):
         self.run(inputs if inputs is not None else self._default_inputs())
         if not self._general:
             return PerfResult(
-                layers=(), total_time_us=self._last_wall_us, raw_text=NO_LAYER_PERF_NOTE.format(kind=self._library.kind)
+                layers=(),
+                total_time_us=self._last_wall_us,
+                raw_text=NO_LAYER_PERF_NOTE.format(kind=self._library.kind),
             )
         info = abi.NATIVE.perf_run()
-        ret = self._lib.rknn_query(self._ctx, int(abi.Query.PERF_RUN), ctypes.byref(info), ctypes.sizeof(info))
+        ret = self._lib.rknn_query(
+            self._ctx, int(abi.Query.PERF_RUN), ctypes.byref(info), ctypes.sizeof(info)
+        )
         total = float(info.run_duration) if ret >= 0 else self._last_wall_us
         note = "" if ret >= 0 else PERF_RUN_MISSING_NOTE
         if not self._options.perf_debug:
             return PerfResult(layers=(), total_time_us=total, raw_text=note)
         detail = self._query(abi.Query.PERF_DETAIL, abi.NATIVE.perf_detail())
-        text = ctypes.string_at(detail.perf_data, detail.data_len).decode(errors="replace") if detail.perf_data else ""
+        text = (
+            ctypes.string_at(detail.perf_data, detail.data_len).decode(errors="replace")
+            if detail.perf_data
+            else ""
+        )
         table = parse_perf_detail(text)
         return PerfResult(
             layers=table.layers,

@@ -127,7 +127,9 @@ def nc1hwc2_to_nchw(array: np.ndarray, channels: int) -> np.ndarray:
     return np.ascontiguousarray(array.transpose(0, 1, 4, 2, 3).reshape(n, c1 * c2, h, w)[:, :channels])
 
 
-def native_to_model_layout(array: np.ndarray, native: ctypes.Structure, model: ctypes.Structure) -> np.ndarray:
+def native_to_model_layout(
+    array: np.ndarray, native: ctypes.Structure, model: ctypes.Structure
+) -> np.ndarray:
     """A native (zero-copy) output in the layout of the model's own output attr."""
     dims = attr_dims(model)
     if native.fmt == TensorFormat.NC1HWC2 and len(dims) == 4:

@@ -125,7 +125,7 @@ def _ints(paths: list[Path]) -> tuple[int, ...]:
 
 
 def read_frequencies(root: Path) -> tuple[FrequencyReading, ...]:
-    """Current CPU (kHz, one per cluster), NPU and DDR (Hz) frequencies; kinds with no reading are left out."""
+    """Current CPU (kHz, one per cluster), NPU and DDR (Hz) frequencies (kinds without a reading omitted)."""
     cpu_files = []
     for policy in cpufreq_policies(root):
         current = policy / "scaling_cur_freq"

@@ -2,14 +2,15 @@
 
 Model format (one `key value` per line after the `rknn-stub 1` header):
 
-    input  NAME TYPE FMT DIMS [ZP SCALE]   TYPE: FP32 FP16 INT8 UINT8; FMT: NCHW NHWC UNDEFINED; DIMS: 1,2,2,3
+    input  NAME TYPE FMT DIMS [ZP SCALE]   TYPE: FP32 FP16 INT8 UINT8; FMT: NCHW NHWC UNDEFINED
+                                           DIMS: comma-separated, e.g. 1,2,2,3
     output NAME TYPE FMT DIMS [ZP SCALE]   INT8 outputs are affine-quantized with ZP and SCALE
     a A / b B                              output[i] = A * input[i % n_inputs] + B per element (NHWC order)
     weight N / internal N / dma N          what RKNN_QUERY_MEM_SIZE reports
     perf_us N                              layer k of the perf table takes k * N us
     custom_string TEXT                     what RKNN_QUERY_CUSTOM_STRING reports
     requires_op OPTYPE                     rknn_run fails unless a custom op of that type was registered
-    dynamic D1;D2;...                      input 0 takes these shapes (NHWC), switched by rknn_set_input_shapes
+    dynamic D1;D2;...                      input 0 takes these NHWC shapes, chosen by rknn_set_input_shapes
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from rknn_server.runtime.rknnrt.abi import ARMHF, NATIVE, Abi
+
 from tests.rknnrt.stub_build import STUB_DIR
 
 # (struct, size on x86_64/aarch64, size on armhf), from the SDK 2.3.2 header (anchor-rknn.md 2.3).
@@ -83,7 +83,7 @@ ARM_CC = "arm-linux-gnueabihf-gcc"
 
 
 def _by_name(abi: Abi) -> dict[str, type[ctypes.Structure]]:
-    return {struct.c_name: struct for struct in abi.structs()}  # type: ignore[attr-defined]
+    return {struct.__name__: struct for struct in abi.structs()}
 
 
 def _offsets(struct: type[ctypes.Structure]) -> dict[str, int]:
@@ -120,7 +120,7 @@ def static_asserts(abi: Abi) -> str:
         f'_Static_assert(sizeof(rknn_context) == {ctypes.sizeof(abi.context)}, "rknn_context");',
     ]
     for struct in abi.structs():
-        name = struct.c_name  # type: ignore[attr-defined]
+        name = struct.__name__
         lines.append(f'_Static_assert(sizeof({name}) == {ctypes.sizeof(struct)}, "sizeof {name}");')
         for field, offset in _offsets(struct).items():
             lines.append(f'_Static_assert(offsetof({name}, {field}) == {offset}, "{name}.{field}");')

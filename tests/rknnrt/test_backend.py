@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from rknn_server.platform import PlatformInfo
 from rknn_server.runtime.base import (
     ExecutionError,
@@ -19,6 +18,7 @@ from rknn_server.runtime.base import (
 )
 from rknn_server.runtime.rknnrt import RknnrtBackend
 from rknn_server.runtime.rknnrt.tensors import InputFormat
+
 from tests.rknnrt.stub_build import StubTensor, build_plugin, write_stub_model
 
 RK3588 = PlatformInfo(soc="rk3588", driver_version="0.9.8")
@@ -259,7 +259,21 @@ def test_mrt_zero_copy_path(stub_mrt_lib: Path, tmp_path: Path) -> None:
         assert result.layers == () and result.total_time_us > 0
         assert "librknnmrt" in result.raw_text and "wall-clock" in result.raw_text
         assert model.memory().weight_bytes == 1024
+        layers = list(model.dump_layers([x]))
+        assert [layer.op_type for layer in layers] == ["InputOperator", "Conv"]
+        np.testing.assert_array_equal(layers[0].array, x)  # 0.5 steps survive int8 quantization
         with pytest.raises(UnsupportedError):
             backend.open(path, RuntimeOptions(core_mask=1))
+    finally:
+        model.close()
+
+
+def test_failed_dump_run_reports_the_runtime_error(backend: RknnrtBackend, tmp_path: Path) -> None:
+    model = backend.open(write_stub_model(tmp_path / "m.rknn"), RuntimeOptions())
+    try:
+        with pytest.raises(ExecutionError, match="RKNN_ERR_INPUT_INVALID"):
+            list(model.dump_layers([np.ones((1, 2), dtype=np.float32)]))
+        with pytest.raises(InputError, match="input formats"):
+            model.run([np.ones((1, 2, 2, 3), dtype=np.float32)], [])
     finally:
         model.close()

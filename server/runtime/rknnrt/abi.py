@@ -118,7 +118,7 @@ CType = Any  # a ctypes scalar or array type; ctypes offers no common static typ
 
 @dataclass(frozen=True)
 class Abi:
-    """The struct types of one layout. Each struct class carries its C name in `c_name`."""
+    """The struct types of one layout. Each struct class is named as its C typedef."""
 
     name: str
     context: CType
@@ -157,7 +157,7 @@ class Abi:
 
 
 def _struct(c_name: str, fields: list[tuple[str, CType]]) -> type[ctypes.Structure]:
-    return type(c_name, (ctypes.Structure,), {"_fields_": fields, "c_name": c_name})
+    return type(c_name, (ctypes.Structure,), {"_fields_": fields})
 
 
 def build_abi(name: str, pointer: CType, context: CType) -> Abi:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-
 from rknn_server.platform import NPU_CORES, PlatformInfo
 from rknn_server.runtime.base import (
     ExecutionError,
@@ -115,7 +114,8 @@ class RknnrtModel(ModelRuntime):
         self._out_attrs = [self._attr(abi.Query.OUTPUT_ATTR, i) for i in range(io_num.n_output)]
         self._ranges = [self._dynamic_range(i) for i in range(io_num.n_input)]
         self.inputs: Sequence[TensorSpec] = [
-            tensors.tensor_spec(attr, ranges) for attr, ranges in zip(self._in_attrs, self._ranges)
+            tensors.tensor_spec(attr, ranges)
+            for attr, ranges in zip(self._in_attrs, self._ranges, strict=True)
         ]
         self.outputs: Sequence[TensorSpec] = [tensors.tensor_spec(attr) for attr in self._out_attrs]
         self._current_shapes: list[tuple[int, ...] | None] = [None] * len(self._in_attrs)
@@ -199,6 +199,8 @@ class RknnrtModel(ModelRuntime):
         if len(inputs) != len(self._in_attrs):
             raise InputError(f"the model has {len(self._in_attrs)} inputs, got {len(inputs)}")
         fmts = list(formats) if formats is not None else [InputFormat()] * len(inputs)
+        if len(fmts) != len(inputs):
+            raise InputError(f"got {len(fmts)} input formats for {len(inputs)} inputs")
         if self._general:
             return self._run_general(inputs, fmts)
         return self._run_zero_copy(inputs, fmts)
@@ -216,7 +218,7 @@ class RknnrtModel(ModelRuntime):
         """Switch a dynamic-shape model to the inputs' shapes when they changed."""
         if not any(self._ranges):
             return
-        shapes = [tensors.runtime_shape(array, fmt) for array, fmt in zip(inputs, fmts)]
+        shapes = [tensors.runtime_shape(array, fmt) for array, fmt in zip(inputs, fmts, strict=True)]
         if shapes == self._current_shapes:
             return
         attrs = (abi.NATIVE.tensor_attr * len(shapes))()
@@ -244,7 +246,7 @@ class RknnrtModel(ModelRuntime):
         self._apply_shapes(inputs, fmts)
         buffers = []
         rknn_inputs = (abi.NATIVE.input * len(inputs))()
-        for i, (array, fmt) in enumerate(zip(inputs, fmts)):
+        for i, (array, fmt) in enumerate(zip(inputs, fmts, strict=True)):
             data, kind = tensors.runtime_type(np.asarray(array))
             buffers.append(data)
             entry = rknn_inputs[i]
@@ -281,7 +283,7 @@ class RknnrtModel(ModelRuntime):
         self._native_out = [self._attr(abi.Query.NATIVE_OUTPUT_ATTR, i) for i in range(len(self._out_attrs))]
         self._in_mems = [self._create_mem(attr) for attr in self._native_in]
         self._out_mems = [self._create_mem(attr) for attr in self._native_out]
-        for mem, attr in zip(self._in_mems + self._out_mems, self._native_in + self._native_out):
+        for mem, attr in zip(self._in_mems + self._out_mems, self._native_in + self._native_out, strict=True):
             self._check(self._lib.rknn_set_io_mem(self._ctx, mem, ctypes.byref(attr)), "rknn_set_io_mem")
         self._io_bound = True
 
@@ -309,7 +311,7 @@ class RknnrtModel(ModelRuntime):
     def _run_zero_copy(self, inputs: Sequence[np.ndarray], fmts: Sequence[InputFormat]) -> list[np.ndarray]:
         if not self._io_bound:
             self._bind_io()
-        for mem, array, fmt, attr in zip(self._in_mems, inputs, fmts, self._native_in):
+        for mem, array, fmt, attr in zip(self._in_mems, inputs, fmts, self._native_in, strict=True):
             data = self._native_input(array, fmt, attr)
             view = self._mem_view(mem)
             if data.nbytes > view.size:
@@ -319,7 +321,7 @@ class RknnrtModel(ModelRuntime):
             ctypes.memmove(view.virt_addr, data.ctypes.data, data.nbytes)
         self._timed_run()
         results = []
-        for mem, native, model in zip(self._out_mems, self._native_out, self._out_attrs):
+        for mem, native, model in zip(self._out_mems, self._native_out, self._out_attrs, strict=True):
             view = self._mem_view(mem)
             dtype = tensors.numpy_dtype(native.type)
             count = int(native.n_elems)
@@ -329,7 +331,7 @@ class RknnrtModel(ModelRuntime):
 
     def _default_inputs(self) -> list[np.ndarray]:
         arrays = []
-        for spec, ranges in zip(self.inputs, self._ranges):
+        for spec, ranges in zip(self.inputs, self._ranges, strict=True):
             shape = ranges[0] if ranges else spec.shape
             arrays.append(np.zeros(shape, dtype=np.float32))
         return arrays

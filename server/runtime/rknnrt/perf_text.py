@@ -47,7 +47,7 @@ def _number(cell: str) -> float:
 def _row(columns: list[str], cells: list[str], extra: tuple[str, ...]) -> LayerTiming | None:
     if len(cells) != len(columns) or not cells[0].isdigit():
         return None
-    value = dict(zip(columns, cells))
+    value = dict(zip(columns, cells, strict=True))
     output = _shapes(value.get("OutputShape", ""))
     return LayerTiming(
         index=int(cells[0]),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rknn_server.platform import PlatformInfo
+from rknn_server.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
@@ -19,6 +19,7 @@ from rknn_server.runtime.base import (
 from rknn_server.runtime.rknnrt import RknnrtBackend
 from rknn_server.runtime.rknnrt.tensors import InputFormat
 
+from tests.rknnrt.fake_sysfs import rk3588_board
 from tests.rknnrt.stub_build import StubTensor, build_plugin, write_stub_model
 
 RK3588 = PlatformInfo(soc="rk3588", driver_version="0.9.8")
@@ -277,3 +278,31 @@ def test_failed_dump_run_reports_the_runtime_error(backend: RknnrtBackend, tmp_p
             model.run([np.ones((1, 2, 2, 3), dtype=np.float32)], [])
     finally:
         model.close()
+
+
+def test_backend_on_probed_board_uses_default_plugin_dir(stub_lib: Path, tmp_path: Path) -> None:
+    root = rk3588_board(tmp_path / "board")
+    plugin_dir = root / "usr/lib/rknpu/op_plugins"
+    plugin_dir.mkdir(parents=True)
+    build_plugin(plugin_dir, "librkcst_myop.so", "MyOp")
+    backend = RknnrtBackend(stub_lib, probe_platform(root), None)
+    assert backend.soc() == "rk3588" and backend.version().driver == "0.9.8"
+    assert [reading.kind for reading in backend.frequencies()] == ["CPU", "NPU", "DDR"]
+    model = backend.open(write_stub_model(tmp_path / "m.rknn", requires_op="MyOp"), RuntimeOptions())
+    try:
+        assert model.run([np.zeros((1, 2, 2, 3), dtype=np.float32)])[0].max() == 1.0
+    finally:
+        model.close()
+
+
+def test_plugins_ignored_where_runtime_cannot_register(
+    stub_mrt_lib: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    build_plugin(tmp_path, "librkcst_myop.so", "MyOp")
+    backend = RknnrtBackend(stub_mrt_lib, PlatformInfo(soc="rv1106"), tmp_path)
+    model = backend.open(write_stub_model(tmp_path / "m.rknn"), RuntimeOptions())
+    try:
+        assert model.run([np.zeros((1, 2, 2, 3), dtype=np.float32)])[0].max() == 1.0
+    finally:
+        model.close()
+    assert "cannot register custom operators" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from rknn_server.runtime.rknnrt.plugins import Plugin
 from rknn_server.runtime.rknnrt.tensors import InputFormat
 
 S = TypeVar("S", bound=ctypes.Structure)
+log = logging.getLogger(__name__)
 
 NO_LAYER_PERF_NOTE = (
     "{kind}: the runtime has no per-layer performance data on this platform; "
@@ -95,12 +97,7 @@ class RknnrtModel(ModelRuntime):
         return int(flags)
 
     def _setup(self, plugins: Sequence[Plugin]) -> None:
-        for plugin in plugins:
-            ret = self._lib.rknn_register_custom_ops(self._ctx, plugin.op, 1)
-            if ret < 0:
-                raise ModelFormatError(
-                    f"rknn_register_custom_ops failed for {plugin.path.name}: {abi.error_name(ret)}"
-                )
+        self._register(plugins)
         if self._options.core_mask != abi.CoreMask.AUTO:
             if "rknn_set_core_mask" not in self._library.symbols:
                 raise UnsupportedError("this runtime cannot select NPU cores (no rknn_set_core_mask)")
@@ -119,6 +116,16 @@ class RknnrtModel(ModelRuntime):
         ]
         self.outputs: Sequence[TensorSpec] = [tensors.tensor_spec(attr) for attr in self._out_attrs]
         self._current_shapes: list[tuple[int, ...] | None] = [None] * len(self._in_attrs)
+
+    def _register(self, plugins: Sequence[Plugin]) -> None:
+        """Register each plugin's op with this context; a refused one is logged and skipped."""
+        if plugins and "rknn_register_custom_ops" not in self._library.symbols:
+            log.warning("%s cannot register custom operators; plugins ignored", self._library.path.name)
+            return
+        for plugin in plugins:
+            ret = self._lib.rknn_register_custom_ops(self._ctx, plugin.op, 1)
+            if ret < 0:
+                log.warning("rknn_register_custom_ops fail for %s: %s", plugin.path.name, abi.error_name(ret))
 
     def _query(self, cmd: abi.Query, info: S) -> S:
         ret = self._lib.rknn_query(self._ctx, int(cmd), ctypes.byref(info), ctypes.sizeof(info))

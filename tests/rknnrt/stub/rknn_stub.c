@@ -522,13 +522,6 @@ int rknn_query(rknn_context context, rknn_query_cmd cmd, void* info, uint32_t si
     return RKNN_ERR_PARAM_INVALID;
 }
 
-int rknn_register_custom_ops(rknn_context context, rknn_custom_op* ops, uint32_t n) {
-    stub_ctx* c = get_ctx(context);
-    if (!c) return RKNN_ERR_CTX_INVALID;
-    for (uint32_t i = 0; i < n && c->n_ops < MAX_OPS; i++) snprintf(c->ops[c->n_ops++], 64, "%s", ops[i].op_type);
-    return RKNN_SUCC;
-}
-
 int rknn_run(rknn_context context, rknn_run_extend* extend) {
     (void)extend;
     stub_ctx* c = get_ctx(context);
@@ -613,6 +606,13 @@ int rknn_set_io_mem(rknn_context context, rknn_tensor_mem* mem, rknn_tensor_attr
 }
 
 #ifndef STUB_MRT
+int rknn_register_custom_ops(rknn_context context, rknn_custom_op* ops, uint32_t n) {
+    stub_ctx* c = get_ctx(context);
+    if (!c) return RKNN_ERR_CTX_INVALID;
+    for (uint32_t i = 0; i < n && c->n_ops < MAX_OPS; i++) snprintf(c->ops[c->n_ops++], 64, "%s", ops[i].op_type);
+    return RKNN_SUCC;
+}
+
 int rknn_inputs_set(rknn_context context, uint32_t n_inputs, rknn_input inputs[]) {
     stub_ctx* c = get_ctx(context);
     if (!c) return RKNN_ERR_CTX_INVALID;

@@ -165,7 +165,9 @@ def test_bad_model_file(backend: RknnrtBackend, tmp_path: Path) -> None:
         backend.open(bad, RuntimeOptions())
 
 
-def test_plugins_registered_and_untrusted_ones_skipped(stub_lib: Path, tmp_path: Path) -> None:
+def test_plugins_registered_and_untrusted_ones_skipped(
+    stub_lib: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     plugin_dir = tmp_path / "plugins"
     plugin_dir.mkdir()
     build_plugin(plugin_dir, "librkcst_myop.so", "MyOp")
@@ -173,9 +175,11 @@ def test_plugins_registered_and_untrusted_ones_skipped(stub_lib: Path, tmp_path:
     open_to_all = build_plugin(plugin_dir, "librkcst_writable.so", "Writable")
     open_to_all.chmod(0o777)
     build_plugin(plugin_dir, "libother.so", "Other")
+    foreign = build_plugin(plugin_dir, "librkcst_foreign.so", "Foreign")
+    if os.geteuid() == 0:
+        os.chown(foreign, 54321, -1)  # owned by neither root nor us
     (plugin_dir / "librkcst_garbage.so").write_text("not an ELF file")
     model_mine = write_stub_model(tmp_path / "mine.rknn", requires_op="MyOp")
-    model_writable = write_stub_model(tmp_path / "writable.rknn", requires_op="Writable")
     x = np.ones((1, 2, 2, 3), dtype=np.float32)
 
     backend = RknnrtBackend(stub_lib, RK3588, plugin_dir)
@@ -184,12 +188,18 @@ def test_plugins_registered_and_untrusted_ones_skipped(stub_lib: Path, tmp_path:
         np.testing.assert_array_equal(model.run([x])[0], 3 * x)
     finally:
         model.close()
-    model = backend.open(model_writable, RuntimeOptions())
-    try:
-        with pytest.raises(ExecutionError, match="RKNN_ERR_MODEL_INVALID"):
-            model.run([x])
-    finally:
-        model.close()
+    for refused in ("Writable", "Foreign"):
+        model = backend.open(
+            write_stub_model(tmp_path / f"{refused}.rknn", requires_op=refused), RuntimeOptions()
+        )
+        try:
+            with pytest.raises(ExecutionError, match="RKNN_ERR_MODEL_INVALID"):
+                model.run([x])
+        finally:
+            model.close()
+    assert "writable by everyone" in caplog.text and "librkcst_noentry.so" in caplog.text
+    if os.geteuid() == 0:
+        assert "owned by uid 54321" in caplog.text
     without = RknnrtBackend(stub_lib, RK3588, tmp_path / "missing")
     model = without.open(model_mine, RuntimeOptions())
     try:

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from rknn_server.runtime.rknnrt.abi import ARMHF, NATIVE, Abi
 
+from rknn_server.runtime.rknnrt.abi import ARMHF, NATIVE, Abi
 from tests.rknnrt.stub_build import STUB_DIR
 
 # (struct, size on x86_64/aarch64, size on armhf), from the SDK 2.3.2 header (anchor-rknn.md 2.3).

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from rknn_server.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.base import (
     ExecutionError,
@@ -18,7 +19,6 @@ from rknn_server.runtime.base import (
 )
 from rknn_server.runtime.rknnrt import RknnrtBackend
 from rknn_server.runtime.rknnrt.tensors import InputFormat
-
 from tests.rknnrt.fake_sysfs import rk3588_board
 from tests.rknnrt.stub_build import StubTensor, build_plugin, write_stub_model
 

@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from rknn_server.runtime.base import BackendError
 from rknn_server.runtime.rknnrt import find_runtime_library
 from rknn_server.runtime.rknnrt.library import RuntimeLibrary, embedded_version

@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from rknn_server.runtime.rknnrt.perf_text import parse_perf_detail
 
-# ruff: noqa: E501  (the sample is the runtime's text verbatim)
-
 # Rows from the user guide's RK3588 mobilenet example (seeds-spec 1.5).
 PIPE_TABLE = """Network Layer Information Table
 ID | OpType | DataType | Target | InputShape | OutputShape | DDRCycles | NPUCycles | MaxCycles | Time(us) | MacUsage(%) | WorkLoad(0/1/2)--ImproveTherical | TaskNumber | RW(KB) | FullName

@@ -4,7 +4,6 @@ from pathlib import Path
 
 from rknn_server.platform import probe_platform, soc_from_compatible
 from rknn_server.runtime.base import FrequencyReading
-
 from tests.rknnrt.fake_sysfs import put, rk3588_board, rv1106_board
 
 

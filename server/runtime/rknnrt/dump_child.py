@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from rknn_server.platform import PlatformInfo
 from rknn_server.runtime.base import BackendError, RuntimeOptions
 from rknn_server.runtime.rknnrt.backend import RknnrtBackend

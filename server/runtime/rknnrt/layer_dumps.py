@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+
 import rknn_server
 from rknn_server.runtime.base import ExecutionError, LayerTensor, RuntimeOptions
 from rknn_server.runtime.rknnrt.tensors import InputFormat

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+
 from rknn_server.platform import NPU_CORES, PlatformInfo
 from rknn_server.runtime.base import (
     ExecutionError,

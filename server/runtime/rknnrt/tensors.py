@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from rknn_server.runtime.base import InputError, QuantInfo, TensorSpec
 from rknn_server.runtime.rknnrt.abi import QuantType, TensorFormat, TensorType
 

@@ -13,12 +13,12 @@ from rknn_server.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
+    InputFormat,
     ModelFormatError,
     RuntimeOptions,
     UnsupportedError,
 )
 from rknn_server.runtime.rknnrt import RknnrtBackend
-from rknn_server.runtime.rknnrt.tensors import InputFormat
 from tests.rknnrt.fake_sysfs import rk3588_board
 from tests.rknnrt.stub_build import StubTensor, build_plugin, write_stub_model
 

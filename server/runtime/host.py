@@ -239,8 +239,8 @@ class HostBackend(Backend):
         return self._soc
 
     def frequencies(self) -> tuple[FrequencyReading, ...]:
-        """The machine's CPU frequencies where cpufreq shows them (a PC or board has no NPU/DDR devfreq)."""
-        return read_frequencies(self._sysfs_root)
+        """The CPU frequencies where cpufreq shows them: the only processor this runtime uses."""
+        return tuple(reading for reading in read_frequencies(self._sysfs_root) if reading.kind == "CPU")
 
     def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
         if model_path.suffix.lower() == ".rknn" or _looks_like_rknn(model_path):

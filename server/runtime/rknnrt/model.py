@@ -175,9 +175,13 @@ class RknnrtModel(ModelRuntime):
 
     # --- queries --------------------------------------------------------------------------------
 
-    def sdk_version(self) -> VersionInfo:
-        """API and driver strings as the runtime reports them for this context."""
-        info = self._query(abi.Query.SDK_VERSION, abi.NATIVE.sdk_version())
+    def sdk_version(self) -> VersionInfo | None:
+        """API and driver strings as the runtime reports them for this context (None if it will not)."""
+        try:
+            info = self._query(abi.Query.SDK_VERSION, abi.NATIVE.sdk_version())
+        except ExecutionError as exc:
+            log.warning("%s", exc)
+            return None
         return VersionInfo(
             api=info.api_version.decode(errors="replace"), driver=info.drv_version.decode(errors="replace")
         )

@@ -22,6 +22,7 @@ from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.platform import probe_platform
 from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions
 from rknn_server.runtime.isolated import IsolatedRuntime
 from rknn_server.runtime.select import select_backend
@@ -47,6 +48,9 @@ class DaemonConfig:
     threads: int | None = None
     grace_s: float = 10.0
     exit_with_stdin: bool = False
+    runtime_lib: Path | None = None  # librknnrt/librknnmrt to load instead of searching for one
+    plugin_dir: Path | None = None  # custom-op plugins for the rknnrt runtime
+    sysfs_root: Path = Path("/")  # where the platform probe reads /proc, /sys and /dev
 
 
 def _same(backend: Backend) -> Backend:
@@ -80,7 +84,15 @@ def _wait_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Non
 
 
 async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
-    backend, reason = select_backend(config.runtime, config.soc, config.threads)
+    probe = probe_platform(config.sysfs_root)
+    backend, reason = select_backend(
+        config.runtime,
+        config.soc,
+        config.threads,
+        probe=probe,
+        runtime_lib=config.runtime_lib,
+        plugin_dir=config.plugin_dir,
+    )
     cache = ModelCache(config.model_cache, config.cache_limits)
     executor = ThreadPoolExecutor(max_workers=max(4, config.max_sessions), thread_name_prefix="runtime")
 
@@ -94,7 +106,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         registry,
         executor,
         make_opener(config),
-        ServiceConfig(tensor_limits=config.tensor_limits, runtime_reason=reason),
+        ServiceConfig(tensor_limits=config.tensor_limits, runtime_reason=reason, board=probe.board_model),
     )
     server = grpc.aio.server(
         options=[

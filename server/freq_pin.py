@@ -11,22 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rknn_server.platform import cpufreq_policies, devfreq_devices, read_frequencies
-from rknn_server.runtime.base import FrequencyReading
+from rknn_server.runtime.base import FrequencyOutcome
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PinOutcome:
-    """Filled in on entry: whether frequencies were fixed, why not, and the readings while pinned."""
-
-    fixed: bool = False
-    note: str = ""
-    frequencies: tuple[FrequencyReading, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -110,9 +101,10 @@ class _Writer:
 
 
 @contextmanager
-def pinned_frequencies(root: Path) -> Iterator[PinOutcome]:
-    """Pin for the duration of the block; the yielded outcome says whether it worked."""
-    outcome = PinOutcome()
+def pinned_frequencies(root: Path) -> Iterator[FrequencyOutcome]:
+    """Pin for the duration of the block; the yielded outcome (filled in on entry: the readings are
+    taken while pinned) says whether it worked."""
+    outcome = FrequencyOutcome()
     writer = _Writer()
     try:
         knobs = _knobs(root)

@@ -13,6 +13,9 @@ import pytest
 
 from demo.daemon_process import DaemonProcess, start_daemon
 from tests import models
+from tests.rknnrt.fake_sysfs import rk3588_board, rv1106_board
+from tests.rknnrt.stub_build import build_stub
+from tests.rknnrt_cases import image_model, image_reference, start_rknnrt_daemon
 
 DaemonFactory = Callable[..., DaemonProcess]
 
@@ -28,13 +31,52 @@ def cnn_model(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def stub_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in librknnrt.so, compiled from tests/rknnrt/stub."""
+    return build_stub(tmp_path_factory.mktemp("stub-rt"))
+
+
+@pytest.fixture(scope="session")
+def stub_mrt_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in librknnmrt.so (zero-copy API only)."""
+    return build_stub(tmp_path_factory.mktemp("stub-mrt"), mrt=True)
+
+
+@pytest.fixture(scope="session")
+def stub_image_model(models_dir: Path) -> Path:
+    return image_model(models_dir / "image.rknn")
+
+
+def _stopped_cleanly(daemon: DaemonProcess) -> None:
+    daemon.stop()
+    assert daemon.process.returncode == 0, daemon.log_text()[-2000:]
+
+
+@pytest.fixture(scope="session")
+def rknnrt_daemon(tmp_path_factory: pytest.TempPathFactory, stub_lib: Path) -> Iterator[DaemonProcess]:
+    """A daemon on the stub librknnrt, probing a fake RK3588."""
+    root = tmp_path_factory.mktemp("rknnrt-daemon")
+    daemon = start_rknnrt_daemon(root, stub_lib, rk3588_board(root / "board"))
+    yield daemon
+    _stopped_cleanly(daemon)
+
+
+@pytest.fixture(scope="session")
+def rknnmrt_daemon(tmp_path_factory: pytest.TempPathFactory, stub_mrt_lib: Path) -> Iterator[DaemonProcess]:
+    """A daemon on the stub librknnmrt, probing a fake RV1106."""
+    root = tmp_path_factory.mktemp("rknnmrt-daemon")
+    daemon = start_rknnrt_daemon(root, stub_mrt_lib, rv1106_board(root / "board"))
+    yield daemon
+    _stopped_cleanly(daemon)
+
+
+@pytest.fixture(scope="session")
 def host_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """One host-runtime daemon shared by the tests that only need a well-behaved board."""
     root = tmp_path_factory.mktemp("host-daemon")
     daemon = start_daemon(root / "cache", root / "daemon.log", ["--runtime", "host"])
     yield daemon
-    daemon.stop()
-    assert daemon.process.returncode == 0, daemon.log_text()[-2000:]
+    _stopped_cleanly(daemon)
 
 
 @pytest.fixture
@@ -80,6 +122,8 @@ class BoardCase:
     reference: Callable[[list[np.ndarray]], list[np.ndarray]]
     input_nchw: tuple[int, int, int, int]
     atol: float = 1e-4
+    per_layer_perf: bool = True  # whether perf_debug gives per-layer rows (not on librknnmrt)
+    lite_core_mask: int = 1  # the core mask the RKNNLite flow asks for (NPU_CORE_0; AUTO on one-core SoCs)
 
 
 # mean/std the compat cases configure, so the tests also prove they are baked into the model.
@@ -101,9 +145,32 @@ def host_tcp_case(daemon: DaemonProcess, model: Path) -> BoardCase:
     )
 
 
-@pytest.fixture(params=["tcp-host"])
-def board(request: pytest.FixtureRequest, host_daemon: DaemonProcess, cnn_model: Path) -> BoardCase:
+def stub_tcp_case(case_id: str, daemon: DaemonProcess, model: Path, target: str, mrt: bool) -> BoardCase:
+    """A board on the stand-in runtime: the image model loaded with load_rknn, reference y = a*x + b."""
+
+    def load(rknn: object) -> int:
+        return int(rknn.load_rknn(str(model)))  # type: ignore[attr-defined]
+
+    return BoardCase(
+        id=case_id,
+        device_id=daemon.url,
+        target=target,
+        load=load,
+        reference=image_reference,
+        input_nchw=(1, 3, 16, 16),
+        per_layer_perf=not mrt,
+        lite_core_mask=0 if mrt else 1,
+    )
+
+
+@pytest.fixture(params=["tcp-host", "tcp-rknnrt", "tcp-rknnmrt"])
+def board(request: pytest.FixtureRequest) -> BoardCase:
     """Every transport x backend the compatibility suite runs over (later issues add theirs here)."""
     if request.param == "tcp-host":
-        return host_tcp_case(host_daemon, cnn_model)
+        return host_tcp_case(request.getfixturevalue("host_daemon"), request.getfixturevalue("cnn_model"))
+    model = request.getfixturevalue("stub_image_model")
+    if request.param == "tcp-rknnrt":
+        return stub_tcp_case(request.param, request.getfixturevalue("rknnrt_daemon"), model, "rk3588", False)
+    if request.param == "tcp-rknnmrt":
+        return stub_tcp_case(request.param, request.getfixturevalue("rknnmrt_daemon"), model, "rv1106", True)
     raise AssertionError(request.param)

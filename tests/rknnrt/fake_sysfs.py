@@ -56,3 +56,12 @@ def rv1106_board(root: Path) -> Path:
     put(root, "proc/rknpu/version", "RKNPU driver: v0.9.2\n")
     put(root, "dev/rknpu", "")
     return root
+
+
+def npu_board(root: Path, soc: str = "") -> Path:
+    """A board with an NPU render node whose device tree names `soc` ("": the probe cannot see the SoC)."""
+    if soc:
+        put(root, "proc/device-tree/compatible", f"rockchip,{soc}-evb\0rockchip,{soc}\0")
+    put(root, "dev/dri/renderD129", "")
+    put(root, "sys/class/drm/renderD129/device/uevent", "DRIVER=RKNPU\nOF_NAME=npu\n")
+    return root

@@ -13,12 +13,12 @@ from rknn_server.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
+    InputFormat,
     ModelFormatError,
     RuntimeOptions,
     UnsupportedError,
 )
 from rknn_server.runtime.rknnrt import RknnrtBackend
-from rknn_server.runtime.rknnrt.tensors import InputFormat
 from tests.rknnrt.fake_sysfs import rk3588_board
 from tests.rknnrt.stub_build import StubTensor, build_plugin, write_stub_model
 
@@ -45,7 +45,8 @@ def test_specs_queries_and_float_run(backend: RknnrtBackend, tmp_path: Path) -> 
         (spec,) = model.inputs
         assert (spec.name, spec.shape, spec.dtype, spec.layout) == ("in0", (1, 2, 2, 3), np.float32, "NHWC")
         assert model.custom_string() == "hello board"
-        assert model.sdk_version().api.startswith("2.3.2")
+        version = model.sdk_version()
+        assert version is not None and version.api.startswith("2.3.2")
         assert model.native_inputs()[0].shape == (1, 2, 2, 3)
         x = np.arange(12, dtype=np.float32).reshape(1, 2, 2, 3)
         (y,) = model.run([x])

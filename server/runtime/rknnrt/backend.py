@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from rknn_server.freq_pin import pinned_frequencies
 from rknn_server.platform import PlatformInfo, read_frequencies
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
+    FrequencyOutcome,
     FrequencyReading,
     RuntimeOptions,
     VersionInfo,
@@ -41,6 +46,10 @@ class RknnrtBackend(Backend):
             fix_freq=True,
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt from its arguments in a session's worker process (a loaded library cannot travel)."""
+        return (RknnrtBackend, (self._library.path, self._probe, self._plugin_dir))
+
     @property
     def library(self) -> RuntimeLibrary:
         return self._library
@@ -59,3 +68,12 @@ class RknnrtBackend(Backend):
 
     def frequencies(self) -> tuple[FrequencyReading, ...]:
         return read_frequencies(self._probe.root)
+
+    @contextmanager
+    def measuring(self, fix_freq: bool) -> Iterator[FrequencyOutcome]:
+        """With fix_freq, CPU, NPU and DDR run at their highest frequency and are restored afterwards."""
+        if not fix_freq:
+            yield FrequencyOutcome(frequencies=self.frequencies())
+            return
+        with pinned_frequencies(self._probe.root) as outcome:
+            yield outcome

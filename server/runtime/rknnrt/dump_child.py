@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from rknn_server.platform import PlatformInfo
-from rknn_server.runtime.base import BackendError, RuntimeOptions
+from rknn_server.runtime.base import BackendError, InputFormat, RuntimeOptions
 from rknn_server.runtime.rknnrt.backend import RknnrtBackend
-from rknn_server.runtime.rknnrt.tensors import InputFormat
 
 
 def main(argv: list[str]) -> int:

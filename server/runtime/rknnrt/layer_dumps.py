@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import rknn_server
-from rknn_server.runtime.base import ExecutionError, LayerTensor, RuntimeOptions
-from rknn_server.runtime.rknnrt.tensors import InputFormat
+from rknn_server.runtime.base import ExecutionError, InputFormat, LayerTensor, RuntimeOptions
 
 DUMP_LOG_LEVEL = "5"
 _NAME_RE = re.compile(r"^(\d+)_([A-Za-z0-9]+)_(.*)_shape_[\d_]*_[A-Za-z0-9]+$")

@@ -15,6 +15,7 @@ from rknn_server.platform import NPU_CORES, PlatformInfo
 from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
+    InputFormat,
     LayerTensor,
     MemoryResult,
     ModelFormatError,
@@ -30,7 +31,6 @@ from rknn_server.runtime.rknnrt.layer_dumps import capture_layers
 from rknn_server.runtime.rknnrt.library import RuntimeLibrary
 from rknn_server.runtime.rknnrt.perf_text import parse_perf_detail
 from rknn_server.runtime.rknnrt.plugins import Plugin
-from rknn_server.runtime.rknnrt.tensors import InputFormat
 
 S = TypeVar("S", bound=ctypes.Structure)
 log = logging.getLogger(__name__)
@@ -42,15 +42,36 @@ NO_LAYER_PERF_NOTE = (
 PERF_RUN_MISSING_NOTE = "RKNN_QUERY_PERF_RUN unavailable; the total is wall-clock time around rknn_run"
 
 
+def _mask_name(mask: abi.CoreMask) -> str:
+    """The RKNNLite constant's name: CORE_0 -> NPU_CORE_0, AUTO -> NPU_CORE_AUTO."""
+    return f"NPU_{mask.name}" if mask.name.startswith("CORE_") else f"NPU_CORE_{mask.name}"
+
+
+def allowed_core_masks(cores: int) -> list[str]:
+    """The toolkit's names of the masks a SoC with `cores` NPU cores takes."""
+    usable = [
+        mask
+        for mask in abi.CoreMask
+        if mask in (abi.CoreMask.AUTO, abi.CoreMask.ALL) or (cores > 1 and not mask & ~((1 << cores) - 1))
+    ]
+    return [_mask_name(mask) for mask in sorted(usable)]
+
+
 def check_core_mask(soc: str, mask: int) -> None:
     """Refuse masks the SoC cannot honour (only RK3588 with 3 cores and RK3576 with 2 take masks)."""
     if mask in (abi.CoreMask.AUTO, abi.CoreMask.ALL) or not soc:
         return
     cores = NPU_CORES.get(soc)
     if cores is None:
-        raise UnsupportedError(f"core_mask is only supported on rk3588 and rk3576, not on {soc}")
+        raise UnsupportedError(
+            f"core_mask {mask:#x} refused: core_mask is only supported on rk3588 and rk3576, not on {soc} "
+            f"(one NPU core); allowed there: {', '.join(allowed_core_masks(1))}"
+        )
     if mask & ~((1 << cores) - 1):
-        raise UnsupportedError(f"core_mask {mask:#x} names NPU cores that {soc} lacks: it has {cores} cores")
+        raise UnsupportedError(
+            f"core_mask {mask:#x} names NPU cores that {soc} lacks: it has {cores} cores; "
+            f"allowed: {', '.join(allowed_core_masks(cores))}"
+        )
 
 
 class RknnrtModel(ModelRuntime):
@@ -112,7 +133,7 @@ class RknnrtModel(ModelRuntime):
         self._out_attrs = [self._attr(abi.Query.OUTPUT_ATTR, i) for i in range(io_num.n_output)]
         self._ranges = [self._dynamic_range(i) for i in range(io_num.n_input)]
         self.inputs: Sequence[TensorSpec] = [
-            tensors.tensor_spec(attr, ranges)
+            tensors.tensor_spec(attr, ranges, is_input=True)
             for attr, ranges in zip(self._in_attrs, self._ranges, strict=True)
         ]
         self.outputs: Sequence[TensorSpec] = [tensors.tensor_spec(attr) for attr in self._out_attrs]
@@ -154,9 +175,13 @@ class RknnrtModel(ModelRuntime):
 
     # --- queries --------------------------------------------------------------------------------
 
-    def sdk_version(self) -> VersionInfo:
-        """API and driver strings as the runtime reports them for this context."""
-        info = self._query(abi.Query.SDK_VERSION, abi.NATIVE.sdk_version())
+    def sdk_version(self) -> VersionInfo | None:
+        """API and driver strings as the runtime reports them for this context (None if it will not)."""
+        try:
+            info = self._query(abi.Query.SDK_VERSION, abi.NATIVE.sdk_version())
+        except ExecutionError as exc:
+            log.warning("%s", exc)
+            return None
         return VersionInfo(
             api=info.api_version.decode(errors="replace"), driver=info.drv_version.decode(errors="replace")
         )

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_server.runtime.base import InputError, QuantInfo, TensorSpec
+from rknn_server.runtime.base import InputError, InputFormat, QuantInfo, TensorSpec
 from rknn_server.runtime.rknnrt.abi import QuantType, TensorFormat, TensorType
 
 _DTYPES: dict[TensorType, np.dtype] = {
@@ -27,13 +26,8 @@ _DTYPES: dict[TensorType, np.dtype] = {
 _TYPES_BY_DTYPE = {dtype: kind for kind, dtype in _DTYPES.items() if kind != TensorType.INT4}
 _QUANT_KINDS = {QuantType.NONE: "none", QuantType.DFP: "dfp", QuantType.AFFINE_ASYMMETRIC: "affine"}
 
-
-@dataclass(frozen=True)
-class InputFormat:
-    """How the caller's data for one input is laid out (the toolkit's data_format / pass_through)."""
-
-    layout: str = "NHWC"  # applies to 4-D inputs only
-    pass_through: bool = False
+# What the runtime converts (and quantizes) itself when an input is not passed through.
+CONVERTIBLE_INPUT_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float16, np.int8, np.uint8, np.int16))
 
 
 def numpy_dtype(kind: int) -> np.dtype:
@@ -70,7 +64,9 @@ def layout_name(fmt: int) -> str:
     return "UNDEFINED"
 
 
-def tensor_spec(attr: ctypes.Structure, ranges: Sequence[tuple[int, ...]] = ()) -> TensorSpec:
+def tensor_spec(
+    attr: ctypes.Structure, ranges: Sequence[tuple[int, ...]] = (), is_input: bool = False
+) -> TensorSpec:
     """A TensorSpec from an attr; dims that differ across a dynamic input's shapes become -1."""
     shape = attr_dims(attr)
     if ranges:
@@ -82,6 +78,7 @@ def tensor_spec(attr: ctypes.Structure, ranges: Sequence[tuple[int, ...]] = ()) 
         dtype=numpy_dtype(attr.type),
         layout=layout_name(attr.fmt),
         quant=quant_info(attr),
+        convertible_dtypes=CONVERTIBLE_INPUT_DTYPES if is_input else (),
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from rknn_client import __version__
 from rknn_client.api import Device, PerfReport, Session, connect
 from rknn_client.compat import inputs as input_rules
+from rknn_client.compat.core_masks import NpuCoreMasks
 from rknn_client.compat.onnx_build import BuildError, load_and_build
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.errors import RknnError
@@ -58,15 +59,7 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
     return decorate
 
 
-class RKNN:
-    NPU_CORE_AUTO = 0x0
-    NPU_CORE_0 = 0x1
-    NPU_CORE_1 = 0x2
-    NPU_CORE_2 = 0x4
-    NPU_CORE_0_1 = 0x3
-    NPU_CORE_0_1_2 = 0x7
-    NPU_CORE_ALL = 0xFFFF
-
+class RKNN(NpuCoreMasks):
     def __init__(self, verbose: bool | str = False, verbose_file: str | None = None) -> None:
         if verbose not in (True, False, "debug"):
             ToolkitLog().e("__init__", "'verbose' must be True or False!")
@@ -252,7 +245,7 @@ class RKNN:
         perf_debug: bool = False,
         eval_mem: bool = False,
         async_mode: bool = False,
-        core_mask: int = NPU_CORE_AUTO,
+        core_mask: int = NpuCoreMasks.NPU_CORE_AUTO,
         fallback_prior_device: str = "cpu",
         **kwargs: Any,
     ) -> int:

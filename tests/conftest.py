@@ -4,7 +4,7 @@ compatibility tests run against (one per transport x backend, each with its own 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,7 @@ import pytest
 
 from demo.daemon_process import DaemonProcess, start_daemon
 from tests import models
+from tests.adb.host_board import AdbHostBoard, adb_host_board, point_adb_at
 
 DaemonFactory = Callable[..., DaemonProcess]
 
@@ -101,9 +102,25 @@ def host_tcp_case(daemon: DaemonProcess, model: Path) -> BoardCase:
     )
 
 
-@pytest.fixture(params=["tcp-host"])
+@pytest.fixture(scope="session")
+def adb_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdbHostBoard]:
+    """A host-runtime board reached over adb (emulated board, private adb server), shared by the session."""
+    with adb_host_board(tmp_path_factory.mktemp("adb-board")) as board:
+        yield board
+
+
+def host_adb_case(board: AdbHostBoard, model: Path, monkeypatch: pytest.MonkeyPatch) -> BoardCase:
+    """The tcp-host case reached through adb: device_id is the board's serial, target its SoC."""
+    point_adb_at(board.server, monkeypatch)
+    return replace(host_tcp_case(board.daemon, model), id="adb-host", device_id=board.serial, target=board.soc)
+
+
+@pytest.fixture(params=["tcp-host", "adb-host"])
 def board(request: pytest.FixtureRequest, host_daemon: DaemonProcess, cnn_model: Path) -> BoardCase:
     """Every transport x backend the compatibility suite runs over (later issues add theirs here)."""
     if request.param == "tcp-host":
         return host_tcp_case(host_daemon, cnn_model)
+    if request.param == "adb-host":
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        return host_adb_case(request.getfixturevalue("adb_board"), cnn_model, monkeypatch)
     raise AssertionError(request.param)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.adb.fixtures import AbstractEchoServer, EmulatedBoard, PrivateAdbServer, find_adb
+from tests.adb.host_board import point_adb_at
 from tests.adb.services import DeviceProfile
 
 MakeBoard = Callable[..., EmulatedBoard]
@@ -27,10 +28,7 @@ def adb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateAdbS
 @pytest.fixture
 def adb_env(adb_server: PrivateAdbServer, monkeypatch: pytest.MonkeyPatch) -> PrivateAdbServer:
     """Point this process (adbutils, the transport) at the private server only."""
-    for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ADB_MDNS_OPENSCREEN", "HOME"):
-        monkeypatch.setenv(key, adb_server.env[key])
-    monkeypatch.setenv("ADBUTILS_ADB_PATH", adb_server.binary)
-    monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+    point_adb_at(adb_server, monkeypatch)
     return adb_server
 
 

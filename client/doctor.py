@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import adbutils
 import grpc
 
+from rknn_client.negotiate import check_versions
 from rknn_client.transport.adb import (
     AdbTransportError,
     adb_server_address,
@@ -25,7 +26,6 @@ from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import (
     DEFAULT_ABSTRACT_SOCKET,
     DEFAULT_PORT,
-    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
 )
@@ -122,7 +122,7 @@ def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Itera
         yield Check("adb forward", False, error.problem, error.fix)
         return
     try:
-        daemon = yield from _daemon_checks(endpoint.grpc_target, timeout)
+        daemon = yield from _daemon_checks(endpoint.grpc_target, info.serial, timeout)
     finally:
         endpoint.close()
     if daemon is None:
@@ -193,7 +193,9 @@ def _daemon_process_checks(board: _BoardShell, socket_name: str) -> Iterator[Che
     )
 
 
-def _daemon_checks(target: str, timeout: float) -> Generator[Check, None, rknn_pb2.GetInfoResponse | None]:
+def _daemon_checks(
+    target: str, device_id: str, timeout: float
+) -> Generator[Check, None, rknn_pb2.GetInfoResponse | None]:
     """The gRPC handshake, protocol and runtime; returns GetInfo's answer, or None when it failed."""
     request = rknn_pb2.GetInfoRequest(
         client_protocol_version=PROTOCOL_VERSION, client_version="rknn_client doctor"
@@ -212,23 +214,9 @@ def _daemon_checks(target: str, timeout: float) -> Generator[Check, None, rknn_p
         )
         return None
     yield Check("gRPC handshake", True, f"rknn_server {info.daemon_version} answered GetInfo")
-    if info.min_client_protocol_version > PROTOCOL_VERSION:
-        yield Check(
-            "protocol version",
-            False,
-            f"the daemon needs client protocol >= {info.min_client_protocol_version}, this client speaks "
-            f"{PROTOCOL_VERSION}",
-            "upgrade the PC side: `pip install -U rknn-server-oss[client]`",
-        )
-        return None
-    if info.protocol_version < MIN_PROTOCOL_VERSION:
-        yield Check(
-            "protocol version",
-            False,
-            f"the daemon speaks protocol {info.protocol_version}, "
-            f"this client needs >= {MIN_PROTOCOL_VERSION}",
-            "upgrade the daemon on the board: `pip install -U rknn-server-oss[server]` and restart it",
-        )
+    mismatch = check_versions(info, device_id or target, device_id)
+    if mismatch is not None:
+        yield Check("protocol version", False, mismatch.problem, mismatch.fix)
         return None
     yield Check("protocol version", True, f"daemon {info.protocol_version}, client {PROTOCOL_VERSION}")
     npu = info.runtime == "rknnrt"
@@ -264,7 +252,7 @@ def _tcp_chain(device_id: str, timeout: float) -> Iterator[Check]:
         return
     yield Check("tcp connect", True, f"{host}:{port_text} accepts connections")
     target = f"[{host}]:{port_text}" if ":" in host else f"{host}:{port_text}"
-    daemon = yield from _daemon_checks(target, timeout)
+    daemon = yield from _daemon_checks(target, device_id, timeout)
     if daemon is not None:
         yield _driver_check(daemon.driver_version)
 

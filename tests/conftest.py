@@ -112,7 +112,9 @@ def adb_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdbHostBoard
 def host_adb_case(board: AdbHostBoard, model: Path, monkeypatch: pytest.MonkeyPatch) -> BoardCase:
     """The tcp-host case reached through adb: device_id is the board's serial, target its SoC."""
     point_adb_at(board.server, monkeypatch)
-    return replace(host_tcp_case(board.daemon, model), id="adb-host", device_id=board.serial, target=board.soc)
+    return replace(
+        host_tcp_case(board.daemon, model), id="adb-host", device_id=board.serial, target=board.soc
+    )
 
 
 @pytest.fixture(params=["tcp-host", "adb-host"])

@@ -270,4 +270,5 @@ def open_adb(
         description=f"adb {info.serial}{f' ({info.model})' if info.model else ''} -> {remote}",
         kind="adb",
         close=lambda: _FORWARDS.remove(info.serial, port),
+        device_id=info.serial,
     )

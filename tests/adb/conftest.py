@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.adb.fake_daemon import FakeDaemon, start_fake_daemon
 from tests.adb.fixtures import AbstractEchoServer, EmulatedBoard, PrivateAdbServer, find_adb
 from tests.adb.host_board import point_adb_at
 from tests.adb.services import DeviceProfile
 
 MakeBoard = Callable[..., EmulatedBoard]
+FakeDaemonFactory = Callable[..., FakeDaemon]
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +55,18 @@ def echo_server() -> Iterator[AbstractEchoServer]:
     server = AbstractEchoServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def fake_daemon() -> Iterator[FakeDaemonFactory]:
+    """Factory: GetInfo-only daemons (start_fake_daemon's arguments), stopped at the end."""
+    started: list[FakeDaemon] = []
+
+    def start(*args: object, **kwargs: object) -> FakeDaemon:
+        daemon = start_fake_daemon(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.server.stop(None)

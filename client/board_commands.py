@@ -6,11 +6,13 @@ They do not connect to one daemon first (the board may have none yet), so each r
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from rknn_client.devices import devices_table, survey
 from rknn_client.doctor import diagnose, format_report
+from rknn_client.transport.base import TransportError
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
 
 Command = Callable[[argparse.Namespace], int]
@@ -25,6 +27,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks = diagnose(args.device, socket_name=args.socket)
     print(format_report(checks))
     return 0 if checks and all(check.ok or not check.blocking for check in checks) else 1
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from rknn_client.deploy.board import DeployError
+    from rknn_client.deploy.install import deploy
+
+    def progress(step: str) -> None:
+        print(f"deploy: {step}", file=sys.stderr)
+
+    try:
+        print(deploy(args.device, socket_name=args.socket, progress=progress).report())
+    except (DeployError, TransportError) as error:
+        print(f"rknn-client deploy: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def add_board_commands(sub: Any) -> None:
@@ -48,6 +65,12 @@ def add_board_commands(sub: Any) -> None:
     doctor.add_argument(
         "--device", help="adb serial, IP:PORT or tcp://HOST:PORT (default: the single adb board)"
     )
+    deploy = add(
+        "deploy",
+        cmd_deploy,
+        "install or upgrade this version's daemon on an adb board (offline: wheels built here) and start it",
+    )
+    deploy.add_argument("--device", help="adb serial or IP:PORT (default: the single adb board)")
 
 
 def run_standalone(args: argparse.Namespace) -> int | None:

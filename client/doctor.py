@@ -144,8 +144,8 @@ def _daemon_process_checks(board: BoardShell, socket_name: str) -> Iterator[Chec
     """Is a daemon running, is it ours or the vendor's, and does it listen on the abstract socket."""
     found = board.output('for p in $(pidof rknn_server); do echo "$p $(readlink /proc/$p/exe)"; done')
     processes = [line.split(maxsplit=1) for line in found.splitlines() if line.strip()]
-    vendor = [f"pid {pid} ({exe[0]})" for pid, *exe in processes if exe and _is_vendor_binary(exe[0])]
-    ours = [f"pid {pid}" for pid, *exe in processes if not (exe and _is_vendor_binary(exe[0]))]
+    vendor = [f"pid {pid} ({exe[0]})" for pid, *exe in processes if exe and is_vendor_binary(exe[0])]
+    ours = [f"pid {pid}" for pid, *exe in processes if not (exe and is_vendor_binary(exe[0]))]
     unix_table = board.output(f"grep -F @{socket_name} /proc/net/unix")
     listening = any(line.split()[-1] == f"@{socket_name}" for line in unix_table.splitlines() if line.split())
     if vendor and not ours and not listening:
@@ -240,7 +240,7 @@ def _tcp_chain(device_id: str, timeout: float) -> Iterator[Check]:
         yield _driver_check(daemon.driver_version)
 
 
-def _is_vendor_binary(exe: str) -> bool:
+def is_vendor_binary(exe: str) -> bool:
     """The closed daemon is an executable named rknn_server in /usr/bin or /oem/usr/bin.
 
     This project's daemon runs as a Python interpreter, so its /proc/PID/exe never ends so.

@@ -71,6 +71,9 @@ def session_options(threads: int) -> ort.SessionOptions:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    # Idle worker threads must not spin: on a small board (or a 2-core PC) spinning threads of one
+    # session steal the cores another session, or the daemon's own I/O, needs.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 

@@ -23,13 +23,13 @@ import numpy as np
 from rknn_client import __version__
 from rknn_client.errors import InvalidInput, RknnError, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
+from rknn_client.negotiate import check_versions
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
 from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
-    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
 )
@@ -166,12 +166,9 @@ class Device:
                 ),
                 timeout=30,
             )
-            if reply.protocol_version < MIN_PROTOCOL_VERSION:
-                raise VersionMismatch(
-                    f"the daemon at {self.endpoint.description} speaks protocol {reply.protocol_version} "
-                    f"(rknn_server {reply.daemon_version}); this client needs at least {MIN_PROTOCOL_VERSION} "
-                    f"(rknn_client {__version__}). Upgrade the board: rknn-client deploy --device ID"
-                )
+            mismatch = check_versions(reply, self.endpoint.description, self.endpoint.device_id)
+            if mismatch is not None:
+                raise VersionMismatch(mismatch.message())
             caps = reply.capabilities
             limits = reply.limits
             self._info = DeviceInfo(

@@ -4,6 +4,7 @@ rknn-client info [--device ID]
 rknn-client run MODEL --input a.npy [--input b.npy] [--output-dir DIR]
 rknn-client perf MODEL [--no-perf-debug]
 rknn-client mem MODEL
+rknn-client devices | doctor [--device ID] | deploy --device ID   (board commands: rknn_client.board_commands)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from rknn_client import __version__
 from rknn_client.api import Device, Session, connect
+from rknn_client.board_commands import add_board_commands, run_standalone
 from rknn_client.errors import RknnError
 from rknn_client.report import memory_text, perf_text
 from rknn_client.transport.base import TransportError
@@ -126,11 +128,15 @@ def parser() -> argparse.ArgumentParser:
     perf.add_argument("--no-perf-debug", action="store_true", help="total time only (no per-layer table)")
     perf.add_argument("--no-fix-freq", action="store_true", help="do not pin CPU/NPU/DDR frequencies")
     add("mem", cmd_mem, "memory used by a model, in the toolkit's format", model=True)
+    add_board_commands(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    standalone = run_standalone(args)
+    if standalone is not None:
+        return standalone
     try:
         with connect(args.device, args.target) as device:
             return int(args.func(device, args))

@@ -12,7 +12,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
     ExecutionError,
+    LayerTensor,
     LayerTiming,
     MemoryResult,
     ModelFormatError,
@@ -63,6 +64,10 @@ _PROFILE_TYPES = {
 }
 PERF_RUNS = 5
 PROFILE_RUNS = 3
+# Most bytes of layer outputs one dump run exposes: the daemon never holds more than this many at once.
+DUMP_BATCH_BYTES = 64 << 20
+# ONNX element types whose tensors a dump can send (the wire's dtypes).
+_DUMP_ELEM_TYPES = frozenset(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in _ORT_TYPES.values())
 
 
 def session_options(threads: int) -> ort.SessionOptions:
@@ -71,6 +76,20 @@ def session_options(threads: int) -> ort.SessionOptions:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    return opts
+
+
+def dump_session_options(threads: int, model_dir: Path) -> ort.SessionOptions:
+    """Options for the runs behind a per-layer dump.
+
+    No graph optimisation: every exposed tensor is its own node's output computed as the graph says,
+    the same in every batch (fusions would change with the set of exposed outputs). No memory arena:
+    what a batch allocated goes back when its session ends. External weights are found beside the model.
+    """
+    opts = session_options(threads)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.enable_cpu_mem_arena = False
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
     return opts
 
 
@@ -211,6 +230,55 @@ class HostModel(ModelRuntime):
             "other: process memory growth while loading, less the weights",
         )
 
+    def dump_layers(self, inputs: Sequence[np.ndarray]) -> Iterator[LayerTensor]:
+        """Every layer's tensor, inputs first, computed in batches of at most DUMP_BATCH_BYTES.
+
+        Each batch is one run of the part of the graph that computes its tensors, exposed as outputs;
+        a batch's tensors are handed out (and dropped) before the next batch is computed.
+        """
+        feeds = dict(zip(self._input_names, inputs, strict=True))
+        graph = onnx_graph.with_input_shapes(self._graph, {n: tuple(a.shape) for n, a in feeds.items()})
+        tensors = onnx_graph.inferred_tensors(graph)
+        layers = [
+            layer
+            for layer in onnx_graph.dump_tensors(graph, tensors)
+            if layer.info.elem_type in _DUMP_ELEM_TYPES
+        ]
+        for layer in layers:
+            if layer.info.name in feeds:
+                yield LayerTensor(
+                    layer.index, layer.op_type, layer.node_name, layer.info.name, feeds[layer.info.name]
+                )
+        computed = [layer for layer in layers if layer.info.name not in feeds]
+        for batch in onnx_graph.dump_batches(computed, DUMP_BATCH_BYTES):
+            names = [layer.info.name for layer in batch]
+            values = dict(zip(names, self._run_batch(graph, names, tensors, feeds), strict=True))
+            for layer in batch:
+                yield LayerTensor(
+                    layer.index, layer.op_type, layer.node_name, layer.info.name, values.pop(layer.info.name)
+                )
+
+    def _run_batch(
+        self,
+        graph: onnx.ModelProto,
+        names: list[str],
+        tensors: dict[str, onnx_graph.TensorInfo],
+        feeds: dict[str, np.ndarray],
+    ) -> list[np.ndarray]:
+        model = onnx_graph.model_for_outputs(graph, names, tensors)
+        opts = dump_session_options(self._threads, self._path.parent)
+        try:
+            session = ort.InferenceSession(
+                model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ExecutionError(f"ONNX Runtime cannot expose the model's layers: {exc}") from exc
+        del model
+        try:
+            return list(session.run(names, feeds))
+        except Exception as exc:
+            raise ExecutionError(f"ONNX Runtime failed while dumping layers: {exc}") from exc
+
     def close(self) -> None:
         self.__dict__.pop("_session", None)
 
@@ -218,7 +286,9 @@ class HostModel(ModelRuntime):
 class HostBackend(Backend):
     name = "host"
     model_suffixes = (".onnx",)
-    capabilities = BackendCapabilities(perf_per_layer=True, memory_detail=True, dynamic_shape=True)
+    capabilities = BackendCapabilities(
+        perf_per_layer=True, memory_detail=True, layer_dumps=True, dynamic_shape=True
+    )
 
     def __init__(self, soc: str = "", threads: int | None = None) -> None:
         self._soc = soc.lower()

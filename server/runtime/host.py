@@ -7,12 +7,13 @@ measured memory growth while loading.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,7 @@ _PROFILE_TYPES = {
 PERF_RUNS = 5
 PROFILE_RUNS = 3
 # Most bytes of layer outputs one dump run exposes: the daemon never holds more than this many at once.
-DUMP_BATCH_BYTES = 64 << 20
+DUMP_BATCH_BYTES = 32 << 20
 # ONNX element types whose tensors a dump can send (the wire's dtypes).
 _DUMP_ELEM_TYPES = frozenset(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in _ORT_TYPES.values())
 
@@ -91,6 +92,25 @@ def dump_session_options(threads: int, model_dir: Path) -> ort.SessionOptions:
     opts.enable_cpu_mem_arena = False
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
     return opts
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim where the C library has it (not on musl or macOS)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes = [ctypes.c_size_t]
+        trim.restype = ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps large freed blocks in its per-thread arenas,
+    so without this each dump batch (run from whichever executor thread) would add to the RSS."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def default_threads() -> int:
@@ -252,11 +272,12 @@ class HostModel(ModelRuntime):
         computed = [layer for layer in layers if layer.info.name not in feeds]
         for batch in onnx_graph.dump_batches(computed, DUMP_BATCH_BYTES):
             names = [layer.info.name for layer in batch]
+            release_free_memory()
             values = dict(zip(names, self._run_batch(graph, names, tensors, feeds), strict=True))
+            release_free_memory()
             for layer in batch:
-                yield LayerTensor(
-                    layer.index, layer.op_type, layer.node_name, layer.info.name, values.pop(layer.info.name)
-                )
+                array = values.pop(layer.info.name).numpy()
+                yield LayerTensor(layer.index, layer.op_type, layer.node_name, layer.info.name, array)
 
     def _run_batch(
         self,
@@ -264,7 +285,8 @@ class HostModel(ModelRuntime):
         names: list[str],
         tensors: dict[str, onnx_graph.TensorInfo],
         feeds: dict[str, np.ndarray],
-    ) -> list[np.ndarray]:
+    ) -> list[ort.OrtValue]:
+        """The batch's tensors as ONNX Runtime holds them: each becomes numpy (a copy) only when sent."""
         model = onnx_graph.model_for_outputs(graph, names, tensors)
         opts = dump_session_options(self._threads, self._path.parent)
         try:
@@ -275,7 +297,8 @@ class HostModel(ModelRuntime):
             raise ExecutionError(f"ONNX Runtime cannot expose the model's layers: {exc}") from exc
         del model
         try:
-            return list(session.run(names, feeds))
+            ort_feeds = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
+            return list(session.run_with_ort_values(names, ort_feeds))
         except Exception as exc:
             raise ExecutionError(f"ONNX Runtime failed while dumping layers: {exc}") from exc
 

@@ -389,8 +389,9 @@ class Session:
         self, inputs: Sequence[np.ndarray], layouts: Sequence[str] | None = None
     ) -> Iterator[DumpedLayer]:
         """Run once with per-layer capture and yield every captured tensor, one layer at a time
-        (only one layer's bytes are held here at once). Stopping early cancels the call."""
-        requests = self._input_requests(inputs, layouts, None, strict=True)
+        (only one layer's bytes are held here at once). Stopping early cancels the call. With
+        `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
+        requests = self._input_requests(inputs, layouts, None, strict=layouts is None)
         where = f"DumpLayers on {self.device.endpoint.description}"
         call = self.device._stub.DumpLayers(requests, metadata=_METADATA, timeout=self.device.timeout_s)
         header: rknn_pb2.LayerDumpHeader | None = None

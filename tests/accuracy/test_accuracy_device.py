@@ -15,7 +15,7 @@ from qdq_edit import negate_conv_weights
 
 from demo.calibration import photo_crops
 from demo.daemon_process import DaemonProcess
-from rknn_client import RKNN, connect
+from rknn_client import RKNN, cli, connect
 from rknn_client.accuracy.analysis import REPORT_FILE, AnalysisResult, analyse
 from rknn_client.accuracy.build import QuantConfig, build_models
 from rknn_client.accuracy.compare import ErrorPair
@@ -188,3 +188,21 @@ def test_a_failed_run_leaves_no_report(
     assert quantized.accuracy_analysis([str(files.image)], str(out), device_id=gone.url) == -1
     assert "E accuracy_analysis:" in capsys.readouterr().err
     assert not (out / REPORT_FILE).exists()
+
+
+def test_cli_accuracy_against_a_daemon(
+    files: Files, host_daemon: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "snap"
+    common = [str(files.model), "--input", str(files.image), "--output-dir", str(out)]
+    assert cli.main(["accuracy", *common, "--device", host_daemon.url]) == 2
+    assert "--dataset" in capsys.readouterr().err
+
+    normalisation = ["--mean", ",".join(map(str, MEAN[0])), "--std", ",".join(map(str, STD[0]))]
+    options = ["--dataset", str(files.dataset), "--algorithm", "normal", "--method", "layer", *normalisation]
+    assert cli.main(["accuracy", *common, *options, "--device", host_daemon.url]) == 0
+    printed = capsys.readouterr().out
+    assert "# simulator_error:" in printed and "# runtime_error:" in printed
+    rows = re.findall(r"^\[Softmax\] prob +(\d\.\d{5}) \| \S+ +(\d\.\d{5}) \| \S+$", printed, re.M)
+    assert len(rows) == 2 and all(float(entire) < 1.0 for entire, _ in rows)
+    assert (out / REPORT_FILE).is_file() and (out / "runtime").is_dir()

@@ -19,7 +19,9 @@ def photo_crops(photo: Path, folder: Path, count: int, size: int) -> list[Path]:
     for i in range(count):
         left = (image.width - side) * i // steps
         top = (image.height - side) * (count - 1 - i) // steps
-        crop = image.crop((left, top, left + side, top + side)).resize((size, size), Image.Resampling.BILINEAR)
+        crop = image.crop((left, top, left + side, top + side)).resize(
+            (size, size), Image.Resampling.BILINEAR
+        )
         path = folder / f"crop{i}.png"
         crop.save(path)
         paths.append(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -402,7 +402,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         else:
             call.done("OK")
 
-    async def _step(self, layers: Iterator[LayerTensor]) -> AsyncIterator[LayerTensor]:
+    async def _step(self, layers: Iterator[LayerTensor]) -> AsyncGenerator[LayerTensor, None]:
         """Advance a runtime's blocking layer iterator in the executor, one layer at a time.
 
         On an early exit (client gone, send failed) the step in flight is awaited first and the

@@ -77,7 +77,6 @@ class RKNN:
             ToolkitLog().e("__init__", "'verbose' must be True or False!")
             verbose = False
         self.log = ToolkitLog(verbose, verbose_file)
-        self._config: dict[str, Any] = {}
         self._onnx: dict[str, Any] | None = None
         self._rknn_path: Path | None = None
         self._built: Path | None = None
@@ -125,15 +124,6 @@ class RKNN:
                 "config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}"
             )
             return -1
-        self._config = {
-            "mean_values": mean_values,
-            "std_values": std_values,
-            "quantized_dtype": quantized_dtype,
-            "quantized_algorithm": quantized_algorithm,
-            "quantized_method": quantized_method,
-            "target_platform": (target_platform or "").lower(),
-            "quant_img_RGB2BGR": quant_img_RGB2BGR,
-        }
         self._quant = QuantConfig(
             mean_values=mean_values,
             std_values=std_values,
@@ -142,6 +132,8 @@ class RKNN:
             quantized_method=quantized_method,
             target_platform=target_platform,
         )
+        if quant_img_RGB2BGR:
+            self.log.w("config", "quant_img_RGB2BGR is not emulated: calibration images are read as RGB")
         for key in kwargs:
             self.log.w("config", f"unknown argument {key!r} ignored")
         return 0

@@ -150,6 +150,16 @@ def dump_batches(layers: list[DumpTensor], budget_bytes: int) -> list[list[DumpT
     return batches
 
 
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """Tensors a node reads: its inputs and the outer-scope names its subgraphs (If/Loop bodies) use."""
+    names = [name for name in node.input if name]
+    for attr in node.attribute:
+        for body in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for inner in body.node:
+                names.extend(_reads(inner))
+    return names
+
+
 def model_for_outputs(
     model: onnx.ModelProto, names: list[str], tensors: dict[str, TensorInfo]
 ) -> onnx.ModelProto:
@@ -168,8 +178,8 @@ def model_for_outputs(
             continue
         seen.add(name)
         needed.add(producer[name])
-        pending.extend(n for n in graph.node[producer[name]].input if n)
-    reads = {n for i in needed for n in graph.node[i].input}
+        pending.extend(_reads(graph.node[producer[name]]))
+    reads = {n for i in needed for n in _reads(graph.node[i])}
     outputs = [helper.make_tensor_value_info(name, tensors[name].elem_type, None) for name in names]
     subgraph = helper.make_graph(
         [graph.node[i] for i in sorted(needed)],

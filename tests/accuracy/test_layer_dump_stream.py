@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from demo.daemon_process import DaemonProcess
 from rknn_client import connect
 from rknn_client.errors import RknnError
+from tests import models
 from tests.conftest import DaemonFactory
 
 SHAPE = (1, 16, 256, 256)  # 4 MiB of float32 per layer
@@ -119,3 +120,47 @@ def test_worker_process_sessions_dump_and_survive_an_early_stop(
         (logits,) = session.run([x])
     assert list(full) == ["input", "c1", "r1", "c2", "a1", "gap", "flat", "logits"]
     np.testing.assert_allclose(full["logits"], logits, rtol=1e-5, atol=1e-5)
+
+
+def dynamic_relu(path: Path) -> Path:
+    """y = Relu(x) * 2 with a dynamic batch dimension."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "two"], ["y"])],
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.float32(2), "two")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_dumps_of_multi_input_external_weight_and_dynamic_models(
+    host_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    a, b = np.array([[1, -2, 3, -4]], np.float32), np.ones((1, 4), np.float32)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) - 6
+    w = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+    with connect(host_daemon.url) as device:
+        with device.load(models.two_inputs(tmp_path / "two.onnx")) as session:
+            two = [(layer.op_type, layer.tensor_name, layer.array) for layer in session.dump_layers([a, b])]
+        with device.load(models.external_data_model(tmp_path)) as session:
+            external = {layer.tensor_name: layer.array for layer in session.dump_layers([w])}
+            (expected,) = session.run([w])
+        with device.load(dynamic_relu(tmp_path / "dynamic.onnx")) as session:
+            dynamic = {layer.tensor_name: layer.array for layer in session.dump_layers([x])}
+
+    assert [(op, name) for op, name, _ in two] == [
+        ("InputOperator", "a"),
+        ("InputOperator", "b"),
+        ("Mul", "m"),
+        ("Add", "y"),
+        ("Shape", "shape"),
+    ]
+    np.testing.assert_array_equal(two[3][2], a * 2 + b)
+    assert two[4][2].dtype == np.int64 and two[4][2].tolist() == [1, 4]
+    np.testing.assert_allclose(external["y"], expected, rtol=1e-5)
+    np.testing.assert_array_equal(dynamic["y"], np.maximum(x, 0) * 2)
+    assert dynamic["r"].shape == (3, 4)

@@ -138,12 +138,13 @@ def dynamic_relu(path: Path) -> Path:
 
 
 def test_dumps_of_multi_input_external_weight_and_dynamic_models(
-    host_daemon: DaemonProcess, tmp_path: Path
+    make_daemon: DaemonFactory, tmp_path: Path
 ) -> None:
+    """On a daemon of its own: other tests count on the shared one not having these models cached."""
     a, b = np.array([[1, -2, 3, -4]], np.float32), np.ones((1, 4), np.float32)
     x = np.arange(12, dtype=np.float32).reshape(3, 4) - 6
     w = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
-    with connect(host_daemon.url) as device:
+    with connect(make_daemon().url) as device:
         with device.load(models.two_inputs(tmp_path / "two.onnx")) as session:
             two = [(layer.op_type, layer.tensor_name, layer.array) for layer in session.dump_layers([a, b])]
         with device.load(models.external_data_model(tmp_path)) as session:

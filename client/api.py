@@ -126,6 +126,17 @@ class MemoryReport:
 
 
 @dataclass(frozen=True)
+class DumpedLayer:
+    """One layer tensor captured by the daemon's runtime during a DumpLayers run."""
+
+    index: int
+    op_type: str
+    node_name: str
+    tensor_name: str
+    array: np.ndarray
+
+
+@dataclass(frozen=True)
 class UploadResult:
     digest: str
     sent_bytes: int
@@ -327,6 +338,34 @@ class Session:
     ) -> list[np.ndarray]:
         """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
         `strict=False` leaves shape and dtype checks to the daemon (which converts layouts)."""
+        requests = self._input_requests(inputs, layouts, pass_through, strict)
+        where = f"Inference on {self.device.endpoint.description}"
+        try:
+            responses = cast(
+                Iterator[rknn_pb2.InferenceResponse],
+                self.device._stub.Inference(requests, metadata=_METADATA, timeout=self.device.timeout_s),
+            )
+            first = next(responses)
+            if first.WhichOneof("part") != "header":
+                raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
+            self.last_run_time_us = first.header.run_time_us
+            assembler = codec.TensorAssembler(first.header.outputs, _OUTPUT_LIMITS, "output")
+            for response in responses:
+                assembler.add(response.chunk)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, where) from None
+        except StopIteration:
+            raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
+        return assembler.arrays()
+
+    def _input_requests(
+        self,
+        inputs: Sequence[np.ndarray],
+        layouts: Sequence[str] | None,
+        pass_through: Sequence[bool] | None,
+        strict: bool,
+    ) -> Iterator[rknn_pb2.InferenceRequest]:
+        """The Inference-framed request stream for these inputs: a header, then their chunks."""
         self._check(inputs, strict)
         wire = [codec.wire_array(a) for a in inputs]
         layout_names = list(layouts) if layouts is not None else [s.layout for s in self.inputs]
@@ -341,24 +380,36 @@ class Session:
             for chunk in codec.iter_chunks(wire):
                 yield rknn_pb2.InferenceRequest(chunk=chunk)
 
-        where = f"Inference on {self.device.endpoint.description}"
+        return requests()
+
+    def dump_layers(
+        self, inputs: Sequence[np.ndarray], layouts: Sequence[str] | None = None
+    ) -> Iterator[DumpedLayer]:
+        """Run once with per-layer capture and yield every captured tensor, one layer at a time
+        (only one layer's bytes are held here at once). Stopping early cancels the call. With
+        `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
+        requests = self._input_requests(inputs, layouts, None, strict=layouts is None)
+        where = f"DumpLayers on {self.device.endpoint.description}"
+        call = self.device._stub.DumpLayers(requests, metadata=_METADATA, timeout=self.device.timeout_s)
+        header: rknn_pb2.LayerDumpHeader | None = None
+        assembler: codec.TensorAssembler | None = None
         try:
-            responses = cast(
-                Iterator[rknn_pb2.InferenceResponse],
-                self.device._stub.Inference(requests(), metadata=_METADATA, timeout=self.device.timeout_s),
-            )
-            first = next(responses)
-            if first.WhichOneof("part") != "header":
-                raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
-            self.last_run_time_us = first.header.run_time_us
-            assembler = codec.TensorAssembler(first.header.outputs, _OUTPUT_LIMITS, "output")
-            for response in responses:
-                assembler.add(response.chunk)
+            for response in cast(Iterator[rknn_pb2.DumpLayersResponse], call):
+                if response.WhichOneof("part") == "layer":
+                    if header is not None and assembler is not None:
+                        yield _dumped(header, assembler)
+                    header = response.layer
+                    assembler = codec.TensorAssembler([header.tensor], _OUTPUT_LIMITS, "layer")
+                elif assembler is None:
+                    raise RknnError(f"{where}: the daemon sent tensor bytes before a layer header")
+                else:
+                    assembler.add(response.chunk)
+            if header is not None and assembler is not None:
+                yield _dumped(header, assembler)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
-        except StopIteration:
-            raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
-        return assembler.arrays()
+        finally:
+            call.cancel()
 
     def perf(self, fix_freq: bool = True) -> PerfReport:
         reply = self.device._call(
@@ -423,6 +474,16 @@ class Session:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+def _dumped(header: rknn_pb2.LayerDumpHeader, assembler: codec.TensorAssembler) -> DumpedLayer:
+    return DumpedLayer(
+        index=header.index,
+        op_type=header.op_type,
+        node_name=header.node_name,
+        tensor_name=header.tensor_name,
+        array=assembler.arrays()[0],
+    )
 
 
 def connect(device: str | None = None, target: str | None = None, timeout_s: float | None = None) -> Device:

@@ -862,6 +862,76 @@ class InferenceResponse(_message.Message):
 Global___InferenceResponse: _TypeAlias = InferenceResponse  # noqa: Y015
 
 @_typing.final
+class LayerDumpHeader(_message.Message):
+    """Describes one captured layer tensor; its bytes follow in TensorChunk messages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    OP_TYPE_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    TENSOR_NAME_FIELD_NUMBER: _builtins.int
+    TENSOR_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Position of the layer in capture order (graph inputs first, as the board's "InputOperator")."""
+    op_type: _builtins.str
+    """Operator that produced the tensor, e.g. "Conv"; "InputOperator" for a model input."""
+    node_name: _builtins.str
+    """Name of the producing node in the model (the input's name for a model input)."""
+    tensor_name: _builtins.str
+    """Name of the tensor in the model, the key that accuracy analysis matches layers by."""
+    @_builtins.property
+    def tensor(self) -> Global___TensorMeta:
+        """Element type, shape and byte length of the tensor as sent (layout as the runtime holds it)."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        op_type: _builtins.str = ...,
+        node_name: _builtins.str = ...,
+        tensor_name: _builtins.str = ...,
+        tensor: Global___TensorMeta | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tensor", b"tensor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "node_name", b"node_name", "op_type", b"op_type", "tensor", b"tensor", "tensor_name", b"tensor_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LayerDumpHeader: _TypeAlias = LayerDumpHeader  # noqa: Y015
+
+@_typing.final
+class DumpLayersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAYER_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def layer(self) -> Global___LayerDumpHeader:
+        """Starts a layer."""
+
+    @_builtins.property
+    def chunk(self) -> Global___TensorChunk:
+        """A piece of the current layer's bytes; tensor_index is always 0 (the header's one tensor)."""
+
+    def __init__(
+        self,
+        *,
+        layer: Global___LayerDumpHeader | None = ...,
+        chunk: Global___TensorChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "layer", b"layer", "part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "layer", b"layer", "part", b"part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["layer", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
+
+Global___DumpLayersResponse: _TypeAlias = DumpLayersResponse  # noqa: Y015
+
+@_typing.final
 class EvalPerfRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

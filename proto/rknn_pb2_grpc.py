@@ -60,6 +60,11 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
                 _registered_method=True)
+        self.DumpLayers = channel.stream_stream(
+                '/rknn.v1.RknnServer/DumpLayers',
+                request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.DumpLayersResponse.FromString,
+                _registered_method=True)
         self.EvalPerf = channel.unary_unary(
                 '/rknn.v1.RknnServer/EvalPerf',
                 request_serializer=rknn__proto_dot_rknn__pb2.EvalPerfRequest.SerializeToString,
@@ -126,6 +131,19 @@ class RknnServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DumpLayers(self, request_iterator, context):
+        """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+        analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+        tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+        followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+        daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+        large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+        runtime cannot dump layers (Capabilities.layer_dumps is false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EvalPerf(self, request, context):
         """Per-layer and total timing of the session's model.
         """
@@ -181,6 +199,11 @@ def add_RknnServerServicer_to_server(servicer, server):
                     servicer.Inference,
                     request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.InferenceResponse.SerializeToString,
+            ),
+            'DumpLayers': grpc.stream_stream_rpc_method_handler(
+                    servicer.DumpLayers,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.DumpLayersResponse.SerializeToString,
             ),
             'EvalPerf': grpc.unary_unary_rpc_method_handler(
                     servicer.EvalPerf,
@@ -339,6 +362,33 @@ class RknnServer:
             '/rknn.v1.RknnServer/Inference',
             rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DumpLayers(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rknn.v1.RknnServer/DumpLayers',
+            rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.DumpLayersResponse.FromString,
             options,
             channel_credentials,
             insecure,

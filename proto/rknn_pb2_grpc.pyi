@@ -62,6 +62,15 @@ class RknnServerStub:
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
     """
+    DumpLayers: _grpc.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.DumpLayersResponse]
+    """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+    analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+    tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+    followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+    daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+    large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+    runtime cannot dump layers (Capabilities.layer_dumps is false).
+    """
     EvalPerf: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]
     """Per-layer and total timing of the session's model."""
     EvalMemory: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalMemoryRequest, _rknn_pb2.EvalMemoryResponse]
@@ -93,6 +102,15 @@ class RknnServerAsyncStub(RknnServerStub):
     Inference: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.InferenceResponse]  # type: ignore[assignment]
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
+    """
+    DumpLayers: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.DumpLayersResponse]  # type: ignore[assignment]
+    """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+    analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+    tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+    followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+    daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+    large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+    runtime cannot dump layers (Capabilities.layer_dumps is false).
     """
     EvalPerf: _aio.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]  # type: ignore[assignment]
     """Per-layer and total timing of the session's model."""
@@ -152,6 +170,21 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_rknn_pb2.InferenceResponse], _abc.AsyncIterator[_rknn_pb2.InferenceResponse]]:
         """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
         chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
+        """
+
+    @_abc_1.abstractmethod
+    def DumpLayers(
+        self,
+        request_iterator: _MaybeAsyncIterator[_rknn_pb2.InferenceRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_rknn_pb2.DumpLayersResponse], _abc.AsyncIterator[_rknn_pb2.DumpLayersResponse]]:
+        """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+        analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+        tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+        followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+        daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+        large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+        runtime cannot dump layers (Capabilities.layer_dumps is false).
         """
 
     @_abc_1.abstractmethod

@@ -4,6 +4,7 @@ rknn-client info [--device ID]
 rknn-client run MODEL --input a.npy [--input b.npy] [--output-dir DIR]
 rknn-client perf MODEL [--no-perf-debug]
 rknn-client mem MODEL
+rknn-client farm devices|run ...   (see rknn_client.farm.cli)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from rknn_client import __version__
 from rknn_client.api import Device, Session, connect
 from rknn_client.errors import RknnError
+from rknn_client.farm.cli import add_farm_commands, run_standalone
 from rknn_client.report import memory_text, perf_text
 from rknn_client.transport.base import TransportError
 
@@ -126,11 +128,14 @@ def parser() -> argparse.ArgumentParser:
     perf.add_argument("--no-perf-debug", action="store_true", help="total time only (no per-layer table)")
     perf.add_argument("--no-fix-freq", action="store_true", help="do not pin CPU/NPU/DDR frequencies")
     add("mem", cmd_mem, "memory used by a model, in the toolkit's format", model=True)
+    add_farm_commands(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "standalone", None) is not None:
+        return run_standalone(args)
     try:
         with connect(args.device, args.target) as device:
             return int(args.func(device, args))

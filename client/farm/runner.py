@@ -142,7 +142,9 @@ def host_reference(model: Path, inputs: Sequence[np.ndarray]) -> tuple[str, list
     return f"host runtime ({info.runtime_version}, private daemon)", outputs
 
 
-def _compare(result: DeviceResult, outputs: list[np.ndarray], reference: Sequence[np.ndarray], threshold: float) -> None:
+def _compare(
+    result: DeviceResult, outputs: list[np.ndarray], reference: Sequence[np.ndarray], threshold: float
+) -> None:
     if len(outputs) != len(reference):
         result.error = f"the device returned {len(outputs)} output(s); the reference has {len(reference)}"
         result.agrees = False
@@ -225,4 +227,6 @@ def entries_matching(
     if not soc:
         return chosen
     statuses = farm.statuses(chosen)
-    return [s.entry for s in statuses if (s.soc if s.healthy else s.entry.labels.get("soc", soc)) == soc.lower()]
+    return [
+        s.entry for s in statuses if (s.soc if s.healthy else s.entry.labels.get("soc", soc)) == soc.lower()
+    ]

@@ -1228,6 +1228,7 @@ class ReserveRequest(_message.Message):
     HOLDER_FIELD_NUMBER: _builtins.int
     TTL_S_FIELD_NUMBER: _builtins.int
     WAIT_S_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
     holder: _builtins.str
     """Who is asking, shown to everyone the reservation turns away."""
     ttl_s: _builtins.float
@@ -1236,16 +1237,22 @@ class ReserveRequest(_message.Message):
     """How long to queue when the device is reserved: 0 answers at once (FAILED_PRECONDITION when
     reserved). A cancelled call leaves the queue.
     """
+    token: _builtins.str
+    """The token to hold it with, chosen by the client (random, at least 16 characters), or empty to
+    let the daemon choose. Knowing it in advance lets a client that withdraws a queued call
+    release a grant whose answer it never received.
+    """
     def __init__(
         self,
         *,
         holder: _builtins.str = ...,
         ttl_s: _builtins.float = ...,
         wait_s: _builtins.float = ...,
+        token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "ttl_s", b"ttl_s", "wait_s", b"wait_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "token", b"token", "ttl_s", b"ttl_s", "wait_s", b"wait_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -30,6 +30,7 @@ log = structlog.get_logger("rknn_server.reservations")
 MIN_TTL_S = 0.5
 MAX_TTL_S = 3600.0
 DEFAULT_TTL_S = 60.0
+MIN_TOKEN_CHARS = 16
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Reservation:
 
 @dataclass
 class _Waiter:
+    token: str
     holder: str
     ttl_s: float
     granted: asyncio.Future[Reservation]
@@ -97,14 +99,17 @@ class ReservationBook:
     async def reserve(self, request: rknn_pb2.ReserveRequest) -> rknn_pb2.ReserveResponse:
         holder = request.holder.strip() or "an unnamed holder"
         ttl_s = _clamp_ttl(request.ttl_s)
+        token = self._new_token(request.token)
         start = time.monotonic()
         if self._current is None and not self._waiters:
-            granted = self._grant(holder, ttl_s)
+            granted = self._grant(token, holder, ttl_s)
         elif request.wait_s <= 0:
             assert self._current is not None
             raise FailedPrecondition(self._busy_text(self._current))
         else:
-            granted = await self._queue(holder, ttl_s, request.wait_s)
+            granted = await self._queue(
+                _Waiter(token, holder, ttl_s, asyncio.get_running_loop().create_future()), request.wait_s
+            )
         return rknn_pb2.ReserveResponse(
             token=granted.token, ttl_s=granted.ttl_s, waited_s=time.monotonic() - start
         )
@@ -120,6 +125,16 @@ class ReservationBook:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _new_token(self, chosen: str) -> str:
+        if not chosen:
+            return secrets.token_urlsafe(24)
+        taken = [w.token for w in self._waiters] + ([self._current.token] if self._current else [])
+        if len(chosen) < MIN_TOKEN_CHARS or chosen in taken:
+            raise InvalidInput(
+                f"a client-chosen reservation token must be random and at least {MIN_TOKEN_CHARS} characters"
+            )
+        return chosen
+
     def _holding(self, token: str) -> Reservation:
         current = self._current
         if current is None or not token or not secrets.compare_digest(token, current.token):
@@ -129,10 +144,9 @@ class ReservationBook:
             )
         return current
 
-    async def _queue(self, holder: str, ttl_s: float, wait_s: float) -> Reservation:
-        waiter = _Waiter(holder, ttl_s, asyncio.get_running_loop().create_future())
+    async def _queue(self, waiter: _Waiter, wait_s: float) -> Reservation:
         self._waiters.append(waiter)
-        log.info("reservation_queued", holder=holder, position=len(self._waiters))
+        log.info("reservation_queued", holder=waiter.holder, position=len(self._waiters))
         try:
             await asyncio.wait({waiter.granted}, timeout=wait_s)
         except asyncio.CancelledError:
@@ -153,8 +167,8 @@ class ReservationBook:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
 
-    def _grant(self, holder: str, ttl_s: float) -> Reservation:
-        reservation = Reservation(secrets.token_urlsafe(24), holder, ttl_s)
+    def _grant(self, token: str, holder: str, ttl_s: float) -> Reservation:
+        reservation = Reservation(token, holder, ttl_s)
         self._current = reservation
         self._arm(reservation)
         log.info("reservation_granted", holder=holder, ttl_s=ttl_s, waiting=len(self._waiters))
@@ -178,7 +192,7 @@ class ReservationBook:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.granted.done():
-                waiter.granted.set_result(self._grant(waiter.holder, waiter.ttl_s))
+                waiter.granted.set_result(self._grant(waiter.token, waiter.holder, waiter.ttl_s))
                 return
 
 

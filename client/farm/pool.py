@@ -13,6 +13,7 @@ import contextlib
 import getpass
 import os
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -26,7 +27,7 @@ from typing import Any
 import grpc
 
 from rknn_client.api import Device
-from rknn_client.errors import NotFound, RknnError, from_rpc_error
+from rknn_client.errors import FailedPrecondition, NotFound, RknnError, from_rpc_error
 from rknn_client.farm.inventory import DeviceEntry, gather
 from rknn_client.farm.probe import DeviceStatus, open_device, probe
 from rknn_client.transport.base import TransportError
@@ -96,14 +97,7 @@ class Lease:
         self._renewer.join()
         try:
             if not self.lost:
-                self.device._call(
-                    "ReleaseReservation",
-                    self.device._stub.ReleaseReservation,
-                    rknn_pb2.ReleaseReservationRequest(token=self._token),
-                    timeout=10,
-                )
-        except RknnError:
-            pass  # gone or unreachable: the reservation expires by itself
+                _release(self.device, self._token)
         finally:
             self.device.close()
 
@@ -123,6 +117,7 @@ class _Attempt:
     entry: DeviceEntry
     device: Device
     future: Any  # grpc future of ReserveResponse
+    token: str  # chosen here, so a grant whose answer is lost can still be released
 
 
 class Farm:
@@ -187,6 +182,7 @@ class Farm:
             while True:
                 now = time.monotonic()
                 due = [e for e in candidates if e.name not in attempts and next_probe.get(e.name, 0.0) <= now]
+                ready: list[DeviceStatus] = []
                 for status in self.statuses(due):
                     entry = status.entry
                     if not status.healthy:
@@ -199,11 +195,18 @@ class Farm:
                         state[entry.name] = (
                             f"reserved by {status.reserved_by}" if status.reserved_by else "free"
                         )
-                        try:
-                            attempts[entry.name] = self._reserve(entry, who, deadline, done)
-                        except (TransportError, RknnError) as exc:
-                            state[entry.name] = f"unreachable: {exc}"
-                            next_probe[entry.name] = now + self.reprobe_s
+                        ready.append(status)
+                # Free devices first, least loaded first: taken at once, one at a time, so that no
+                # device is reserved only to be given back.
+                for status in sorted(ready, key=lambda s: (bool(s.reserved_by), s.open_sessions)):
+                    entry = status.entry
+                    try:
+                        if not status.reserved_by and (lease := self._reserve_now(entry, who)):
+                            return lease
+                        attempts[entry.name] = self._queue(entry, who, deadline, done)
+                    except (TransportError, RknnError) as exc:
+                        state[entry.name] = f"unreachable: {exc}"
+                        next_probe[entry.name] = now + self.reprobe_s
                 if not candidates:
                     raise NoMatchingDevice(f"no device of the farm matches {wanted}: {self._describe(state)}")
                 left = None if deadline is None else deadline - time.monotonic()
@@ -231,18 +234,37 @@ class Farm:
             for attempt in attempts.values():
                 _withdraw(attempt)
 
-    def _reserve(
+    def _reserve_now(self, entry: DeviceEntry, holder: str) -> Lease | None:
+        """Reserve a device that looked free, without queueing; None when someone was faster."""
+        device = open_device(entry)
+        try:
+            reply = device._call(
+                "Reserve",
+                device._stub.Reserve,
+                rknn_pb2.ReserveRequest(holder=holder, ttl_s=self.ttl_s, wait_s=0),
+                timeout=self.probe_timeout_s,
+            )
+        except BaseException as exc:
+            device.close()
+            if isinstance(exc, FailedPrecondition):
+                return None
+            raise
+        return Lease(entry, device, reply, holder)
+
+    def _queue(
         self, entry: DeviceEntry, holder: str, deadline: float | None, done: queue.Queue[str]
     ) -> _Attempt:
+        """Queue a Reserve call on a device; its completion is announced on `done`."""
         device = open_device(entry)
         wait_s = WAIT_FOREVER_S if deadline is None else max(0.0, deadline - time.monotonic())
+        token = secrets.token_urlsafe(24)
         future = device._stub.Reserve.future(
-            rknn_pb2.ReserveRequest(holder=holder, ttl_s=self.ttl_s, wait_s=wait_s),
+            rknn_pb2.ReserveRequest(holder=holder, ttl_s=self.ttl_s, wait_s=wait_s, token=token),
             metadata=device.metadata,
             timeout=None if deadline is None else wait_s + 10,
         )
         future.add_done_callback(lambda _: done.put(entry.name))
-        return _Attempt(entry, device, future)
+        return _Attempt(entry, device, future, token)
 
     def _names(self) -> str:
         return ", ".join(e.name for e in self.entries) or "none"
@@ -253,17 +275,23 @@ class Farm:
 
 
 def _withdraw(attempt: _Attempt) -> None:
-    """Leave a device's queue; a grant that raced with the withdrawal is released at once."""
-    if not attempt.future.cancel() and attempt.future.exception() is None:
-        token = attempt.future.result().token
-        with contextlib.suppress(RknnError):  # unreachable: it expires by itself
-            attempt.device._call(
-                "ReleaseReservation",
-                attempt.device._stub.ReleaseReservation,
-                rknn_pb2.ReleaseReservationRequest(token=token),
-                timeout=10,
-            )
+    """Leave a device's queue. The daemon may have granted the call just before the cancellation
+    reached it (the answer is then lost), so release the token unless the call plainly failed."""
+    if attempt.future.cancel() or attempt.future.exception() is None:
+        _release(attempt.device, attempt.token)
     attempt.device.close()
+
+
+def _release(device: Device, token: str) -> None:
+    """Give a reservation back; NOT_FOUND (never granted, or already gone) and an unreachable
+    daemon are fine: the reservation does not exist or expires by itself."""
+    with contextlib.suppress(RknnError):
+        device._call(
+            "ReleaseReservation",
+            device._stub.ReleaseReservation,
+            rknn_pb2.ReleaseReservationRequest(token=token),
+            timeout=10,
+        )
 
 
 __all__ = ["AcquireTimeout", "Farm", "Lease", "NoMatchingDevice", "default_holder"]

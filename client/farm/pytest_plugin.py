@@ -26,7 +26,9 @@ from rknn_client.farm.pool import Farm, Lease, default_holder
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rknn-farm", "RKNN test farm")
-    group.addoption("--rknn-farm", metavar="FARM_TOML", help="farm.toml whose boards the rknn_device fixture leases")
+    group.addoption(
+        "--rknn-farm", metavar="FARM_TOML", help="farm.toml whose boards the rknn_device fixture leases"
+    )
     group.addoption(
         "--rknn-device",
         action="append",

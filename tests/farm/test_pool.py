@@ -173,3 +173,24 @@ def test_unhealthy_devices_are_skipped_and_probed_again(tmp_path: Path, boards: 
         for lease in late:
             lease.release()
         revived.stop()
+
+
+def test_a_waiter_queued_everywhere_keeps_one_device_and_frees_the_rest(boards: list[DaemonProcess]) -> None:
+    farm = farm_of(boards, ttl_s=600.0)  # a grant leaked by the withdrawal would stay for minutes
+    held = [farm.acquire(timeout=30, holder=f"h{i}") for i in range(3)]
+    assert sorted(lease.entry.name for lease in held) == sorted(e.name for e in farm.entries)
+    got: list[Lease] = []
+    waiter = threading.Thread(target=lambda: got.append(farm.acquire(timeout=120, holder="waiter")))
+    waiter.start()
+    wait_until(lambda: sum(s.reservation_waiters for s in farm.statuses()) == 3, "queued on every board")
+    for lease in held:
+        lease.release()
+    waiter.join(120)
+    (lease,) = got
+    with lease:
+        others = [e for e in farm.entries if e.name != lease.entry.name]
+        wait_until(
+            lambda: all(s.reserved_by == "" and s.reservation_waiters == 0 for s in farm.statuses(others)),
+            "the other boards are free again",
+        )
+        assert probe(lease.entry).reserved_by == "waiter"

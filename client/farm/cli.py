@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if good else EXIT_DEVICES_FAILED
 
 
-def add_farm_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `farm devices` and `farm run` on rknn-client's subcommands. Each sets
     `standalone` (it needs no single connected device)."""
     farm = subparsers.add_parser("farm", help="test farms: list devices, fan a model out over many boards")

@@ -3,29 +3,32 @@ unhealthy devices skipped and probed again."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import connect
 from rknn_client.errors import FailedPrecondition
-from rknn_client.farm import AcquireTimeout, Farm, Lease, NoMatchingDevice, parse_address
+from rknn_client.farm import AcquireTimeout, DeviceEntry, Farm, Lease, NoMatchingDevice, parse_address
 from rknn_client.farm.probe import probe
 from tests.farm.conftest import SOCS
 
 
-def farm_of(boards: list[DaemonProcess], **options: object) -> Farm:
-    return Farm.from_sources(None, [b.url for b in boards], **options)  # type: ignore[arg-type]
+def farm_of(boards: list[DaemonProcess], **options: Any) -> Farm:
+    return Farm.from_sources(None, [b.url for b in boards], **options)
 
 
-def wait_until(predicate, what: str, attempts: int = 600) -> None:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], bool], what: str, attempts: int = 600) -> None:
     """Poll (cheap GetInfo calls) until `predicate` holds; fails with `what` if it never does."""
     event = threading.Event()
     for _ in range(attempts):
@@ -64,6 +67,10 @@ def test_reserved_device_refuses_other_sessions(boards: list[DaemonProcess], cnn
         pass
 
 
+def queued_exactly(entry: DeviceEntry, count: int) -> bool:
+    return probe(entry).reservation_waiters == count
+
+
 def test_waiters_get_the_device_first_come_first_served(boards: list[DaemonProcess]) -> None:
     entry = parse_address(boards[0].url)[0]
     farm = Farm([entry])
@@ -83,8 +90,7 @@ def test_waiters_get_the_device_first_come_first_served(boards: list[DaemonProce
     for name in ("second", "third", "fourth"):
         threads.append(threading.Thread(target=take_turn, args=(name,)))
         threads[-1].start()
-        queued = len(threads)
-        wait_until(lambda q=queued: probe(entry).reservation_waiters == q, f"{queued} waiter(s) queued")
+        wait_until(functools.partial(queued_exactly, entry, len(threads)), f"{len(threads)} waiter(s) queued")
     first.release()
     for thread in threads:
         thread.join(120)

@@ -112,3 +112,20 @@ def test_ttl_bounds() -> None:
         return ttls
 
     assert asyncio.run(scenario()) == [60.0, MIN_TTL_S, MAX_TTL_S]
+
+
+def test_client_chosen_tokens() -> None:
+    async def scenario() -> None:
+        book = ReservationBook()
+        with pytest.raises(InvalidInput, match="at least 16 characters"):
+            await book.reserve(rknn_pb2.ReserveRequest(holder="x", token="short"))
+        chosen = "c" * 32
+        granted = await book.reserve(rknn_pb2.ReserveRequest(holder="x", token=chosen))
+        assert granted.token == chosen
+        with pytest.raises(InvalidInput):  # a token in use cannot be chosen again
+            await book.reserve(rknn_pb2.ReserveRequest(holder="y", token=chosen, wait_s=1))
+        book.admit(chosen)
+        book.release(rknn_pb2.ReleaseReservationRequest(token=chosen))
+        book.admit(None)
+
+    asyncio.run(scenario())

@@ -146,9 +146,13 @@ class UploadResult:
 class Device:
     """A connection to one daemon. Closing it closes the channel and undoes the transport."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float | None = None) -> None:
+    def __init__(
+        self, endpoint: Endpoint, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
+    ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        # Sent with every call: the protocol version, plus e.g. a farm reservation token.
+        self.metadata = (*_METADATA, *metadata)
         self._channel = grpc.insecure_channel(
             endpoint.grpc_target,
             options=[
@@ -161,7 +165,7 @@ class Device:
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
         try:
-            return fn(request, metadata=_METADATA, timeout=timeout or self.timeout_s)
+            return fn(request, metadata=self.metadata, timeout=timeout or self.timeout_s)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
 
@@ -343,7 +347,9 @@ class Session:
         try:
             responses = cast(
                 Iterator[rknn_pb2.InferenceResponse],
-                self.device._stub.Inference(requests, metadata=_METADATA, timeout=self.device.timeout_s),
+                self.device._stub.Inference(
+                    requests, metadata=self.device.metadata, timeout=self.device.timeout_s
+                ),
             )
             first = next(responses)
             if first.WhichOneof("part") != "header":
@@ -390,7 +396,9 @@ class Session:
         `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
         requests = self._input_requests(inputs, layouts, None, strict=layouts is None)
         where = f"DumpLayers on {self.device.endpoint.description}"
-        call = self.device._stub.DumpLayers(requests, metadata=_METADATA, timeout=self.device.timeout_s)
+        call = self.device._stub.DumpLayers(
+            requests, metadata=self.device.metadata, timeout=self.device.timeout_s
+        )
         header: rknn_pb2.LayerDumpHeader | None = None
         assembler: codec.TensorAssembler | None = None
         try:

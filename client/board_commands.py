@@ -71,9 +71,3 @@ def add_board_commands(sub: Any) -> None:
         "install or upgrade this version's daemon on an adb board (offline: wheels built here) and start it",
     )
     deploy.add_argument("--device", help="adb serial or IP:PORT (default: the single adb board)")
-
-
-def run_standalone(args: argparse.Namespace) -> int | None:
-    """Run a board command when `args` names one; None otherwise."""
-    fn: Command | None = getattr(args, "standalone", None)
-    return None if fn is None else fn(args)

@@ -6,6 +6,7 @@ rknn-client perf MODEL [--no-perf-debug]
 rknn-client mem MODEL
 rknn-client devices | doctor [--device ID] | deploy --device ID   (board commands: rknn_client.board_commands)
 rknn-client accuracy MODEL --input IMG [IMG...] --dataset dataset.txt --output-dir DIR [--mean M,M,M] [--std S,S,S]
+rknn-client farm devices|run ...   (see rknn_client.farm.cli)
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import numpy as np
 
 from rknn_client import __version__
 from rknn_client.api import Device, Session, connect
-from rknn_client.board_commands import add_board_commands, run_standalone
+from rknn_client.board_commands import add_board_commands
 from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import RknnError
+from rknn_client.farm.cli import add_farm_commands
 from rknn_client.report import memory_text, perf_text
 from rknn_client.transport.base import TransportError
 
@@ -190,16 +192,25 @@ def parser() -> argparse.ArgumentParser:
         "--target", help="the runtime side's SoC (e.g. rk3588): the single adb board of that SoC"
     )
     acc.set_defaults(func=None)
+    add_farm_commands(sub)
     return p
+
+
+def run_standalone(args: argparse.Namespace) -> int:
+    """Commands that reach their devices themselves (board and farm commands)."""
+    try:
+        return int(args.standalone(args))
+    except (RknnError, TransportError, OSError, ValueError) as exc:
+        print(f"rknn-client: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "accuracy":
         return cmd_accuracy(args)
-    standalone = run_standalone(args)
-    if standalone is not None:
-        return standalone
+    if getattr(args, "standalone", None) is not None:
+        return run_standalone(args)
     try:
         with connect(args.device, args.target) as device:
             return int(args.func(device, args))

@@ -411,6 +411,8 @@ class GetInfoResponse(_message.Message):
     MODEL_FORMATS_FIELD_NUMBER: _builtins.int
     BOARD_FIELD_NUMBER: _builtins.int
     OPEN_SESSIONS_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    RESERVATION_WAITERS_FIELD_NUMBER: _builtins.int
     daemon_version: _builtins.str
     """rknn_server package version, e.g. "0.1.0"."""
     protocol_version: _builtins.int
@@ -431,6 +433,8 @@ class GetInfoResponse(_message.Message):
     """Board model from the device tree, when known."""
     open_sessions: _builtins.int
     """Sessions open right now (the daemon's current load)."""
+    reservation_waiters: _builtins.int
+    """Reserve calls queued behind the current holder."""
     @_builtins.property
     def capabilities(self) -> Global___Capabilities: ...
     @_builtins.property
@@ -438,6 +442,10 @@ class GetInfoResponse(_message.Message):
     @_builtins.property
     def model_formats(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Model file formats the runtime loads, e.g. [".onnx"] or [".rknn"]."""
+
+    @_builtins.property
+    def reservation(self) -> Global___ReservationInfo:
+        """Who holds the device's reservation (unset when it is free)."""
 
     def __init__(
         self,
@@ -455,10 +463,12 @@ class GetInfoResponse(_message.Message):
         model_formats: _abc.Iterable[_builtins.str] | None = ...,
         board: _builtins.str = ...,
         open_sessions: _builtins.int = ...,
+        reservation: Global___ReservationInfo | None = ...,
+        reservation_waiters: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits", "reservation", b"reservation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["board", b"board", "capabilities", b"capabilities", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["board", b"board", "capabilities", b"capabilities", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "reservation", b"reservation", "reservation_waiters", b"reservation_waiters", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1246,3 +1256,175 @@ class KeepAliveResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___KeepAliveResponse: _TypeAlias = KeepAliveResponse  # noqa: Y015
+
+@_typing.final
+class ReservationInfo(_message.Message):
+    """---------------------------------------------------------------------------------------------
+    Reservations (test farms)
+
+    A reservation as others may see it: never its token.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    SINCE_UNIX_S_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
+    holder: _builtins.str
+    """The holder's own description, e.g. "alice@ci-runner-3 pid 4242 (gw1)"."""
+    since_unix_s: _builtins.float
+    """When it was granted, seconds since the Unix epoch."""
+    expires_in_s: _builtins.float
+    """Seconds left before it expires unless renewed."""
+    def __init__(
+        self,
+        *,
+        holder: _builtins.str = ...,
+        since_unix_s: _builtins.float = ...,
+        expires_in_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_s", b"expires_in_s", "holder", b"holder", "since_unix_s", b"since_unix_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservationInfo: _TypeAlias = ReservationInfo  # noqa: Y015
+
+@_typing.final
+class ReserveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    TTL_S_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    holder: _builtins.str
+    """Who is asking, shown to everyone the reservation turns away."""
+    ttl_s: _builtins.float
+    """Lifetime without renewal, in seconds (the daemon clamps it to its own bounds)."""
+    wait_s: _builtins.float
+    """How long to queue when the device is reserved: 0 answers at once (FAILED_PRECONDITION when
+    reserved). A cancelled call leaves the queue.
+    """
+    token: _builtins.str
+    """The token to hold it with, chosen by the client (random, at least 16 characters), or empty to
+    let the daemon choose. Knowing it in advance lets a client that withdraws a queued call
+    release a grant whose answer it never received.
+    """
+    def __init__(
+        self,
+        *,
+        holder: _builtins.str = ...,
+        ttl_s: _builtins.float = ...,
+        wait_s: _builtins.float = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "token", b"token", "ttl_s", b"ttl_s", "wait_s", b"wait_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveRequest: _TypeAlias = ReserveRequest  # noqa: Y015
+
+@_typing.final
+class ReserveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    TTL_S_FIELD_NUMBER: _builtins.int
+    WAITED_S_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """Secret proof of holding the reservation: sent as metadata "rknn-reservation" and to Renew/Release."""
+    ttl_s: _builtins.float
+    """The TTL granted, in seconds."""
+    waited_s: _builtins.float
+    """Seconds spent queued."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        ttl_s: _builtins.float = ...,
+        waited_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token", "ttl_s", b"ttl_s", "waited_s", b"waited_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveResponse: _TypeAlias = ReserveResponse  # noqa: Y015
+
+@_typing.final
+class RenewReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewReservationRequest: _TypeAlias = RenewReservationRequest  # noqa: Y015
+
+@_typing.final
+class RenewReservationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
+    expires_in_s: _builtins.float
+    """Seconds left before it expires unless renewed again."""
+    def __init__(
+        self,
+        *,
+        expires_in_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_s", b"expires_in_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewReservationResponse: _TypeAlias = RenewReservationResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseReservationRequest: _TypeAlias = ReleaseReservationRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseReservationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseReservationResponse: _TypeAlias = ReleaseReservationResponse  # noqa: Y015

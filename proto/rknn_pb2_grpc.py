@@ -85,6 +85,21 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.KeepAliveRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.KeepAliveResponse.FromString,
                 _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/rknn.v1.RknnServer/Reserve',
+                request_serializer=rknn__proto_dot_rknn__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.ReserveResponse.FromString,
+                _registered_method=True)
+        self.RenewReservation = channel.unary_unary(
+                '/rknn.v1.RknnServer/RenewReservation',
+                request_serializer=rknn__proto_dot_rknn__pb2.RenewReservationRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.RenewReservationResponse.FromString,
+                _registered_method=True)
+        self.ReleaseReservation = channel.unary_unary(
+                '/rknn.v1.RknnServer/ReleaseReservation',
+                request_serializer=rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.FromString,
+                _registered_method=True)
 
 
 class RknnServerServicer:
@@ -172,6 +187,29 @@ class RknnServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reserve(self, request, context):
+        """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+        refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+        reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewReservation(self, request, context):
+        """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseReservation(self, request, context):
+        """Give a reservation back at once; the next waiter (if any) gets the device.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RknnServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +262,21 @@ def add_RknnServerServicer_to_server(servicer, server):
                     servicer.KeepAlive,
                     request_deserializer=rknn__proto_dot_rknn__pb2.KeepAliveRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.KeepAliveResponse.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.ReserveRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.ReserveResponse.SerializeToString,
+            ),
+            'RenewReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewReservation,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.RenewReservationRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.RenewReservationResponse.SerializeToString,
+            ),
+            'ReleaseReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseReservation,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -497,6 +550,87 @@ class RknnServer:
             '/rknn.v1.RknnServer/KeepAlive',
             rknn__proto_dot_rknn__pb2.KeepAliveRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.KeepAliveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/Reserve',
+            rknn__proto_dot_rknn__pb2.ReserveRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.ReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/RenewReservation',
+            rknn__proto_dot_rknn__pb2.RenewReservationRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.RenewReservationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/ReleaseReservation',
+            rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.FromString,
             options,
             channel_credentials,
             insecure,

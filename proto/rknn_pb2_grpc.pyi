@@ -79,6 +79,15 @@ class RknnServerStub:
     """Free a session and everything it holds. Releasing an unknown session is NOT_FOUND."""
     KeepAlive: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.KeepAliveRequest, _rknn_pb2.KeepAliveResponse]
     """Renew a session's lease without doing anything else (every other session call renews it too)."""
+    Reserve: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.ReserveRequest, _rknn_pb2.ReserveResponse]
+    """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+    refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+    reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+    """
+    RenewReservation: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.RenewReservationRequest, _rknn_pb2.RenewReservationResponse]
+    """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
+    ReleaseReservation: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.ReleaseReservationRequest, _rknn_pb2.ReleaseReservationResponse]
+    """Give a reservation back at once; the next waiter (if any) gets the device."""
 
 @_typing.type_check_only
 class RknnServerAsyncStub(RknnServerStub):
@@ -120,6 +129,15 @@ class RknnServerAsyncStub(RknnServerStub):
     """Free a session and everything it holds. Releasing an unknown session is NOT_FOUND."""
     KeepAlive: _aio.UnaryUnaryMultiCallable[_rknn_pb2.KeepAliveRequest, _rknn_pb2.KeepAliveResponse]  # type: ignore[assignment]
     """Renew a session's lease without doing anything else (every other session call renews it too)."""
+    Reserve: _aio.UnaryUnaryMultiCallable[_rknn_pb2.ReserveRequest, _rknn_pb2.ReserveResponse]  # type: ignore[assignment]
+    """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+    refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+    reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+    """
+    RenewReservation: _aio.UnaryUnaryMultiCallable[_rknn_pb2.RenewReservationRequest, _rknn_pb2.RenewReservationResponse]  # type: ignore[assignment]
+    """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
+    ReleaseReservation: _aio.UnaryUnaryMultiCallable[_rknn_pb2.ReleaseReservationRequest, _rknn_pb2.ReleaseReservationResponse]  # type: ignore[assignment]
+    """Give a reservation back at once; the next waiter (if any) gets the device."""
 
 class RknnServerServicer(metaclass=_abc_1.ABCMeta):
     """The board daemon."""
@@ -218,5 +236,32 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rknn_pb2.KeepAliveResponse, _abc.Awaitable[_rknn_pb2.KeepAliveResponse]]:
         """Renew a session's lease without doing anything else (every other session call renews it too)."""
+
+    @_abc_1.abstractmethod
+    def Reserve(
+        self,
+        request: _rknn_pb2.ReserveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.ReserveResponse, _abc.Awaitable[_rknn_pb2.ReserveResponse]]:
+        """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+        refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+        reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewReservation(
+        self,
+        request: _rknn_pb2.RenewReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.RenewReservationResponse, _abc.Awaitable[_rknn_pb2.RenewReservationResponse]]:
+        """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
+
+    @_abc_1.abstractmethod
+    def ReleaseReservation(
+        self,
+        request: _rknn_pb2.ReleaseReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.ReleaseReservationResponse, _abc.Awaitable[_rknn_pb2.ReleaseReservationResponse]]:
+        """Give a reservation back at once; the next waiter (if any) gets the device."""
 
 def add_RknnServerServicer_to_server(servicer: RknnServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

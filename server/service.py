@@ -26,10 +26,12 @@ from rknn_proto.version import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
+    RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
 from rknn_server.errors import FailedPrecondition, InvalidInput, status_of
 from rknn_server.model_cache import ModelCache
+from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import (
     Backend,
     FrequencyOutcome,
@@ -177,6 +179,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.executor = executor
         self.opener = opener
         self.config = config
+        self.reservations = ReservationBook()
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -237,6 +240,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 model_formats=list(self.backend.model_suffixes),
                 board=self.config.board,
                 open_sessions=len(self.registry),
+                **self.reservations.info_fields(),
             )
 
         return await self._unary("GetInfo", context, body)
@@ -285,6 +289,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.InitRuntimeRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.InitRuntimeResponse:
         async def body(call: _Call) -> rknn_pb2.InitRuntimeResponse:
+            self.reservations.admit(dict(context.invocation_metadata() or ()).get(RESERVATION_METADATA_KEY))
             soc = self.backend.soc()
             target = request.target.lower()
             if soc and target and target != soc:
@@ -531,6 +536,32 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             return rknn_pb2.KeepAliveResponse(expires_in_s=session.expires_in())
 
         return await self._unary("KeepAlive", context, body)
+
+    # -- Reservations (server/reservations.py) -----------------------------------------------
+
+    async def Reserve(
+        self, request: rknn_pb2.ReserveRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.ReserveResponse:
+        async def body(call: _Call) -> rknn_pb2.ReserveResponse:
+            return await self.reservations.reserve(request)
+
+        return await self._unary("Reserve", context, body)
+
+    async def RenewReservation(
+        self, request: rknn_pb2.RenewReservationRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.RenewReservationResponse:
+        async def body(call: _Call) -> rknn_pb2.RenewReservationResponse:
+            return self.reservations.renew(request)
+
+        return await self._unary("RenewReservation", context, body)
+
+    async def ReleaseReservation(
+        self, request: rknn_pb2.ReleaseReservationRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.ReleaseReservationResponse:
+        async def body(call: _Call) -> rknn_pb2.ReleaseReservationResponse:
+            return self.reservations.release(request)
+
+        return await self._unary("ReleaseReservation", context, body)
 
 
 async def _first(iterator: AsyncIterator[T], what: str) -> T:

@@ -9,6 +9,7 @@ the daemon, whose table shows layer by layer where int8 loses accuracy.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -66,6 +67,8 @@ def accuracy_analysis(model: Path, device_url: str) -> int:
 def main() -> int:
     model = save_mobilenet_v2(WORK / "mobilenet_v2.onnx")
     banner("starting rknn_server (host runtime) on a free loopback port")
+    # A fresh cache each run, so the demo always shows the first upload and then the cache hit.
+    shutil.rmtree(WORK / "cache", ignore_errors=True)
     daemon = start_daemon(WORK / "cache", WORK / "rknn_server.log", ["--runtime", "host"])
     print(f"rknn_server pid {daemon.pid} listening on {daemon.url}; log: {daemon.log_path}")
     try:

@@ -27,9 +27,10 @@ from rknn_proto.version import (
     PROTOCOL_VERSION_METADATA_KEY,
 )
 from rknn_server import __version__
-from rknn_server.errors import FailedPrecondition, InvalidInput, status_of
+from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
+from rknn_server.guard import client_identity
 from rknn_server.model_cache import ModelCache
-from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions, TensorSpec
+from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions, TensorSpec, WorkerLost
 from rknn_server.sessions import Session, SessionRegistry
 
 log = structlog.get_logger("rknn_server.rpc")
@@ -49,6 +50,15 @@ class ServiceConfig:
     tensor_limits: codec.TensorLimits
     runtime_reason: str = ""
     board: str = ""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_inflight_requests: int = 0
+    call_timeout_s: float = 0.0
+    # Security posture, reported by GetInfo.
+    auth_required: bool = False
+    tls: bool = False
+    insecure: bool = False
+    warnings: tuple[str, ...] = ()
+    instance_id: str = ""
 
 
 RuntimeOpener = Callable[[Backend, Any, RuntimeOptions], ModelRuntime]
@@ -209,7 +219,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     fix_freq=caps.fix_freq,
                 ),
                 limits=rknn_pb2.Limits(
-                    max_message_bytes=MAX_MESSAGE_BYTES,
+                    max_message_bytes=self.config.max_message_bytes,
                     chunk_bytes=CHUNK_BYTES,
                     max_sessions=self.registry.max_sessions,
                     max_tensor_bytes=limits.max_tensor_bytes,
@@ -217,11 +227,22 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     model_cache_quota_bytes=self.cache.limits.quota_bytes,
                     session_idle_timeout_s=self.registry.idle_timeout_s,
                     max_tensor_rank=limits.max_rank,
+                    max_sessions_per_client=self.registry.max_per_client,
+                    max_chunk_bytes=limits.max_chunk_bytes,
+                    max_tensor_elements=limits.max_elements,
+                    max_inflight_requests=self.config.max_inflight_requests,
+                    call_timeout_s=self.config.call_timeout_s,
                 ),
                 runtime_reason=self.config.runtime_reason,
                 model_formats=list(self.backend.model_suffixes),
                 board=self.config.board,
                 open_sessions=len(self.registry),
+                insecure=self.config.insecure,
+                auth_required=self.config.auth_required,
+                client_identity=client_identity(),
+                instance_id=self.config.instance_id,
+                warnings=list(self.config.warnings),
+                tls=self.config.tls,
             )
 
         return await self._unary("GetInfo", context, body)
@@ -253,7 +274,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     if message.WhichOneof("part") != "chunk":
                         raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
                     chunk = message.chunk
-                    upload.write(chunk.file_index, chunk.offset, chunk.data)
+                    _check_chunk(len(chunk.data), self.config.tensor_limits)
+                    await self._blocking(upload.write, chunk.file_index, chunk.offset, chunk.data)
                     call.bytes_in += len(chunk.data)
                 await self._blocking(upload.finish)
             finally:
@@ -295,15 +317,17 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 core_mask=request.core_mask,
                 fallback_prior_device=fallback,
             )
-            self.registry.reserve()
+            owner = client_identity()
+            self.registry.reserve(owner)
             self.cache.pin(request.model_digest)
             try:
+                await self._blocking(self.cache.verify, request.model_digest)
                 runtime = await self._blocking(self.opener, self.backend, path, options)
             except BaseException:
-                self.registry.unreserve()
+                self.registry.unreserve(owner)
                 self.cache.unpin(request.model_digest)
                 raise
-            session = self.registry.add(request.model_digest, options, runtime)
+            session = self.registry.add(request.model_digest, options, runtime, owner)
             call.session = session.id
             version = self.backend.version()
             return rknn_pb2.InitRuntimeResponse(
@@ -326,13 +350,14 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             if first.WhichOneof("part") != "header":
                 raise InvalidInput("the first Inference message must be an InferenceHeader")
             header = first.header
-            session = self.registry.get(header.session_id)
+            session = self.registry.get(header.session_id, client_identity())
             call.session = session.id
             permutations = check_inputs(session.runtime.inputs, header.inputs)
             assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
             async for message in request_iterator:
                 if message.WhichOneof("part") != "chunk":
                     raise InvalidInput("after the header, Inference takes only TensorChunk messages")
+                _check_chunk(len(message.chunk.data), self.config.tensor_limits)
                 assembler.add(message.chunk)
                 call.bytes_in += len(message.chunk.data)
             arrays = [
@@ -360,22 +385,34 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         else:
             call.done("OK")
 
-    async def _run(self, session: Session, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    async def _in_session(self, session: Session, fn: Callable[..., T], *args: Any) -> T:
+        """Run one runtime call of a session, alone; a lost worker marks the session broken."""
         async with session.lock:
-            start = time.perf_counter()
-            outputs = await self._blocking(session.runtime.run, arrays)
-            session.renew()
-            return outputs, int((time.perf_counter() - start) * 1e6)
+            if session.broken:
+                raise FailedPrecondition(
+                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again"
+                )
+            try:
+                return await self._blocking(fn, *args)
+            except WorkerLost as exc:
+                session.broken = str(exc)
+                log.warning("session_broken", session=session.id, reason=str(exc))
+                raise
+            finally:
+                session.renew()
+
+    async def _run(self, session: Session, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+        start = time.perf_counter()
+        outputs = await self._in_session(session, session.runtime.run, arrays)
+        return outputs, int((time.perf_counter() - start) * 1e6)
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalPerfResponse:
         async def body(call: _Call) -> rknn_pb2.EvalPerfResponse:
-            session = self.registry.get(request.session_id)
+            session = self.registry.get(request.session_id, client_identity())
             call.session = session.id
-            async with session.lock:
-                result = await self._blocking(session.runtime.perf, None)
-            session.renew()
+            result = await self._in_session(session, session.runtime.perf, None)
             readings = self.backend.frequencies()
             return rknn_pb2.EvalPerfResponse(
                 layers=[
@@ -412,10 +449,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.EvalMemoryRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalMemoryResponse:
         async def body(call: _Call) -> rknn_pb2.EvalMemoryResponse:
-            session = self.registry.get(request.session_id)
+            session = self.registry.get(request.session_id, client_identity())
             call.session = session.id
-            async with session.lock:
-                result = await self._blocking(session.runtime.memory)
+            result = await self._in_session(session, session.runtime.memory)
             return rknn_pb2.EvalMemoryResponse(
                 weight_memory=result.weight_bytes,
                 internal_memory=result.internal_bytes,
@@ -431,7 +467,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.ReleaseResponse:
         async def body(call: _Call) -> rknn_pb2.ReleaseResponse:
-            session = self.registry.pop(request.session_id)
+            session = self.registry.pop(request.session_id, client_identity())
             call.session = session.id
             async with session.lock:
                 await self._blocking(self.registry.close, session, "released by client")
@@ -443,11 +479,19 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.KeepAliveResponse:
         async def body(call: _Call) -> rknn_pb2.KeepAliveResponse:
-            session = self.registry.get(request.session_id)
+            session = self.registry.get(request.session_id, client_identity(), usable=False)
             call.session = session.id
             return rknn_pb2.KeepAliveResponse(expires_in_s=session.expires_in())
 
         return await self._unary("KeepAlive", context, body)
+
+
+def _check_chunk(size: int, limits: codec.TensorLimits) -> None:
+    if size > limits.max_chunk_bytes:
+        raise ResourceExhausted(
+            f"a chunk of {size} bytes arrived, over the limit max_chunk_bytes={limits.max_chunk_bytes}; "
+            "send smaller chunks"
+        )
 
 
 async def _first(iterator: AsyncIterator[T], what: str) -> T:

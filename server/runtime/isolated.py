@@ -24,10 +24,13 @@ from rknn_server.runtime.base import (
     ModelRuntime,
     PerfResult,
     RuntimeOptions,
+    WorkerLost,
 )
 
 BackendFactory = Callable[[], Backend]
 _END = "__end__"
+# How long a worker gets to free its model when asked to close, before it is killed.
+_CLOSE_GRACE_S = 5.0
 
 
 def _serve(
@@ -73,6 +76,7 @@ class IsolatedRuntime(ModelRuntime):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._timeout = call_timeout_s
+        self._busy = False
         self._process = ctx.Process(target=_serve, args=(child, factory, path, options), daemon=True)
         self._process.start()
         child.close()
@@ -85,7 +89,7 @@ class IsolatedRuntime(ModelRuntime):
     def _receive(self, method: str) -> Any:
         if not self._conn.poll(self._timeout):
             self.kill()
-            raise ExecutionError(
+            raise WorkerLost(
                 f"the runtime did not answer {method} within {self._timeout}s; its worker process was killed "
                 "and this session is broken (init_runtime again)"
             )
@@ -94,7 +98,7 @@ class IsolatedRuntime(ModelRuntime):
         except (EOFError, OSError):
             code = self._process.exitcode
             self.kill()
-            raise ExecutionError(
+            raise WorkerLost(
                 f"the runtime's worker process died during {method} (exit code {code}); "
                 "this session is broken (init_runtime again)"
             ) from None
@@ -104,9 +108,13 @@ class IsolatedRuntime(ModelRuntime):
 
     def _call(self, method: str, *args: Any) -> Any:
         if not self._process.is_alive():
-            raise ExecutionError("this session's worker process is gone; call init_runtime again")
-        self._conn.send((method, args))
-        return self._receive(method)
+            raise WorkerLost("this session's worker process is gone; call init_runtime again")
+        self._busy = True
+        try:
+            self._conn.send((method, args))
+            return self._receive(method)
+        finally:
+            self._busy = False
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         result: list[np.ndarray] = self._call("run", list(inputs))
@@ -134,13 +142,16 @@ class IsolatedRuntime(ModelRuntime):
         self._conn.close()
 
     def close(self) -> None:
+        """Ask the worker to free the model; kill it if it is busy (shutdown) or does not answer."""
         if self._conn.closed:
             return
         try:
-            if self._process.is_alive():
-                self._call("close")
-        except BackendError:
+            if self._process.is_alive() and not self._busy:
+                self._conn.send(("close", ()))
+                if self._conn.poll(_CLOSE_GRACE_S):
+                    self._conn.recv()
+        except (OSError, EOFError):
             pass
         finally:
-            self._process.join(timeout=5)
+            self._process.join(timeout=_CLOSE_GRACE_S if not self._busy else 0)
             self.kill()

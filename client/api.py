@@ -362,6 +362,7 @@ class Session:
         self.last_run_time_us = 0
         self._released = False
         self._reopen = reopen
+        self._reconnect_allowed = True
         self._on_reconnect = on_reconnect
         self._adopt(reply)
 
@@ -372,6 +373,10 @@ class Session:
         self.runtime_api_version = reply.runtime_api_version
         self.runtime_driver_version = reply.runtime_driver_version
         self._instance = self.device._info.instance_id if self.device._info else ""
+
+    def allow_reconnect(self, allowed: bool) -> None:
+        """Turn the re-open after a daemon restart on or off (only for sessions loaded with reconnect=True)."""
+        self._reconnect_allowed = allowed
 
     def _daemon_restarted(self) -> bool:
         """Whether the daemon answering now is another run than the one that opened this session."""
@@ -388,7 +393,7 @@ class Session:
         except SessionLost as exc:
             if not self._daemon_restarted():
                 raise
-            if self._reopen is None:
+            if self._reopen is None or not self._reconnect_allowed:
                 raise SessionLost(
                     f"daemon restarted, session lost ({self.device.endpoint.description}); load the model "
                     f"again, or pass reconnect=True to Device.load: {exc}"

@@ -392,8 +392,14 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 raise FailedPrecondition(
                     f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again"
                 )
+            work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
             try:
-                return await self._blocking(fn, *args)
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The caller went away, but the runtime is still busy: keep the session locked (so that
+                # the reaper cannot free a model mid-call) until the call really ends.
+                await asyncio.wait([work])
+                raise
             except WorkerLost as exc:
                 session.broken = str(exc)
                 log.warning("session_broken", session=session.id, reason=str(exc))

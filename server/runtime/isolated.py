@@ -31,6 +31,8 @@ BackendFactory = Callable[[], Backend]
 _END = "__end__"
 # How long a worker gets to free its model when asked to close, before it is killed.
 _CLOSE_GRACE_S = 5.0
+# Loading starts a Python process and a runtime: it gets at least this long, whatever --call-timeout says.
+_OPEN_TIMEOUT_S = 120.0
 
 
 def _serve(
@@ -80,17 +82,19 @@ class IsolatedRuntime(ModelRuntime):
         self._process = ctx.Process(target=_serve, args=(child, factory, path, options), daemon=True)
         self._process.start()
         child.close()
-        self.inputs, self.outputs = self._receive("open")
+        open_timeout = max(call_timeout_s, _OPEN_TIMEOUT_S) if call_timeout_s is not None else None
+        self.inputs, self.outputs = self._receive("open", open_timeout)
 
     @property
     def pid(self) -> int | None:
         return self._process.pid
 
-    def _receive(self, method: str) -> Any:
-        if not self._conn.poll(self._timeout):
+    def _receive(self, method: str, timeout: float | None = None) -> Any:
+        timeout = timeout if timeout is not None else self._timeout
+        if not self._conn.poll(timeout):
             self.kill()
             raise WorkerLost(
-                f"the runtime did not answer {method} within {self._timeout}s; its worker process was killed "
+                f"the runtime did not answer {method} within {timeout}s; its worker process was killed "
                 "and this session is broken (init_runtime again)"
             )
         try:

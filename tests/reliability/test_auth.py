@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rknn_client.errors import AuthenticationFailed
+from rknn_client.errors import AuthenticationFailed, ConnectionFailed
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN, StartDaemon, cnn_input, device, info
 
@@ -161,7 +161,7 @@ def test_mutual_tls_names_the_client_by_its_certificate(daemons: StartDaemon, pk
     port = daemon.address.rsplit(":", 1)[1]
     url = f"tcp://127.0.0.1:{port}"
     daemon.address = f"127.0.0.1:{port}"
-    with device(daemon, tls_ca=pki / "ca.pem") as no_cert, pytest.raises(Exception):
+    with device(daemon, tls_ca=pki / "ca.pem") as no_cert, pytest.raises(ConnectionFailed):
         no_cert.info()
     client = {"tls_ca": pki / "ca.pem", "tls_cert": pki / "client.pem", "tls_key": pki / "client.key"}
     with device(daemon, **client) as dev:

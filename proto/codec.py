@@ -163,22 +163,28 @@ def check_meta(
     return dtype, shape
 
 
+def check_metas(
+    metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
+) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    """Validate a set of metas against the limits (count, each tensor, their total) before any allocation."""
+    if len(metas) > limits.max_tensors:
+        raise LimitExceeded(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
+    layouts = [check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)]
+    total = sum(m.byte_length for m in metas)
+    if total > limits.max_tensor_bytes:
+        raise LimitExceeded(
+            f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
+        )
+    return layouts
+
+
 class TensorAssembler:
     """Collects the chunks of several tensors into preallocated buffers, checking order and size."""
 
     def __init__(
         self, metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
     ) -> None:
-        if len(metas) > limits.max_tensors:
-            raise LimitExceeded(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
-        self._layouts = [
-            check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)
-        ]
-        total = sum(m.byte_length for m in metas)
-        if total > limits.max_tensor_bytes:
-            raise LimitExceeded(
-                f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
-            )
+        self._layouts = check_metas(metas, limits, what)
         self._metas = list(metas)
         self._buffers = [bytearray(m.byte_length) for m in metas]
         self._filled = [0] * len(metas)

@@ -352,6 +352,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             header = first.header
             session = self.registry.get(header.session_id, client_identity())
             call.session = session.id
+            codec.check_metas(header.inputs, self.config.tensor_limits, "input")
             permutations = check_inputs(session.runtime.inputs, header.inputs)
             assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
             async for message in request_iterator:

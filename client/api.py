@@ -11,6 +11,7 @@ inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences liv
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,9 @@ Progress = Callable[[int, int], None]
 # Re-opens a lost session on a restarted daemon: the new InitRuntime reply and the model bytes re-sent.
 Reopen = Callable[[], tuple[rknn_pb2.InitRuntimeResponse, int]]
 _METADATA = ((PROTOCOL_VERSION_METADATA_KEY, str(PROTOCOL_VERSION)),)
+# Concurrent uploads of one model: how often and how long to wait for the other one (about a minute).
+_UPLOAD_RETRIES = 600
+_UPLOAD_RETRY_S = 0.1
 # The client trusts its daemon but still bounds what it allocates for outputs.
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
 _QUANT_NAMES = {
@@ -220,7 +224,20 @@ class Device:
         return self._info
 
     def upload(self, model: Path | str, progress: Progress | None = None) -> UploadResult:
-        """Send a model (and its external-data files) unless the daemon already has it; resumes."""
+        """Send a model (and its external-data files) unless the daemon already has it; resumes.
+
+        When another client uploads the same model at the same time the daemon answers ABORTED; this
+        waits for that upload and asks again (then the model is usually cached: nothing to send)."""
+        for _ in range(_UPLOAD_RETRIES):
+            try:
+                return self._upload_once(model, progress)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.ABORTED:
+                    raise from_rpc_error(exc, f"UploadModel on {self.endpoint.description}") from None
+                time.sleep(_UPLOAD_RETRY_S)
+        return self._upload_once(model, progress)
+
+    def _upload_once(self, model: Path | str, progress: Progress | None) -> UploadResult:
         paths = model_files(Path(model))
         wire_manifest = manifest.describe_files(paths)
         by_name = {p.name: p for p in paths}
@@ -253,7 +270,7 @@ class Device:
                         if progress:
                             progress(done, total)
 
-        reply = self._call("UploadModel", self._stub.UploadModel, requests())
+        reply = self._stub.UploadModel(requests(), metadata=_METADATA, timeout=self.timeout_s)
         return UploadResult(reply.digest, reply.received_bytes, cached=False)
 
     def load(

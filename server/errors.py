@@ -34,6 +34,12 @@ class FailedPrecondition(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class Aborted(ServiceError):
+    """A conflict with a concurrent call (two uploads of one model): the client retries from the start."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 

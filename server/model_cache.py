@@ -33,7 +33,13 @@ from rknn_proto.manifest import (
     manifest_digest,
     valid_file_name,
 )
-from rknn_server.errors import DataLoss, FailedPrecondition, InvalidInput, NotFound, ResourceExhausted
+from rknn_server.errors import (
+    Aborted,
+    DataLoss,
+    InvalidInput,
+    NotFound,
+    ResourceExhausted,
+)
 
 _HASH_READ_BYTES = 1 << 20
 # Names the main file of a complete model; a dot name, so no model file can collide with it.
@@ -225,16 +231,19 @@ class ModelCache:
     def begin_upload(self, manifest: rknn_pb2.ModelManifest, start_offsets: list[int]) -> Upload:
         cached, held = self.prepare(manifest)
         if cached:
-            raise FailedPrecondition(f"model {manifest.digest} is already cached; no upload is needed")
+            raise Aborted(
+                f"model {manifest.digest} is already cached; call PrepareUpload again: no upload is needed"
+            )
         if list(start_offsets) != held:
-            raise InvalidInput(
+            raise Aborted(
                 f"upload starts at offsets {list(start_offsets)}; the daemon holds {held} bytes per file "
                 "(call PrepareUpload first and resume from what it returns)"
             )
         with self._lock:
             if manifest.digest in self._uploading:
-                raise FailedPrecondition(
-                    f"model {manifest.digest} is being uploaded by another call; wait for it to finish"
+                raise Aborted(
+                    f"model {manifest.digest} is being uploaded by another call; call PrepareUpload again "
+                    "once it finishes"
                 )
             self._uploading.add(manifest.digest)
         try:

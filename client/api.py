@@ -10,6 +10,7 @@ inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences liv
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -294,19 +295,20 @@ class Device:
         """
         self.info()
         uploaded = self.upload(model, progress)
-        options = {
-            "target": target,
-            "perf_debug": perf_debug,
-            "eval_mem": eval_mem,
-            "core_mask": core_mask,
-            "fallback_prior_device": fallback_prior_device,
-        }
+        init = functools.partial(
+            self._init_runtime,
+            target=target,
+            perf_debug=perf_debug,
+            eval_mem=eval_mem,
+            core_mask=core_mask,
+            fallback_prior_device=fallback_prior_device,
+        )
 
         def reopen() -> tuple[rknn_pb2.InitRuntimeResponse, int]:
             again = self.upload(model)
-            return self._init_runtime(again.digest, **options), again.sent_bytes
+            return init(again.digest), again.sent_bytes
 
-        reply = self._init_runtime(uploaded.digest, **options)
+        reply = init(uploaded.digest)
         return Session(self, reply, reopen if reconnect else None, on_reconnect)
 
     def open_session(

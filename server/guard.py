@@ -29,7 +29,7 @@ def client_identity() -> str:
 def _certificate_subject(context: Context) -> str:
     auth = context.auth_context() or {}
     for key in ("x509_subject", "x509_common_name"):
-        values = auth.get(key)
+        values = list(auth.get(key) or ())
         if values:
             value = values[0]
             return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
@@ -66,7 +66,9 @@ class Guard(grpc.aio.ServerInterceptor):
         structlog.contextvars.bind_contextvars(client=identity)
         self.inflight += 1
 
-    def _unary_response(self, inner: Callable[[Any, Context], Awaitable[Any]]) -> Callable[..., Any]:
+    def _unary_response(self, inner: Any) -> Callable[..., Any]:
+        """Wrap a handler that answers once (its type in grpc's stubs is the sync one, hence Any)."""
+
         async def behavior(request: Any, context: Context) -> Any:
             await self._admit(context)
             try:
@@ -76,7 +78,9 @@ class Guard(grpc.aio.ServerInterceptor):
 
         return behavior
 
-    def _stream_response(self, inner: Callable[[Any, Context], AsyncIterator[Any]]) -> Callable[..., Any]:
+    def _stream_response(self, inner: Any) -> Callable[..., Any]:
+        """Wrap a handler that answers with a stream."""
+
         async def behavior(request: Any, context: Context) -> AsyncIterator[Any]:
             await self._admit(context)
             try:

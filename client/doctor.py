@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import adbutils
 import grpc
-
 from rknn_client.transport.adb import (
     AdbTransportError,
     adb_server_address,

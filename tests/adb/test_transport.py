@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from rknn_client.transport.adb import (
     AdbDeviceAmbiguous,
     AdbDeviceNotFound,
@@ -23,6 +22,7 @@ from rknn_client.transport.adb import (
     open_adb,
 )
 from rknn_client.transport.base import TransportError
+
 from tests.adb.conftest import MakeBoard
 from tests.adb.fixtures import AbstractEchoServer, PrivateAdbServer, free_port
 

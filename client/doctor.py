@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import adbutils
 import grpc
+
 from rknn_client.transport.adb import (
     AdbTransportError,
     adb_server_address,

@@ -44,6 +44,23 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=("auto", "host", "rknnrt"), default="auto", help="runtime backend")
     p.add_argument("--soc", default="", help="declare the SoC (e.g. rk3588) when the probe cannot see it")
     p.add_argument(
+        "--runtime-lib", type=Path, default=None, metavar="PATH", help="librknnrt.so/librknnmrt.so to load"
+    )
+    p.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="custom-op plugins for the rknnrt runtime",
+    )
+    p.add_argument(
+        "--sysfs-root",
+        type=Path,
+        default=Path("/"),
+        metavar="DIR",
+        help="where the board probe reads /proc, /sys and /dev (default: /)",
+    )
+    p.add_argument(
         "--model-cache",
         type=Path,
         default=Path("~/.cache/rknn_server").expanduser(),
@@ -203,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         call_timeout_s=args.call_timeout,
         threads=args.threads,
         exit_with_stdin=args.exit_with_stdin,
+        runtime_lib=args.runtime_lib,
+        plugin_dir=args.plugin_dir,
+        sysfs_root=args.sysfs_root,
         tensor_limits=codec.TensorLimits(
             max_tensor_bytes=args.max_tensor_bytes,
             max_rank=args.max_tensor_rank,

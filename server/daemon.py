@@ -25,9 +25,10 @@ from rknn_server.auth import TlsFiles, TokenTable, listen_policy
 from rknn_server.guard import Guard
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.platform import probe_platform
+from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions
 from rknn_server.runtime.isolated import IsolatedRuntime
-from rknn_server.runtime.plugin import load_backend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
 from rknn_server.sessions import Session, SessionRegistry
@@ -51,6 +52,9 @@ class DaemonConfig:
     threads: int | None = None
     grace_s: float = 10.0
     exit_with_stdin: bool = False
+    runtime_lib: Path | None = None  # librknnrt/librknnmrt to load instead of searching for one
+    plugin_dir: Path | None = None  # custom-op plugins for the rknnrt runtime
+    sysfs_root: Path = Path("/")  # where the platform probe reads /proc, /sys and /dev
     max_sessions_per_client: int = 0
     max_inflight_requests: int = 64
     max_message_bytes: int = MAX_MESSAGE_BYTES
@@ -58,7 +62,7 @@ class DaemonConfig:
     auth_loopback: bool = False  # require the token from loopback callers too
     tls: TlsFiles | None = None
     insecure: bool = False
-    backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/plugin.py)
+    backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
 
 
 def _same(backend: Backend) -> Backend:
@@ -109,10 +113,18 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         )
     for text in warnings:
         log.warning("insecure_configuration", warning=text)
+    probe = probe_platform(config.sysfs_root)
     if config.backend:
         backend, reason = load_backend(config.backend), f"backend {config.backend} requested (--backend)"
     else:
-        backend, reason = select_backend(config.runtime, config.soc, config.threads)
+        backend, reason = select_backend(
+            config.runtime,
+            config.soc,
+            config.threads,
+            probe=probe,
+            runtime_lib=config.runtime_lib,
+            plugin_dir=config.plugin_dir,
+        )
     cache = ModelCache(config.model_cache, config.cache_limits)
     executor = ThreadPoolExecutor(
         max_workers=max(4, config.max_sessions, config.max_inflight_requests), thread_name_prefix="runtime"
@@ -133,6 +145,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ServiceConfig(
             tensor_limits=config.tensor_limits,
             runtime_reason=reason,
+            board=probe.board_model,
             max_message_bytes=config.max_message_bytes,
             max_inflight_requests=config.max_inflight_requests,
             call_timeout_s=(config.call_timeout_s or 0.0) if config.isolation == "process" else 0.0,

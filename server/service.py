@@ -30,7 +30,16 @@ from rknn_server import __version__
 from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
 from rknn_server.guard import client_identity
 from rknn_server.model_cache import ModelCache
-from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions, TensorSpec, WorkerLost
+from rknn_server.runtime.base import (
+    Backend,
+    FrequencyOutcome,
+    InputFormat,
+    ModelRuntime,
+    PerfResult,
+    RuntimeOptions,
+    TensorSpec,
+    WorkerLost,
+)
 from rknn_server.sessions import Session, SessionRegistry
 
 log = structlog.get_logger("rknn_server.rpc")
@@ -90,22 +99,26 @@ def _shape_fits(expected: Sequence[int], actual: Sequence[int]) -> bool:
 PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
 
 
-def check_inputs(
-    specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]
-) -> list[tuple[int, ...] | None]:
-    """Check the declared inputs against the model before any byte is received.
+@dataclass(frozen=True)
+class InputPlan:
+    """How one received input reaches the runtime: the axis permutation that brings it into the
+    model's layout (None: as is), and the format the runtime is told."""
 
-    Returns, per input, the axis permutation that brings it into the model's layout (None: as is).
-    """
+    permutation: tuple[int, ...] | None
+    format: InputFormat
+
+
+def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
+    """Check the declared inputs against the model before any byte is received."""
     if len(metas) != len(specs):
         raise InvalidInput(
             f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {len(metas)} were sent"
         )
-    permutations: list[tuple[int, ...] | None] = []
+    plans: list[InputPlan] = []
     for spec, meta in zip(specs, metas, strict=True):
         dtype = codec.dtype_from_wire(meta.dtype)
         shape = tuple(meta.shape)
-        if dtype != spec.dtype:
+        if not spec.accepts(dtype, meta.pass_through):
             raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
         layout = codec.layout_name(meta.layout)
         permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
@@ -115,8 +128,9 @@ def check_inputs(
                 f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
                 f"{list(spec.shape)} ({spec.layout})"
             )
-        permutations.append(permutation)
-    return permutations
+        layout = spec.layout if permutation else layout
+        plans.append(InputPlan(permutation, InputFormat(layout=layout, pass_through=meta.pass_through)))
+    return plans
 
 
 class _Call:
@@ -329,7 +343,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 raise
             session = self.registry.add(request.model_digest, options, runtime, owner)
             call.session = session.id
-            version = self.backend.version()
+            version = await self._blocking(runtime.sdk_version) or self.backend.version()
             return rknn_pb2.InitRuntimeResponse(
                 session_id=session.id,
                 inputs=[tensor_attr(s) for s in runtime.inputs],
@@ -353,7 +367,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             session = self.registry.get(header.session_id, client_identity())
             call.session = session.id
             codec.check_metas(header.inputs, self.config.tensor_limits, "input")
-            permutations = check_inputs(session.runtime.inputs, header.inputs)
+            plans = check_inputs(session.runtime.inputs, header.inputs)
             assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
             async for message in request_iterator:
                 if message.WhichOneof("part") != "chunk":
@@ -362,10 +376,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 assembler.add(message.chunk)
                 call.bytes_in += len(message.chunk.data)
             arrays = [
-                np.ascontiguousarray(a.transpose(p)) if p else a
-                for a, p in zip(assembler.arrays(), permutations, strict=True)
+                np.ascontiguousarray(a.transpose(plan.permutation)) if plan.permutation else a
+                for a, plan in zip(assembler.arrays(), plans, strict=True)
             ]
-            outputs, run_us = await self._run(session, arrays)
+            outputs, run_us = await self._run(session, arrays, [plan.format for plan in plans])
             wire = [codec.wire_array(o) for o in outputs]
             specs = session.runtime.outputs
             yield rknn_pb2.InferenceResponse(
@@ -408,9 +422,11 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             finally:
                 session.renew()
 
-    async def _run(self, session: Session, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    async def _run(
+        self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
+    ) -> tuple[list[np.ndarray], int]:
         start = time.perf_counter()
-        outputs = await self._in_session(session, session.runtime.run, arrays)
+        outputs = await self._in_session(session, session.runtime.run, arrays, formats)
         return outputs, int((time.perf_counter() - start) * 1e6)
 
     async def EvalPerf(
@@ -419,8 +435,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         async def body(call: _Call) -> rknn_pb2.EvalPerfResponse:
             session = self.registry.get(request.session_id, client_identity())
             call.session = session.id
-            result = await self._in_session(session, session.runtime.perf, None)
-            readings = self.backend.frequencies()
+            result, pinned = await self._in_session(session, self._measure, session.runtime, request.fix_freq)
             return rknn_pb2.EvalPerfResponse(
                 layers=[
                     rknn_pb2.LayerPerf(
@@ -439,18 +454,20 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 total_time_us=result.total_time_us,
                 total_operator_time_us=result.total_operator_time_us,
                 total_rw_kb=result.total_rw_kb,
-                frequencies=[rknn_pb2.FrequencyList(kind=r.kind, values=list(r.values)) for r in readings],
-                frequencies_fixed=False,
-                frequency_note=(
-                    "frequencies were not fixed: the host runtime has no NPU and leaves the CPU to the OS"
-                    if request.fix_freq
-                    else ""
-                ),
+                frequencies=[
+                    rknn_pb2.FrequencyList(kind=r.kind, values=list(r.values)) for r in pinned.frequencies
+                ],
+                frequencies_fixed=pinned.fixed,
+                frequency_note=pinned.note,
                 raw_text=result.raw_text,
                 extra_columns=list(result.extra_columns),
             )
 
         return await self._unary("EvalPerf", context, body)
+
+    def _measure(self, runtime: ModelRuntime, fix_freq: bool) -> tuple[PerfResult, FrequencyOutcome]:
+        with self.backend.measuring(fix_freq) as pinned:
+            return runtime.perf(None), pinned
 
     async def EvalMemory(
         self, request: rknn_pb2.EvalMemoryRequest, context: grpc.aio.ServicerContext

@@ -3,7 +3,9 @@
 - a bare ndarray is one input (not a list of its rows);
 - `data_format` None means NHWC; a string applies to every input, a list gives one per input; any case;
 - a 3-D image for a 4-D input gains its batch dimension;
-- inputs are cast to the model's input dtype (a uint8 image into a float model), as the toolkit does.
+- inputs are cast to the model's input dtype (a uint8 image into a float model), as the toolkit does;
+  a quantized input takes real values (float or uint8 data), which the runtime quantizes itself, so
+  only types the runtime cannot read are cast, to float32.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 from rknn_client.api import TensorInfo
 
 FORMATS = ("nhwc", "nchw")
+# What librknnrt reads (and quantizes) itself for a quantized input (rknn_input.type).
+RUNTIME_INPUT_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float16, np.int8, np.uint8, np.int16))
 
 
 class InputRuleError(ValueError):
@@ -63,6 +67,12 @@ def _as_nhwc(spec: TensorInfo) -> tuple[int, ...]:
     return (n, h, w, c)
 
 
+def _send_dtype(spec: TensorInfo, dtype: np.dtype) -> np.dtype:
+    if spec.quant_type == "none":
+        return spec.dtype
+    return dtype if dtype in RUNTIME_INPUT_DTYPES else np.dtype(np.float32)
+
+
 def prepare(
     inputs: Any,
     specs: Sequence[TensorInfo],
@@ -91,7 +101,7 @@ def prepare(
                     layout = "NCHW"
                     notes.append(f"input {spec.index} ({spec.name}) has the model's NCHW shape; sent as NCHW")
         if not through[spec.index] and array.dtype != spec.dtype:
-            array = array.astype(spec.dtype)
+            array = array.astype(_send_dtype(spec, array.dtype))
         prepared.append(array)
         layouts.append(layout)
     return PreparedInputs(prepared, layouts, through, notes)

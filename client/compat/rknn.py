@@ -354,16 +354,15 @@ class RKNN:
         return text
 
     def list_devices(self) -> tuple[list[str], list[str]]:
+        adb_devices: list[str] = []
         try:
-            from rknn_client.transport.adb import list_adb_serials
-        except ImportError:
-            adb_devices: list[str] = []
-        else:
-            try:
-                adb_devices = list_adb_serials()
-            except TransportError as exc:
-                self.log.w("list_devices", str(exc))
-                adb_devices = []
+            from rknn_client.transport.adb import list_adb_devices
+
+            adb_devices = [d.serial for d in list_adb_devices() if d.state == "device"]
+        except ImportError as exc:
+            self.log.w("list_devices", f"adb support is not installed ({exc})")
+        except TransportError as exc:
+            self.log.w("list_devices", str(exc))
         print(devices_text(adb_devices, []), end="")
         return adb_devices, []
 

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 
 import adbutils
+
 from rknn_client.transport.base import Endpoint, TransportError
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
 

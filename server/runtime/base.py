@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,10 +60,24 @@ class TensorSpec:
     dtype: np.dtype
     layout: str = "UNDEFINED"  # "NCHW" | "NHWC" | "UNDEFINED"
     quant: QuantInfo = field(default_factory=QuantInfo)
+    # Inputs only: other dtypes the runtime converts itself (librknnrt quantizes float/uint8 data).
+    convertible_dtypes: tuple[np.dtype, ...] = ()
 
     @property
     def is_dynamic(self) -> bool:
         return any(d <= 0 for d in self.shape)
+
+    def accepts(self, dtype: np.dtype, pass_through: bool) -> bool:
+        """Whether data of `dtype` may feed this input; pass_through data must already be the model's."""
+        return dtype == self.dtype or (not pass_through and dtype in self.convertible_dtypes)
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """How the caller's data for one input is laid out (the toolkit's data_format / pass_through)."""
+
+    layout: str = "NHWC"  # applies to 4-D inputs only
+    pass_through: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,15 @@ class LayerTiming:
 class FrequencyReading:
     kind: str  # "CPU" (kHz) | "NPU" (Hz) | "DDR" (Hz)
     values: tuple[int, ...]
+
+
+@dataclass
+class FrequencyOutcome:
+    """What a measurement ran at: whether frequencies were fixed, why not, and the readings."""
+
+    fixed: bool = False
+    note: str = ""
+    frequencies: tuple[FrequencyReading, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -147,8 +171,11 @@ class ModelRuntime(abc.ABC):
     outputs: Sequence[TensorSpec]
 
     @abc.abstractmethod
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run once. Inputs are already checked against `inputs` (count, dtype, shape)."""
+    def run(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> list[np.ndarray]:
+        """Run once. Inputs are already checked against `inputs` (count, dtype, shape); `formats`
+        (default: every input in its spec's layout, converted) matters to runtimes that convert."""
 
     @abc.abstractmethod
     def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
@@ -158,9 +185,15 @@ class ModelRuntime(abc.ABC):
     def memory(self) -> MemoryResult:
         """Memory the runtime holds for this model."""
 
-    def dump_layers(self, inputs: Sequence[np.ndarray]) -> Iterator[LayerTensor]:
+    def dump_layers(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> Iterator[LayerTensor]:
         """Run once and yield every intermediate tensor, one at a time."""
         raise UnsupportedError("this runtime cannot dump per-layer tensors")
+
+    def sdk_version(self) -> VersionInfo | None:
+        """Versions the runtime reports for this model, when it differs from the backend's own."""
+        return None
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -183,6 +216,8 @@ class Backend(abc.ABC):
     name: str
     model_suffixes: tuple[str, ...]
     capabilities: BackendCapabilities
+    # Why `measuring` leaves frequencies alone, for backends that cannot pin them.
+    unpinned_reason = "this runtime cannot pin them"
 
     @abc.abstractmethod
     def version(self) -> VersionInfo: ...
@@ -197,3 +232,9 @@ class Backend(abc.ABC):
 
     def frequencies(self) -> tuple[FrequencyReading, ...]:
         return ()
+
+    @contextmanager
+    def measuring(self, fix_freq: bool) -> Iterator[FrequencyOutcome]:
+        """Frame a performance measurement; backends that can pin frequencies do so when asked."""
+        note = f"frequencies were not fixed: {self.unpinned_reason}" if fix_freq else ""
+        yield FrequencyOutcome(fixed=False, note=note, frequencies=self.frequencies())

@@ -20,11 +20,14 @@ import onnx
 import onnxruntime as ort
 import psutil
 
+from rknn_server.platform import read_frequencies
 from rknn_server.runtime import onnx_graph
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
     ExecutionError,
+    FrequencyReading,
+    InputFormat,
     LayerTiming,
     MemoryResult,
     ModelFormatError,
@@ -71,6 +74,9 @@ def session_options(threads: int) -> ort.SessionOptions:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    # Idle worker threads must not spin: on a small board (or a 2-core PC) spinning threads of one
+    # session steal the cores another session, or the daemon's own I/O, needs.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 
@@ -153,7 +159,10 @@ class HostModel(ModelRuntime):
         self.outputs = [_spec(i, a) for i, a in enumerate(self._session.get_outputs())]
         self._input_names = [s.name for s in self.inputs]
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> list[np.ndarray]:
+        """The service hands inputs over in the model's layout and dtype already, so formats change nothing."""
         return self._run(self._session, inputs)
 
     def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -219,16 +228,22 @@ class HostBackend(Backend):
     name = "host"
     model_suffixes = (".onnx",)
     capabilities = BackendCapabilities(perf_per_layer=True, memory_detail=True, dynamic_shape=True)
+    unpinned_reason = "the host runtime has no NPU and leaves the CPU to the OS"
 
-    def __init__(self, soc: str = "", threads: int | None = None) -> None:
+    def __init__(self, soc: str = "", threads: int | None = None, sysfs_root: Path = Path("/")) -> None:
         self._soc = soc.lower()
         self.threads = threads or default_threads()
+        self._sysfs_root = sysfs_root
 
     def version(self) -> VersionInfo:
         return VersionInfo(api=f"onnxruntime {ort.__version__}", driver=f"host CPU (onnx {onnx.__version__})")
 
     def soc(self) -> str:
         return self._soc
+
+    def frequencies(self) -> tuple[FrequencyReading, ...]:
+        """The CPU frequencies where cpufreq shows them: the only processor this runtime uses."""
+        return tuple(reading for reading in read_frequencies(self._sysfs_root) if reading.kind == "CPU")
 
     def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
         if model_path.suffix.lower() == ".rknn" or _looks_like_rknn(model_path):

@@ -19,11 +19,13 @@ from rknn_server.runtime.base import (
     Backend,
     BackendError,
     ExecutionError,
+    InputFormat,
     LayerTensor,
     MemoryResult,
     ModelRuntime,
     PerfResult,
     RuntimeOptions,
+    VersionInfo,
     WorkerLost,
 )
 
@@ -69,6 +71,10 @@ def _portable(exc: BaseException) -> BackendError:
     if isinstance(exc, BackendError):
         return exc
     return ExecutionError(f"{type(exc).__name__}: {exc}")
+
+
+def _listed(formats: Sequence[InputFormat] | None) -> list[InputFormat] | None:
+    return None if formats is None else list(formats)
 
 
 class IsolatedRuntime(ModelRuntime):
@@ -120,8 +126,10 @@ class IsolatedRuntime(ModelRuntime):
         finally:
             self._busy = False
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        result: list[np.ndarray] = self._call("run", list(inputs))
+    def run(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> list[np.ndarray]:
+        result: list[np.ndarray] = self._call("run", list(inputs), _listed(formats))
         return result
 
     def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
@@ -132,8 +140,14 @@ class IsolatedRuntime(ModelRuntime):
         result: MemoryResult = self._call("memory")
         return result
 
-    def dump_layers(self, inputs: Sequence[np.ndarray]) -> Iterator[LayerTensor]:
-        item = self._call("dump_layers", list(inputs))
+    def sdk_version(self) -> VersionInfo | None:
+        result: VersionInfo | None = self._call("sdk_version")
+        return result
+
+    def dump_layers(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> Iterator[LayerTensor]:
+        item = self._call("dump_layers", list(inputs), _listed(formats))
         while item != _END:
             _, layer = item
             yield layer

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from rknn_server.runtime.base import Backend
+import dataclasses
+from pathlib import Path
+
+from rknn_server.platform import PlatformInfo
+from rknn_server.runtime.base import Backend, BackendError
+
+HOST_FALLBACK = "serving the host runtime (ONNX Runtime on the CPU)"
 
 
 class BackendUnavailable(Exception):
     """The requested backend cannot run here; the message says what is missing."""
 
 
-def host_backend(soc: str, threads: int | None) -> Backend:
+def host_backend(soc: str, threads: int | None, sysfs_root: Path = Path("/")) -> Backend:
     try:
         from rknn_server.runtime.host import HostBackend
     except ImportError as exc:
@@ -17,16 +23,64 @@ def host_backend(soc: str, threads: int | None) -> Backend:
             f"the host runtime needs ONNX Runtime, which is not installed ({exc}); "
             "install it with: pip install 'rknn-server-oss[host]'"
         ) from exc
-    return HostBackend(soc=soc, threads=threads)
+    return HostBackend(soc=soc, threads=threads, sysfs_root=sysfs_root)
 
 
-def select_backend(requested: str, soc: str, threads: int | None) -> tuple[Backend, str]:
-    """The backend to serve with and a sentence on why it was chosen."""
+def _library_path(probe: PlatformInfo, runtime_lib: Path | None) -> Path:
+    from rknn_server.runtime.rknnrt.library import LIBRARY_DIRS, LIBRARY_NAMES, find_runtime_library
+
+    found = find_runtime_library(probe.root, runtime_lib)
+    if found is not None:
+        return found
+    if runtime_lib is not None:
+        raise BackendUnavailable(f"the RKNN runtime library {runtime_lib} (--runtime-lib) does not exist")
+    places = ", ".join(str(probe.root / d) for d in LIBRARY_DIRS)
+    raise BackendUnavailable(f"no RKNN runtime library ({' or '.join(LIBRARY_NAMES)}) in {places}")
+
+
+def _rknnrt(probe: PlatformInfo, library: Path, plugin_dir: Path | None) -> Backend:
+    from rknn_server.runtime.rknnrt import RknnrtBackend
+
+    try:
+        return RknnrtBackend(library, probe, plugin_dir)
+    except BackendError as exc:
+        raise BackendUnavailable(str(exc)) from exc
+
+
+def select_backend(
+    requested: str,
+    soc: str,
+    threads: int | None,
+    *,
+    probe: PlatformInfo | None = None,
+    runtime_lib: Path | None = None,
+    plugin_dir: Path | None = None,
+) -> tuple[Backend, str]:
+    """The backend to serve with and a sentence on why it was chosen.
+
+    `auto` picks rknnrt when the runtime library loads and the board has an NPU device node, else
+    host. A declared `soc` (--soc) takes the place of the probed one.
+    """
+    probe = probe or PlatformInfo()
+    if soc:
+        probe = dataclasses.replace(probe, soc=soc)
     if requested == "host":
-        return host_backend(soc, threads), "host runtime requested (--runtime host)"
-    if requested in ("auto", "rknnrt"):
-        if requested == "rknnrt":
-            raise BackendUnavailable("the rknnrt runtime is not part of this build yet; use --runtime host")
-        backend = host_backend(soc, threads)
-        return backend, "no RKNN runtime library found; serving the host runtime (ONNX Runtime on the CPU)"
+        return host_backend(probe.soc, threads, probe.root), "host runtime requested (--runtime host)"
+    if requested == "rknnrt":
+        library = _library_path(probe, runtime_lib)
+        node = f"NPU device {probe.npu_device}" if probe.npu_device else "no NPU device node seen"
+        reason = f"rknnrt runtime requested (--runtime rknnrt): {library}; {node}"
+        return _rknnrt(probe, library, plugin_dir), reason
+    if requested == "auto":
+        try:
+            library = _library_path(probe, runtime_lib)
+            if not probe.npu_device:
+                raise BackendUnavailable(
+                    f"{library} is present but no NPU device node (/dev/dri/renderD*, /dev/rknpu) exists "
+                    f"under {probe.root}"
+                )
+            backend = _rknnrt(probe, library, plugin_dir)
+        except BackendUnavailable as exc:
+            return host_backend(probe.soc, threads, probe.root), f"{exc}; {HOST_FALLBACK}"
+        return backend, f"{library} loaded and NPU device {probe.npu_device} found"
     raise BackendUnavailable(f"unknown runtime {requested!r}; expected auto, host or rknnrt")

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+
 from rknn_client.doctor import Check, diagnose, format_report
 from rknn_client.transport.adb import adb_server_running
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION
-
 from tests.adb.conftest import MakeBoard
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, free_port
 

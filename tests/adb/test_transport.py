@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from rknn_client.transport.adb import (
     AdbDeviceAmbiguous,
     AdbDeviceNotFound,
@@ -22,7 +23,6 @@ from rknn_client.transport.adb import (
     open_adb,
 )
 from rknn_client.transport.base import TransportError
-
 from tests.adb.conftest import MakeBoard
 from tests.adb.fixtures import AbstractEchoServer, PrivateAdbServer, free_port
 

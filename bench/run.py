@@ -1,0 +1,189 @@
+"""`make bench`: ratios measured in one run, written to bench-results/results.json and printed.
+
+- remote vs in-process inference latency (p50) for MobileNetV2, same ONNX Runtime threads;
+- a 64 MiB tensor round trip through the daemon vs a raw loopback socket carrying the same bytes;
+- a 1 GiB model upload vs a raw socket, and the daemon's RSS growth while it streams in.
+The machine is shared and noisy: each figure is the median of several runs, and only the ratios
+of figures taken side by side in this one run mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import psutil
+from onnx import helper
+
+from bench.raw_socket import transfer_seconds
+from demo.daemon_process import DaemonProcess, start_daemon
+from demo.models import save_mobilenet_v2
+from rknn_client import connect
+from rknn_proto.manifest import describe_files
+from rknn_server.runtime.host import default_threads, session_options
+from tests.models import big_identity
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench-results"
+LATENCY_RUNS = 200
+ROUND_TRIPS = 5
+TENSOR_BYTES = 64 << 20
+MODEL_BYTES = 1 << 30
+
+
+def p50(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def bench_latency(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
+    model = save_mobilenet_v2(work / "mobilenet_v2.onnx")
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    threads = default_threads()
+    local = ort.InferenceSession(str(model), session_options(threads), providers=["CPUExecutionProvider"])
+    with connect(daemon.url) as device, device.load(model) as session:
+        for _ in range(20):
+            local.run(None, {"input": x})
+            session.run([x])
+        local_s, remote_s = [], []
+        for _ in range(LATENCY_RUNS):  # interleaved, so both see the same machine noise
+            t = time.perf_counter()
+            local.run(None, {"input": x})
+            local_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            session.run([x])
+            remote_s.append(time.perf_counter() - t)
+    return {
+        "model": "MobileNetV2 1x3x224x224 float32",
+        "onnxruntime_threads": threads,
+        "in_process_p50_ms": p50(local_s) * 1e3,
+        "remote_p50_ms": p50(remote_s) * 1e3,
+        "remote_over_in_process_p50": p50(remote_s) / p50(local_s),
+        "target": "<= 1.10",
+    }
+
+
+def bench_round_trip(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
+    elements = TENSOR_BYTES // 4
+    model = big_identity(work / "identity_64mib.onnx", elements)
+    x = np.random.default_rng(1).standard_normal((1, elements)).astype(np.float32)
+    raw = [transfer_seconds(x.data, echo=True) for _ in range(ROUND_TRIPS)]
+    with connect(daemon.url) as device, device.load(model) as session:
+        session.run([x])
+        grpc_s = []
+        for _ in range(ROUND_TRIPS):
+            t = time.perf_counter()
+            session.run([x])
+            grpc_s.append(time.perf_counter() - t)
+    return {
+        "bytes_each_way": TENSOR_BYTES,
+        "raw_socket_round_trip_ms": p50(raw) * 1e3,
+        "daemon_round_trip_ms": p50(grpc_s) * 1e3,
+        "daemon_throughput_vs_raw_socket": p50(raw) / p50(grpc_s),
+        "target": ">= 0.5",
+    }
+
+
+def big_external_model(folder: Path, nbytes: int) -> tuple[Path, Path]:
+    """An ONNX model whose 1 GiB of weights live in an external-data file, as models that big must."""
+    weights = folder / "big_model.weights"
+    block = os.urandom(1 << 20)
+    with weights.open("wb") as fh:
+        for i in range(nbytes >> 20):
+            fh.write(block[:-8] + i.to_bytes(8, "little"))
+    tensor = onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[nbytes // 4])
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", weights.name), ("offset", "0"), ("length", str(nbytes))):
+        tensor.external_data.add(key=key, value=value)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "big",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [nbytes // 4])],
+        [tensor],
+    )
+    model = folder / "big_model.onnx"
+    onnx.save(helper.make_model(graph), str(model))
+    return model, weights
+
+
+def bench_upload(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
+    model, weights = big_external_model(work, MODEL_BYTES)
+    raw = transfer_seconds(weights.read_bytes(), echo=False)
+    process = psutil.Process(daemon.pid)
+    idle = process.memory_info().rss
+    peak = [idle]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with connect(daemon.url) as device:
+        t = time.perf_counter()
+        describe_files([model, weights])
+        hash_s = time.perf_counter() - t
+        t = time.perf_counter()
+        result = device.upload(model)
+        upload_s = time.perf_counter() - t
+    stop.set()
+    sampler.join()
+    weights.unlink()
+    assert not result.cached and result.sent_bytes >= MODEL_BYTES
+    transfer_s = upload_s - hash_s
+    return {
+        "model_bytes": MODEL_BYTES,
+        "raw_socket_s": raw,
+        "upload_s_including_client_sha256": upload_s,
+        "client_sha256_s": hash_s,
+        "upload_throughput_vs_raw_socket": raw / transfer_s,
+        "upload_throughput_vs_raw_socket_including_hashing": raw / upload_s,
+        "daemon_rss_idle_mib": idle / 2**20,
+        "daemon_rss_peak_mib": peak[0] / 2**20,
+        "daemon_rss_growth_mib": (peak[0] - idle) / 2**20,
+        "target": ">= 0.6 of raw socket; RSS growth <= 64 MiB",
+    }
+
+
+def main() -> int:
+    RESULTS.mkdir(exist_ok=True)
+    results: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+    }
+    with tempfile.TemporaryDirectory(prefix="rknn-bench-") as tmp:
+        work = Path(tmp)
+        daemon = start_daemon(work / "cache", RESULTS / "bench-daemon.log", ["--runtime", "host"])
+        try:
+            for name, fn in (
+                ("latency", bench_latency),
+                ("round_trip_64mib", bench_round_trip),
+                ("upload_1gib", bench_upload),
+            ):
+                print(f"measuring {name} ...", flush=True)
+                results[name] = fn(daemon, work)
+                print(json.dumps(results[name], indent=2), flush=True)
+        finally:
+            daemon.stop()
+    (RESULTS / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {RESULTS / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""The board backend: models run by Rockchip's librknnrt / librknnmrt through ctypes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rknn_server.freq_pin import pinned_frequencies
+from rknn_server.platform import PlatformInfo, read_frequencies
+from rknn_server.runtime.base import (
+    Backend,
+    BackendCapabilities,
+    FrequencyOutcome,
+    FrequencyReading,
+    RuntimeOptions,
+    VersionInfo,
+)
+from rknn_server.runtime.rknnrt.library import RuntimeLibrary
+from rknn_server.runtime.rknnrt.model import RknnrtModel
+from rknn_server.runtime.rknnrt.plugins import DEFAULT_PLUGIN_DIR, load_plugins
+
+
+class RknnrtBackend(Backend):
+    name = "rknnrt"
+    model_suffixes = (".rknn",)
+
+    def __init__(self, lib_path: Path, probe: PlatformInfo, plugin_dir: Path | None) -> None:
+        """Load the library and, from `plugin_dir` (default: the documented Linux plugin folder under
+        the probe's root, when it exists), the custom-op plugins registered with every model."""
+        self._library = RuntimeLibrary(lib_path)
+        self._probe = probe
+        default_dir = probe.root / DEFAULT_PLUGIN_DIR.relative_to("/")
+        self._plugin_dir = (
+            plugin_dir if plugin_dir is not None else (default_dir if default_dir.is_dir() else None)
+        )
+        self._plugins = load_plugins(self._plugin_dir) if self._plugin_dir is not None else ()
+        symbols = self._library.symbols
+        self.capabilities = BackendCapabilities(
+            perf_per_layer=self._library.has_general_api,
+            memory_detail=True,
+            layer_dumps=True,
+            core_mask=probe.npu_cores > 1 and "rknn_set_core_mask" in symbols,
+            dynamic_shape="rknn_set_input_shapes" in symbols,
+            fix_freq=True,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt from its arguments in a session's worker process (a loaded library cannot travel)."""
+        return (RknnrtBackend, (self._library.path, self._probe, self._plugin_dir))
+
+    @property
+    def library(self) -> RuntimeLibrary:
+        return self._library
+
+    def version(self) -> VersionInfo:
+        return VersionInfo(
+            api=f"{self._library.kind} {self._library.version}",
+            driver=self._probe.driver_version or "unknown",
+        )
+
+    def open(self, model_path: Path, options: RuntimeOptions) -> RknnrtModel:
+        return RknnrtModel(self._library, model_path, options, self._probe, self._plugins, self._plugin_dir)
+
+    def soc(self) -> str:
+        return self._probe.soc
+
+    def frequencies(self) -> tuple[FrequencyReading, ...]:
+        return read_frequencies(self._probe.root)
+
+    @contextmanager
+    def measuring(self, fix_freq: bool) -> Iterator[FrequencyOutcome]:
+        """With fix_freq, CPU, NPU and DDR run at their highest frequency and are restored afterwards."""
+        if not fix_freq:
+            yield FrequencyOutcome(frequencies=self.frequencies())
+            return
+        with pinned_frequencies(self._probe.root) as outcome:
+            yield outcome

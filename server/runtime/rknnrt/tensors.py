@@ -1,0 +1,138 @@
+"""Between numpy arrays and the runtime's tensor descriptions: dtypes, layouts, quantization."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+from rknn_server.runtime.base import InputError, InputFormat, QuantInfo, TensorSpec
+from rknn_server.runtime.rknnrt.abi import QuantType, TensorFormat, TensorType
+
+_DTYPES: dict[TensorType, np.dtype] = {
+    TensorType.FLOAT32: np.dtype(np.float32),
+    TensorType.FLOAT16: np.dtype(np.float16),
+    TensorType.INT8: np.dtype(np.int8),
+    TensorType.UINT8: np.dtype(np.uint8),
+    TensorType.INT16: np.dtype(np.int16),
+    TensorType.UINT16: np.dtype(np.uint16),
+    TensorType.INT32: np.dtype(np.int32),
+    TensorType.UINT32: np.dtype(np.uint32),
+    TensorType.INT64: np.dtype(np.int64),
+    TensorType.BOOL: np.dtype(np.bool_),
+    TensorType.INT4: np.dtype(np.int8),
+}
+_TYPES_BY_DTYPE = {dtype: kind for kind, dtype in _DTYPES.items() if kind != TensorType.INT4}
+_QUANT_KINDS = {QuantType.NONE: "none", QuantType.DFP: "dfp", QuantType.AFFINE_ASYMMETRIC: "affine"}
+
+# What the runtime converts (and quantizes) itself when an input is not passed through.
+CONVERTIBLE_INPUT_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float16, np.int8, np.uint8, np.int16))
+
+
+def numpy_dtype(kind: int) -> np.dtype:
+    """The numpy type of a runtime tensor type (bfloat16 and unknown types are reported as float32)."""
+    try:
+        return _DTYPES.get(TensorType(kind), np.dtype(np.float32))
+    except ValueError:
+        return np.dtype(np.float32)
+
+
+def runtime_type(array: np.ndarray) -> tuple[np.ndarray, TensorType]:
+    """The array in a dtype the runtime takes, and that type (float64 travels as float32)."""
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+    kind = _TYPES_BY_DTYPE.get(array.dtype)
+    if kind is None:
+        raise InputError(f"input dtype {array.dtype} is not supported by the RKNN runtime")
+    return array, kind
+
+
+def attr_dims(attr: ctypes.Structure) -> tuple[int, ...]:
+    return tuple(int(d) for d in attr.dims[: attr.n_dims])
+
+
+def quant_info(attr: ctypes.Structure) -> QuantInfo:
+    kind = _QUANT_KINDS.get(attr.qnt_type, "none")
+    return QuantInfo(kind=kind, zero_point=int(attr.zp), scale=float(attr.scale), fl=int(attr.fl))
+
+
+def layout_name(fmt: int) -> str:
+    if fmt in (TensorFormat.NCHW, TensorFormat.NHWC, TensorFormat.NC1HWC2):
+        return TensorFormat(fmt).name
+    return "UNDEFINED"
+
+
+def tensor_spec(
+    attr: ctypes.Structure, ranges: Sequence[tuple[int, ...]] = (), is_input: bool = False
+) -> TensorSpec:
+    """A TensorSpec from an attr; dims that differ across a dynamic input's shapes become -1."""
+    shape = attr_dims(attr)
+    if ranges:
+        shape = tuple(-1 if len({r[i] for r in ranges}) > 1 else ranges[0][i] for i in range(len(ranges[0])))
+    return TensorSpec(
+        index=int(attr.index),
+        name=attr.name.decode(errors="replace"),
+        shape=shape,
+        dtype=numpy_dtype(attr.type),
+        layout=layout_name(attr.fmt),
+        quant=quant_info(attr),
+        convertible_dtypes=CONVERTIBLE_INPUT_DTYPES if is_input else (),
+    )
+
+
+def runtime_shape(array: np.ndarray, fmt: InputFormat) -> tuple[int, ...]:
+    """The shape the runtime sees: 4-D inputs are described in NHWC order."""
+    if array.ndim == 4 and fmt.layout.upper() == "NCHW" and not fmt.pass_through:
+        n, c, h, w = array.shape
+        return (n, h, w, c)
+    return tuple(array.shape)
+
+
+def to_nhwc(array: np.ndarray, fmt: InputFormat) -> np.ndarray:
+    if array.ndim == 4 and fmt.layout.upper() == "NCHW" and not fmt.pass_through:
+        return np.ascontiguousarray(array.transpose(0, 2, 3, 1))
+    return array
+
+
+def quantize(array: np.ndarray, attr: ctypes.Structure) -> np.ndarray:
+    """Real values to the attr's storage type (affine int8/uint8: round(x / scale) + zp, saturated)."""
+    dtype = numpy_dtype(attr.type)
+    if attr.qnt_type == QuantType.AFFINE_ASYMMETRIC and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        q = np.round(array.astype(np.float32) / np.float32(attr.scale)) + attr.zp
+        return np.clip(q, info.min, info.max).astype(dtype)
+    if attr.qnt_type == QuantType.DFP and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.clip(np.round(array.astype(np.float32) * (2.0**attr.fl)), info.min, info.max).astype(dtype)
+    return array.astype(dtype)
+
+
+def dequantize(array: np.ndarray, attr: ctypes.Structure) -> np.ndarray:
+    """Stored values to float32, as the runtime's want_float does."""
+    if attr.qnt_type == QuantType.AFFINE_ASYMMETRIC and array.dtype.kind in "iu":
+        return ((array.astype(np.float32) - np.float32(attr.zp)) * np.float32(attr.scale)).astype(np.float32)
+    if attr.qnt_type == QuantType.DFP and array.dtype.kind in "iu":
+        return (array.astype(np.float32) / np.float32(2.0**attr.fl)).astype(np.float32)
+    return array.astype(np.float32)
+
+
+def nc1hwc2_to_nchw(array: np.ndarray, channels: int) -> np.ndarray:
+    """(N, C1, H, W, C2) -> (N, C, H, W), dropping the padding channels of the last block."""
+    n, c1, h, w, c2 = array.shape
+    return np.ascontiguousarray(array.transpose(0, 1, 4, 2, 3).reshape(n, c1 * c2, h, w)[:, :channels])
+
+
+def native_to_model_layout(
+    array: np.ndarray, native: ctypes.Structure, model: ctypes.Structure
+) -> np.ndarray:
+    """A native (zero-copy) output in the layout of the model's own output attr."""
+    dims = attr_dims(model)
+    if native.fmt == TensorFormat.NC1HWC2 and len(dims) == 4:
+        nchw = nc1hwc2_to_nchw(array.reshape(attr_dims(native)), dims[1])
+        return nchw if model.fmt != TensorFormat.NHWC else np.ascontiguousarray(nchw.transpose(0, 2, 3, 1))
+    if native.fmt == TensorFormat.NHWC and model.fmt == TensorFormat.NCHW and len(dims) == 4:
+        n, c, h, w = dims
+        return np.ascontiguousarray(array.reshape(n, h, w, c).transpose(0, 3, 1, 2))
+    return array.reshape(dims)

@@ -1,0 +1,154 @@
+"""End to end: analyse() on the tiny CNN, its int8 build and a deliberately broken "runtime"."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from rknn_client.accuracy.analysis import REPORT_FILE, analyse
+from rknn_client.accuracy.capture import LayerInfo, run_capture
+from rknn_client.accuracy.compare import ErrorPair
+from rknn_client.accuracy.preprocess import input_specs, load_inputs
+
+
+def known(pair: ErrorPair | None) -> ErrorPair:
+    """The pair a layer must have."""
+    assert pair is not None
+    return pair
+
+
+FILE_NAME = re.compile(r"^\d{3}_[A-Za-z]+_[A-Za-z0-9._-]+_shape_[0-9_]+_[a-z0-9]+\.npy$")
+
+
+def test_int8_errors_grow_towards_the_output(
+    tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
+) -> None:
+    result = analyse(float_model, quant_model, [test_image], tmp_path / "snap")
+
+    # The raw image and the mean subtraction are whole numbers in [-128, 255]: int8 with scale 1 is exact.
+    assert (
+        known(result.row("input").entire).euc == 0.0 and known(result.row("input_mean_sub").entire).euc == 0.0
+    )
+    first_conv = result.row("relu1")  # conv1 + Relu, fused by quantize_static
+    compared = [row for row in result.rows[result.rows.index(first_conv) :] if row.entire is not None]
+    assert len(compared) >= 10
+    assert all(known(row.entire).cos < 1.0 - 1e-7 and known(row.single).cos < 1.0 - 1e-7 for row in compared)
+    assert all(known(row.entire).euc > 0.0 and known(row.single).euc > 0.0 for row in compared)
+    assert known(result.row("prob").entire).cos < known(first_conv.entire).cos
+    # quantize_static folds Relu/Clip into the conv before: the conv's own output is golden-only.
+    assert result.row("conv1").sides == {"golden"}
+    assert result.row("relu1").op_type == "Relu" and result.row("relu1").sides == {"golden", "simulator"}
+
+    for side in ("golden", "simulator"):
+        names = sorted(p.name for p in (tmp_path / "snap" / side).iterdir())
+        assert names and all(FILE_NAME.match(name) for name in names), names
+    assert "000_InputOperator_input_shape_1_3_32_32_float.npy" in names
+    assert not (tmp_path / "snap" / "runtime").exists()
+    golden_prob = next((tmp_path / "snap" / "golden").glob("*_Softmax_prob_*.npy"))
+    assert np.load(golden_prob).shape == (1, 10)
+
+    text = (tmp_path / "snap" / REPORT_FILE).read_text()
+    assert text.startswith(result.report)
+    assert "runtime_error" not in text
+    assert re.search(r"^\[Softmax\] prob +\d\.\d{5} \| [0-9.e+-]+ +\d\.\d{5} \| [0-9.e+-]+$", text, re.M)
+    assert re.search(r"^\[Conv\] conv1$", text, re.M)
+    assert "only in golden" in text and "conv1" in text.split("only in golden")[1]
+
+
+def test_without_quantization_every_cosine_is_one(
+    tmp_path: Path, float_model: Path, test_image: Path
+) -> None:
+    result = analyse(float_model, float_model, [test_image], tmp_path / "snap")
+
+    assert all(row.sides == {"golden", "simulator"} for row in result.rows)
+    for row in result.rows:
+        assert known(row.entire).cos == pytest.approx(1.0, abs=1e-6)
+        assert known(row.single).cos == pytest.approx(1.0, abs=1e-6)
+        assert known(row.entire).euc == pytest.approx(0.0, abs=1e-4)
+
+
+def _break_weight(quant_model: Path, conv_node: str, out: Path) -> Path:
+    """Copy of the QDQ model with the int8 weights of one conv negated."""
+    model = onnx.load(quant_model)
+    conv = next(node for node in model.graph.node if node.name == conv_node)
+    dequantize = next(node for node in model.graph.node if node.output[0] == conv.input[1])
+    weights = next(init for init in model.graph.initializer if init.name == dequantize.input[0])
+    broken = -numpy_helper.to_array(weights).astype(np.int16)
+    weights.CopyFrom(numpy_helper.from_array(np.clip(broken, -128, 127).astype(np.int8), weights.name))
+    onnx.save(model, out)
+    return out
+
+
+def test_runtime_single_sim_points_at_the_broken_layer(
+    tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
+) -> None:
+    broken = _break_weight(quant_model, "project_node", tmp_path / "broken.onnx")
+    feeds = load_inputs([test_image], input_specs(onnx.load(float_model)))
+    runtime_layers = run_capture(broken, feeds)
+
+    result = analyse(float_model, quant_model, [test_image], tmp_path / "snap", runtime_layers)
+
+    assert result.has_runtime
+    with_single_sim = [row for row in result.rows if row.single_sim is not None]
+    assert {row.name for row in with_single_sim} == {
+        row.name for row in result.rows if "simulator" in row.sides
+    }
+    bad = [
+        row.name
+        for row in with_single_sim
+        if known(row.single_sim).cos < 0.999 or known(row.single_sim).euc > 1e-3
+    ]
+    assert bad == ["project"]
+    names = [row.name for row in result.rows]
+    broken_at = names.index("project")
+    for row in result.rows[:broken_at]:
+        if row.runtime_entire is not None:
+            assert row.runtime_entire == row.entire
+    for name in ("project", "add1", "relu2"):
+        row = result.row(name)
+        assert known(row.runtime_entire).cos < known(row.entire).cos - 1e-3
+    assert result.only_runtime == ()
+    assert len(list((tmp_path / "snap" / "runtime").glob("*.npy"))) == len(runtime_layers)
+    text = (tmp_path / "snap" / REPORT_FILE).read_text()
+    assert "# runtime_error:" in text and "single_sim" in text
+
+
+def test_runtime_layers_matched_by_name_nhwc_and_unknown(
+    tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
+) -> None:
+    """A board-like runtime: original tensor names, NHWC layout, some layers missing, hostile names."""
+    simulator = {
+        info.tensor_name: array for info, array in run_capture(quant_model, {"input": _image(test_image)})
+    }
+    delivered = [
+        (
+            LayerInfo(0, "ConvClip", "n", "clip1"),
+            simulator["clip1_DequantizeLinear_Output"].transpose(0, 2, 3, 1),
+        ),
+        (LayerInfo(1, "Softmax", "n", "prob"), simulator["prob"]),
+        (LayerInfo(2, "../../Evil", "n", "../../../escape/x"), np.zeros(3, np.float32)),
+    ]
+
+    result = analyse(float_model, quant_model, [test_image], tmp_path / "snap", delivered)
+
+    assert result.row("clip1").runtime_entire == result.row("clip1").entire
+    assert result.row("prob").runtime_entire == result.row("prob").entire
+    assert result.row("add1").runtime_entire is None and result.row("add1").single_sim is None
+    assert result.only_runtime == ("../../../escape/x",)
+    written = sorted(p.name for p in (tmp_path / "snap" / "runtime").iterdir())
+    assert len(written) == 3 and all("/" not in name for name in written)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+    assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == sorted(
+        ["golden", "simulator", "runtime", REPORT_FILE]
+    )
+
+
+def _image(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB")).transpose(2, 0, 1)[np.newaxis].astype(np.float32)

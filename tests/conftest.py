@@ -1,0 +1,176 @@
+"""Shared fixtures: real daemon subprocesses on free loopback ports, and the board cases the
+compatibility tests run against (one per transport x backend, each with its own reference)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from demo.daemon_process import DaemonProcess, start_daemon
+from tests import models
+from tests.rknnrt.fake_sysfs import rk3588_board, rv1106_board
+from tests.rknnrt.stub_build import build_stub
+from tests.rknnrt_cases import image_model, image_reference, start_rknnrt_daemon
+
+DaemonFactory = Callable[..., DaemonProcess]
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def cnn_model(models_dir: Path) -> Path:
+    return models.small_cnn(models_dir / "small_cnn.onnx")
+
+
+@pytest.fixture(scope="session")
+def stub_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in librknnrt.so, compiled from tests/rknnrt/stub."""
+    return build_stub(tmp_path_factory.mktemp("stub-rt"))
+
+
+@pytest.fixture(scope="session")
+def stub_mrt_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in librknnmrt.so (zero-copy API only)."""
+    return build_stub(tmp_path_factory.mktemp("stub-mrt"), mrt=True)
+
+
+@pytest.fixture(scope="session")
+def stub_image_model(models_dir: Path) -> Path:
+    return image_model(models_dir / "image.rknn")
+
+
+def _stopped_cleanly(daemon: DaemonProcess) -> None:
+    daemon.stop()
+    assert daemon.process.returncode == 0, daemon.log_text()[-2000:]
+
+
+@pytest.fixture(scope="session")
+def rknnrt_daemon(tmp_path_factory: pytest.TempPathFactory, stub_lib: Path) -> Iterator[DaemonProcess]:
+    """A daemon on the stub librknnrt, probing a fake RK3588."""
+    root = tmp_path_factory.mktemp("rknnrt-daemon")
+    daemon = start_rknnrt_daemon(root, stub_lib, rk3588_board(root / "board"))
+    yield daemon
+    _stopped_cleanly(daemon)
+
+
+@pytest.fixture(scope="session")
+def rknnmrt_daemon(tmp_path_factory: pytest.TempPathFactory, stub_mrt_lib: Path) -> Iterator[DaemonProcess]:
+    """A daemon on the stub librknnmrt, probing a fake RV1106."""
+    root = tmp_path_factory.mktemp("rknnmrt-daemon")
+    daemon = start_rknnrt_daemon(root, stub_mrt_lib, rv1106_board(root / "board"))
+    yield daemon
+    _stopped_cleanly(daemon)
+
+
+@pytest.fixture(scope="session")
+def host_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One host-runtime daemon shared by the tests that only need a well-behaved board."""
+    root = tmp_path_factory.mktemp("host-daemon")
+    daemon = start_daemon(root / "cache", root / "daemon.log", ["--runtime", "host"])
+    yield daemon
+    _stopped_cleanly(daemon)
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
+    """Factory for daemons with their own options (a declared SoC, short leases...), stopped at the end."""
+    started: list[DaemonProcess] = []
+
+    def make(*args: str, name: str = "daemon") -> DaemonProcess:
+        daemon = start_daemon(
+            tmp_path / f"{name}-cache", tmp_path / f"{name}.log", ["--runtime", "host", *args]
+        )
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        daemon.stop()
+
+
+def onnx_reference(
+    model: Path, mean: float = 0.0, std: float = 1.0
+) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """Outputs of a direct ONNX Runtime run of the model, on NCHW float inputs normalised as configured."""
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(inputs: list[np.ndarray]) -> list[np.ndarray]:
+        feed = {n: ((a.astype(np.float32) - mean) / std) for n, a in zip(names, inputs, strict=True)}
+        return list(session.run(None, feed))
+
+    return run
+
+
+@dataclass
+class BoardCase:
+    """A board the compatibility tests drive: how to reach it, how to load the model on an RKNN
+    object, and the reference outputs for NCHW float inputs."""
+
+    id: str
+    device_id: str
+    target: str | None
+    load: Callable[[object], int]
+    reference: Callable[[list[np.ndarray]], list[np.ndarray]]
+    input_nchw: tuple[int, int, int, int]
+    atol: float = 1e-4
+    per_layer_perf: bool = True  # whether perf_debug gives per-layer rows (not on librknnmrt)
+    lite_core_mask: int = 1  # the core mask the RKNNLite flow asks for (NPU_CORE_0; AUTO on one-core SoCs)
+
+
+# mean/std the compat cases configure, so the tests also prove they are baked into the model.
+CASE_MEAN, CASE_STD = 10.0, 50.0
+
+
+def host_tcp_case(daemon: DaemonProcess, model: Path) -> BoardCase:
+    def load(rknn: object) -> int:
+        rknn.config(mean_values=[[CASE_MEAN] * 3], std_values=[[CASE_STD] * 3])  # type: ignore[attr-defined]
+        return int(rknn.load_onnx(str(model)))  # type: ignore[attr-defined]
+
+    return BoardCase(
+        id="tcp-host",
+        device_id=daemon.url,
+        target=None,
+        load=load,
+        reference=onnx_reference(model, CASE_MEAN, CASE_STD),
+        input_nchw=(1, 3, 16, 16),
+    )
+
+
+def stub_tcp_case(case_id: str, daemon: DaemonProcess, model: Path, target: str, mrt: bool) -> BoardCase:
+    """A board on the stand-in runtime: the image model loaded with load_rknn, reference y = a*x + b."""
+
+    def load(rknn: object) -> int:
+        return int(rknn.load_rknn(str(model)))  # type: ignore[attr-defined]
+
+    return BoardCase(
+        id=case_id,
+        device_id=daemon.url,
+        target=target,
+        load=load,
+        reference=image_reference,
+        input_nchw=(1, 3, 16, 16),
+        per_layer_perf=not mrt,
+        lite_core_mask=0 if mrt else 1,
+    )
+
+
+@pytest.fixture(params=["tcp-host", "tcp-rknnrt", "tcp-rknnmrt"])
+def board(request: pytest.FixtureRequest) -> BoardCase:
+    """Every transport x backend the compatibility suite runs over (later issues add theirs here)."""
+    if request.param == "tcp-host":
+        return host_tcp_case(request.getfixturevalue("host_daemon"), request.getfixturevalue("cnn_model"))
+    model = request.getfixturevalue("stub_image_model")
+    if request.param == "tcp-rknnrt":
+        return stub_tcp_case(request.param, request.getfixturevalue("rknnrt_daemon"), model, "rk3588", False)
+    if request.param == "tcp-rknnmrt":
+        return stub_tcp_case(request.param, request.getfixturevalue("rknnmrt_daemon"), model, "rv1106", True)
+    raise AssertionError(request.param)

@@ -1,0 +1,139 @@
+"""The daemon as a process: leases, worker isolation, health, reflection, shutdown, the CLIs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from demo.daemon_process import DaemonProcess
+from rknn_client import connect
+from rknn_client.errors import ResourceExhausted, SessionLost
+from tests.conftest import DaemonFactory
+
+
+def test_an_idle_session_is_freed_after_its_lease(make_daemon: DaemonFactory, cnn_model: Path) -> None:
+    daemon = make_daemon("--session-idle-timeout", "1")
+    with connect(daemon.url) as device:
+        session = device.load(cnn_model)
+        assert device.info(refresh=True).open_sessions == 1
+        assert 0 < session.keep_alive() <= 1
+        deadline = time.monotonic() + 15
+        while device.info(refresh=True).open_sessions and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert device.info(refresh=True).open_sessions == 0
+        with pytest.raises(SessionLost, match="expired"):
+            session.run([np.zeros((1, 3, 16, 16), dtype=np.float32)])
+
+
+def test_calls_renew_the_lease(make_daemon: DaemonFactory, cnn_model: Path) -> None:
+    daemon = make_daemon("--session-idle-timeout", "2")
+    with connect(daemon.url) as device, device.load(cnn_model) as session:
+        for _ in range(8):
+            time.sleep(0.5)
+            session.run([np.zeros((1, 3, 16, 16), dtype=np.float32)])
+        assert device.info(refresh=True).open_sessions == 1
+
+
+def test_max_sessions_is_a_clear_resource_limit(make_daemon: DaemonFactory, cnn_model: Path) -> None:
+    daemon = make_daemon("--max-sessions", "1")
+    with (
+        connect(daemon.url) as device,
+        device.load(cnn_model),
+        pytest.raises(ResourceExhausted, match="max_sessions=1"),
+    ):
+        device.load(cnn_model)
+
+
+def test_process_isolation_runs_each_session_in_a_worker(make_daemon: DaemonFactory, cnn_model: Path) -> None:
+    daemon = make_daemon("--isolation", "process")
+    parent = psutil.Process(daemon.pid)
+    with connect(daemon.url) as device:
+        session = device.load(cnn_model, perf_debug=True)
+        workers = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(workers) == 1
+        out = session.run([np.ones((1, 3, 16, 16), dtype=np.float32)])
+        assert out[0].shape == (1, 10)
+        assert session.perf().layers and session.memory().weight_memory > 0
+        session.release()
+        workers[0].wait(timeout=10)
+        assert not workers[0].is_running()
+
+
+def test_health_and_reflection_answer(host_daemon: DaemonProcess) -> None:
+    with grpc.insecure_channel(host_daemon.address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="rknn.v1.RknnServer")
+        )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answer = next(
+            stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        )
+        names = {s.name for s in answer.list_services_response.service}
+    assert {"rknn.v1.RknnServer", "grpc.health.v1.Health"} <= names
+
+
+def test_health_command_exit_codes(host_daemon: DaemonProcess, tmp_path: Path) -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "rknn_server", "health", host_daemon.url], capture_output=True, text=True
+    )
+    assert ok.returncode == 0 and "SERVING" in ok.stdout
+    down = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rknn_server",
+            "health",
+            "unix-abstract:rknn-test-nobody-listens",
+            "--timeout",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert down.returncode == 1 and "not answering" in down.stderr
+
+
+def test_sigterm_releases_sessions_and_exits_zero(make_daemon: DaemonFactory, cnn_model: Path) -> None:
+    daemon = make_daemon()
+    device = connect(daemon.url)
+    device.load(cnn_model)
+    assert daemon.stop() == 0
+    assert "session_released" in daemon.log_text() and "daemon shutting down" in daemon.log_text()
+    device.close()
+
+
+def test_bad_listen_address_is_refused_at_start() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rknn_server", "--listen", "http://0.0.0.0:1"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "tcp://HOST:PORT or unix-abstract:NAME" in result.stderr
+
+
+def test_one_log_event_per_rpc(make_daemon: DaemonFactory, cnn_model: Path) -> None:
+    daemon = make_daemon()
+    with connect(daemon.url) as device, device.load(cnn_model) as session:
+        session.run([np.zeros((1, 3, 16, 16), dtype=np.float32)])
+    import json
+
+    events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    rpcs = [e for e in events if e.get("event") == "rpc"]
+    inference = next(e for e in rpcs if e["method"] == "Inference")
+    assert inference["outcome"] == "OK" and inference["bytes_in"] == 3 * 16 * 16 * 4
+    assert inference["bytes_out"] == 40 and inference["session"] and inference["duration_ms"] > 0
+    assert {e["method"] for e in rpcs} >= {
+        "GetInfo",
+        "PrepareUpload",
+        "UploadModel",
+        "InitRuntime",
+        "Release",
+    }

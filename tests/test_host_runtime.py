@@ -1,0 +1,75 @@
+"""The host backend without a server: outputs, profiler rows, memory figures, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from rknn_server.runtime import onnx_graph
+from rknn_server.runtime.base import ModelFormatError, RuntimeOptions
+from rknn_server.runtime.host import HostBackend
+from tests import models
+
+
+def test_outputs_equal_a_direct_onnx_runtime_run(cnn_model: Path) -> None:
+    model = HostBackend(threads=1).open(cnn_model, RuntimeOptions())
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(str(cnn_model)).run(None, {"input": x})[0]
+    np.testing.assert_allclose(model.run([x])[0], want, rtol=1e-5, atol=1e-6)
+    assert [s.name for s in model.inputs] == ["input"] and model.inputs[0].layout == "NCHW"
+    model.close()
+
+
+def test_perf_debug_rows_come_from_the_profiler(cnn_model: Path) -> None:
+    model = HostBackend(threads=1).open(cnn_model, RuntimeOptions(perf_debug=True))
+    result = model.perf(None)
+    ops = [row.op_type for row in result.layers]
+    assert "Conv" in ops and "Gemm" in ops
+    assert [row.index for row in result.layers] == list(range(1, len(ops) + 1))
+    assert all(row.time_us > 0 and row.target == "CPU" for row in result.layers)
+    assert result.total_time_us > 0
+    assert not HostBackend(threads=1).open(cnn_model, RuntimeOptions()).perf(None).layers
+
+
+def test_memory_counts_weights_and_the_peak_of_live_intermediates(cnn_model: Path) -> None:
+    result = HostBackend(threads=1).open(cnn_model, RuntimeOptions()).memory()
+    weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(str(cnn_model)).graph.initializer)
+    assert result.weight_bytes == weights
+    # conv1 and relu1 (8x16x16 float each) are alive together at the peak, plus conv2's output
+    assert result.internal_bytes == 3 * 8 * 16 * 16 * 4
+    assert result.total_bytes == result.weight_bytes + result.internal_bytes + result.other_bytes
+
+
+def test_liveness_frees_a_tensor_after_its_last_consumer() -> None:
+    chain = helper.make_graph(
+        [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(4)],
+        "chain",
+        [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1000])],
+        [helper.make_tensor_value_info("t4", TensorProto.FLOAT, [1000])],
+    )
+    model = helper.make_model(chain)
+    tensors = onnx_graph.inferred_tensors(model)
+    assert onnx_graph.peak_intermediate_bytes(model, tensors) == 2 * 4000
+
+
+def test_rknn_and_junk_files_are_refused_with_what_to_do(tmp_path: Path) -> None:
+    rknn = tmp_path / "model.rknn"
+    rknn.write_bytes(b"RKNN\0\0\0\0")
+    with pytest.raises(ModelFormatError, match="--runtime rknnrt"):
+        HostBackend().open(rknn, RuntimeOptions())
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x07" * 64)
+    with pytest.raises(ModelFormatError, match="not a loadable ONNX model"):
+        HostBackend().open(junk, RuntimeOptions())
+
+
+def test_external_data_loads_from_beside_the_model(tmp_path: Path) -> None:
+    path = models.external_data_model(tmp_path)
+    model = HostBackend(threads=1).open(path, RuntimeOptions())
+    assert model.memory().weight_bytes == 4 * 64 * 4
+    assert model.run([np.ones((1, 4), dtype=np.float32)])[0].shape == (1, 64)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_server.runtime.base import MemoryResult, ModelRuntime, PerfResult, RuntimeOptions
+from rknn_server.runtime.base import InputFormat, MemoryResult, ModelRuntime, PerfResult, RuntimeOptions
 from rknn_server.runtime.host import HostBackend
 
 STALL_VALUE = 7.0
@@ -28,12 +28,14 @@ class StallRuntime(ModelRuntime):
         self.outputs = inner.outputs
         self.folder = folder
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> list[np.ndarray]:
         if inputs and inputs[0].size and float(inputs[0].reshape(-1)[0]) == STALL_VALUE:
             (self.folder / "started").touch()
             while not (self.folder / "release").exists():
                 time.sleep(0.02)
-        return self.inner.run(inputs)
+        return self.inner.run(inputs, formats)
 
     def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
         return self.inner.perf(inputs)

@@ -140,20 +140,23 @@ def check_meta(
     layout_name(meta.layout)
     shape = tuple(int(d) for d in meta.shape)
     if len(shape) > limits.max_rank:
-        raise LimitExceeded(f"{what}: rank {len(shape)} is over the limit max_tensor_rank={limits.max_rank}")
+        raise LimitExceeded(
+            f"{what}: rank {len(shape)} exceeds the limit of {limits.max_rank} dimensions "
+            f"(max_tensor_rank={limits.max_rank})"
+        )
     if any(d < 0 for d in shape):
         raise CodecError(f"{what}: shape {list(shape)} has a negative dimension")
     elements = math.prod(shape)
-    if elements > limits.max_elements:
-        raise LimitExceeded(
-            f"{what}: shape {list(shape)} has {elements} elements, over the limit "
-            f"max_tensor_elements={limits.max_elements}"
-        )
     expected = elements * dtype.itemsize
     if expected > limits.max_tensor_bytes:
         raise LimitExceeded(
             f"{what}: shape {list(shape)} of {dtype} needs {expected} bytes, over the limit "
             f"max_tensor_bytes={limits.max_tensor_bytes}"
+        )
+    if elements > limits.max_elements:
+        raise LimitExceeded(
+            f"{what}: shape {list(shape)} has {elements} elements, over the limit "
+            f"max_tensor_elements={limits.max_elements}"
         )
     if meta.byte_length != expected:
         raise CodecError(

@@ -229,16 +229,8 @@ class ModelCache:
         return False, held
 
     def begin_upload(self, manifest: rknn_pb2.ModelManifest, start_offsets: list[int]) -> Upload:
-        cached, held = self.prepare(manifest)
-        if cached:
-            raise Aborted(
-                f"model {manifest.digest} is already cached; call PrepareUpload again: no upload is needed"
-            )
-        if list(start_offsets) != held:
-            raise Aborted(
-                f"upload starts at offsets {list(start_offsets)}; the daemon holds {held} bytes per file "
-                "(call PrepareUpload first and resume from what it returns)"
-            )
+        """Claim the model for this upload; a concurrent upload or a cache hit is ABORTED (ask again)."""
+        validate_manifest(manifest, self.limits)
         with self._lock:
             if manifest.digest in self._uploading:
                 raise Aborted(
@@ -247,6 +239,16 @@ class ModelCache:
                 )
             self._uploading.add(manifest.digest)
         try:
+            cached, held = self.prepare(manifest)
+            if cached:
+                raise Aborted(
+                    f"model {manifest.digest} is already cached; call PrepareUpload again: no upload is needed"
+                )
+            if list(start_offsets) != held:
+                raise InvalidInput(
+                    f"upload starts at offsets {list(start_offsets)}; the daemon holds {held} bytes per file "
+                    "(call PrepareUpload first and resume from what it returns)"
+                )
             return Upload(self, manifest, list(start_offsets))
         except BaseException:
             self.end_upload(manifest.digest)

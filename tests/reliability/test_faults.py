@@ -113,9 +113,7 @@ def test_client_killed_mid_upload_resumes_and_never_uses_the_partial(
     child = _upload_cut_after_3_mib(daemon, model)
     kill(child)  # type: ignore[arg-type]
     _wait(
-        lambda: any(
-            e.get("method") == "UploadModel" and e.get("outcome") == "CANCELLED" for e in _log_events(daemon)
-        ),
+        lambda: any(e.get("method") == "UploadModel" for e in _log_events(daemon)),
         "the daemon to see the upload end",
     )
     cached, held = _held(daemon, model)

@@ -25,6 +25,7 @@ import numpy as np
 from rknn_client import __version__
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
+from rknn_client.negotiate import check_versions
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
@@ -32,7 +33,6 @@ from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
-    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
 )
@@ -140,6 +140,17 @@ class MemoryReport:
 
 
 @dataclass(frozen=True)
+class DumpedLayer:
+    """One layer tensor captured by the daemon's runtime during a DumpLayers run."""
+
+    index: int
+    op_type: str
+    node_name: str
+    tensor_name: str
+    array: np.ndarray
+
+
+@dataclass(frozen=True)
 class UploadResult:
     digest: str
     sent_bytes: int
@@ -153,6 +164,7 @@ class Device:
         self,
         endpoint: Endpoint,
         timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
         *,
         token: str | None = None,
         tls_ca: Path | str | None = None,
@@ -162,6 +174,8 @@ class Device:
         """`token` and the TLS files default to RKNN_SERVER_TOKEN and RKNN_SERVER_TLS_CA/_CERT/_KEY."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        # Sent with every call: the protocol version, plus e.g. a farm reservation token.
+        self.metadata = (*_METADATA, *metadata)
         self._channel = open_channel(
             endpoint,
             Credentials.resolve(token, tls_ca, tls_cert, tls_key),
@@ -178,7 +192,7 @@ class Device:
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
         try:
-            return fn(request, metadata=_METADATA, timeout=timeout or self.timeout_s)
+            return fn(request, metadata=self.metadata, timeout=timeout or self.timeout_s)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
 
@@ -194,12 +208,9 @@ class Device:
                 ),
                 timeout=30,
             )
-            if reply.protocol_version < MIN_PROTOCOL_VERSION:
-                raise VersionMismatch(
-                    f"the daemon at {self.endpoint.description} speaks protocol {reply.protocol_version} "
-                    f"(rknn_server {reply.daemon_version}); this client needs at least {MIN_PROTOCOL_VERSION} "
-                    f"(rknn_client {__version__}). Upgrade the board: rknn-client deploy --device ID"
-                )
+            mismatch = check_versions(reply, self.endpoint.description, self.endpoint.device_id)
+            if mismatch is not None:
+                raise VersionMismatch(mismatch.message())
             caps = reply.capabilities
             limits = reply.limits
             self._info = DeviceInfo(
@@ -271,7 +282,7 @@ class Device:
                         if progress:
                             progress(done, total)
 
-        reply = self._stub.UploadModel(requests(), metadata=_METADATA, timeout=self.timeout_s)
+        reply = self._stub.UploadModel(requests(), metadata=self.metadata, timeout=self.timeout_s)
         return UploadResult(reply.digest, reply.received_bytes, cached=False)
 
     def load(
@@ -467,6 +478,36 @@ class Session:
         pass_through: Sequence[bool] | None,
         strict: bool,
     ) -> list[np.ndarray]:
+        requests = self._input_requests(inputs, layouts, pass_through, strict)
+        where = f"Inference on {self.device.endpoint.description}"
+        try:
+            responses = cast(
+                Iterator[rknn_pb2.InferenceResponse],
+                self.device._stub.Inference(
+                    requests, metadata=self.device.metadata, timeout=self.device.timeout_s
+                ),
+            )
+            first = next(responses)
+            if first.WhichOneof("part") != "header":
+                raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
+            self.last_run_time_us = first.header.run_time_us
+            assembler = codec.TensorAssembler(first.header.outputs, _OUTPUT_LIMITS, "output")
+            for response in responses:
+                assembler.add(response.chunk)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, where) from None
+        except StopIteration:
+            raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
+        return assembler.arrays()
+
+    def _input_requests(
+        self,
+        inputs: Sequence[np.ndarray],
+        layouts: Sequence[str] | None,
+        pass_through: Sequence[bool] | None,
+        strict: bool,
+    ) -> Iterator[rknn_pb2.InferenceRequest]:
+        """The Inference-framed request stream for these inputs: a header, then their chunks."""
         self._check(inputs, strict)
         wire = [codec.wire_array(a) for a in inputs]
         layout_names = list(layouts) if layouts is not None else [s.layout for s in self.inputs]
@@ -481,24 +522,38 @@ class Session:
             for chunk in codec.iter_chunks(wire):
                 yield rknn_pb2.InferenceRequest(chunk=chunk)
 
-        where = f"Inference on {self.device.endpoint.description}"
+        return requests()
+
+    def dump_layers(
+        self, inputs: Sequence[np.ndarray], layouts: Sequence[str] | None = None
+    ) -> Iterator[DumpedLayer]:
+        """Run once with per-layer capture and yield every captured tensor, one layer at a time
+        (only one layer's bytes are held here at once). Stopping early cancels the call. With
+        `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
+        requests = self._input_requests(inputs, layouts, None, strict=layouts is None)
+        where = f"DumpLayers on {self.device.endpoint.description}"
+        call = self.device._stub.DumpLayers(
+            requests, metadata=self.device.metadata, timeout=self.device.timeout_s
+        )
+        header: rknn_pb2.LayerDumpHeader | None = None
+        assembler: codec.TensorAssembler | None = None
         try:
-            responses = cast(
-                Iterator[rknn_pb2.InferenceResponse],
-                self.device._stub.Inference(requests(), metadata=_METADATA, timeout=self.device.timeout_s),
-            )
-            first = next(responses)
-            if first.WhichOneof("part") != "header":
-                raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
-            self.last_run_time_us = first.header.run_time_us
-            assembler = codec.TensorAssembler(first.header.outputs, _OUTPUT_LIMITS, "output")
-            for response in responses:
-                assembler.add(response.chunk)
+            for response in cast(Iterator[rknn_pb2.DumpLayersResponse], call):
+                if response.WhichOneof("part") == "layer":
+                    if header is not None and assembler is not None:
+                        yield _dumped(header, assembler)
+                    header = response.layer
+                    assembler = codec.TensorAssembler([header.tensor], _OUTPUT_LIMITS, "layer")
+                elif assembler is None:
+                    raise RknnError(f"{where}: the daemon sent tensor bytes before a layer header")
+                else:
+                    assembler.add(response.chunk)
+            if header is not None and assembler is not None:
+                yield _dumped(header, assembler)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
-        except StopIteration:
-            raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
-        return assembler.arrays()
+        finally:
+            call.cancel()
 
     def perf(self, fix_freq: bool = True) -> PerfReport:
         reply = self._guarded(
@@ -569,6 +624,16 @@ class Session:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+def _dumped(header: rknn_pb2.LayerDumpHeader, assembler: codec.TensorAssembler) -> DumpedLayer:
+    return DumpedLayer(
+        index=header.index,
+        op_type=header.op_type,
+        node_name=header.node_name,
+        tensor_name=header.tensor_name,
+        array=assembler.arrays()[0],
+    )
 
 
 def connect(

@@ -4,6 +4,9 @@ rknn-client info [--device ID]
 rknn-client run MODEL --input a.npy [--input b.npy] [--output-dir DIR]
 rknn-client perf MODEL [--no-perf-debug]
 rknn-client mem MODEL
+rknn-client devices | doctor [--device ID] | deploy --device ID   (board commands: rknn_client.board_commands)
+rknn-client accuracy MODEL --input IMG [IMG...] --dataset dataset.txt --output-dir DIR [--mean M,M,M] [--std S,S,S]
+rknn-client farm devices|run ...   (see rknn_client.farm.cli)
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import numpy as np
 
 from rknn_client import __version__
 from rknn_client.api import Device, Session, connect
+from rknn_client.board_commands import add_board_commands
+from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import RknnError
+from rknn_client.farm.cli import add_farm_commands
 from rknn_client.report import memory_text, perf_text
 from rknn_client.transport.base import TransportError
 
@@ -93,6 +99,41 @@ def cmd_mem(device: Device, args: argparse.Namespace) -> int:
     return 0
 
 
+def _channels(text: str) -> list[float]:
+    """`--mean 123.675,116.28,103.53`: one value per channel."""
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    """config + load_onnx + build + accuracy_analysis, the toolkit's flow; the runtime side is the daemon
+    that --device/--target select (neither: golden vs simulator only)."""
+    if not args.no_quantization and not args.dataset:
+        print("rknn-client: accuracy needs --dataset (or --no-quantization)", file=sys.stderr)
+        return 2
+    rknn = RKNN()
+    try:
+        ok = (
+            rknn.config(
+                mean_values=args.mean,
+                std_values=args.std,
+                quantized_algorithm=args.algorithm,
+                quantized_method=args.method,
+            )
+            == 0
+            and rknn.load_onnx(args.model) == 0
+            and rknn.build(do_quantization=not args.no_quantization, dataset=args.dataset) == 0
+            and rknn.accuracy_analysis(args.input, args.output_dir, args.target, args.device) == 0
+        )
+    finally:
+        rknn.release()
+    if ok:
+        print(f"layer dumps and error_analysis.txt are in {args.output_dir}", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rknn-client", description="Run, profile and inspect models on RKNN boards."
@@ -126,11 +167,50 @@ def parser() -> argparse.ArgumentParser:
     perf.add_argument("--no-perf-debug", action="store_true", help="total time only (no per-layer table)")
     perf.add_argument("--no-fix-freq", action="store_true", help="do not pin CPU/NPU/DDR frequencies")
     add("mem", cmd_mem, "memory used by a model, in the toolkit's format", model=True)
+    add_board_commands(sub)
+    acc = sub.add_parser(
+        "accuracy",
+        help="per-layer int8 error: float vs quantized model vs the board's runtime",
+        description="Quantize an ONNX model as build() does and compare every layer: golden (float) vs "
+        "simulator (int8), and vs the runtime of --device/--target when given.",
+    )
+    acc.add_argument("model", help="the original ONNX model")
+    acc.add_argument(
+        "--input", nargs="+", action="extend", required=True, help="image or .npy, one per model input"
+    )
+    acc.add_argument("--dataset", help="dataset.txt of calibration inputs, as build() takes it")
+    acc.add_argument("--output-dir", default="./snapshot", help="where dumps and error_analysis.txt go")
+    acc.add_argument(
+        "--mean", type=_channels, action="append", help="mean per channel, e.g. 123.7,116.3,103.5"
+    )
+    acc.add_argument("--std", type=_channels, action="append", help="std per channel, e.g. 58.4,57.1,57.4")
+    acc.add_argument("--algorithm", default="normal", choices=["normal", "mmse", "kl_divergence"])
+    acc.add_argument("--method", default="channel", choices=["channel", "layer"])
+    acc.add_argument("--no-quantization", action="store_true", help="compare against the float build")
+    acc.add_argument("--device", help="the runtime side: tcp://HOST:PORT, an adb serial or IP:PORT")
+    acc.add_argument(
+        "--target", help="the runtime side's SoC (e.g. rk3588): the single adb board of that SoC"
+    )
+    acc.set_defaults(func=None)
+    add_farm_commands(sub)
     return p
+
+
+def run_standalone(args: argparse.Namespace) -> int:
+    """Commands that reach their devices themselves (board and farm commands)."""
+    try:
+        return int(args.standalone(args))
+    except (RknnError, TransportError, OSError, ValueError) as exc:
+        print(f"rknn-client: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "accuracy":
+        return cmd_accuracy(args)
+    if getattr(args, "standalone", None) is not None:
+        return run_standalone(args)
     try:
         with connect(args.device, args.target) as device:
             return int(args.func(device, args))

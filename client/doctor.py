@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import adbutils
 import grpc
 
+from rknn_client.board_shell import BoardShell
+from rknn_client.negotiate import check_versions, request_info
 from rknn_client.transport.adb import (
     AdbTransportError,
     adb_server_address,
@@ -21,13 +23,11 @@ from rknn_client.transport.adb import (
     open_adb,
     require_ready,
 )
-from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto import rknn_pb2
 from rknn_proto.version import (
     DEFAULT_ABSTRACT_SOCKET,
     DEFAULT_PORT,
-    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
-    PROTOCOL_VERSION_METADATA_KEY,
 )
 
 # Where RKNPU2 images install the closed rknn_server and the scripts that respawn it.
@@ -43,7 +43,6 @@ VENDOR_FIX = (
 )
 NPU_NODES = ("/dev/dri/renderD129", "/dev/rknpu")
 DRIVER_VERSION_FILES = ("/sys/kernel/debug/rknpu/version", "/sys/module/rknpu/version")
-_SHELL_SECONDS = 15
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Itera
         yield Check("device state", False, error.problem, error.fix)
         return
     yield Check("device state", True, "device (online and authorized)")
-    board = _BoardShell(client.device(info.serial))
+    board = BoardShell(client.device(info.serial))
     yield from _daemon_process_checks(board, socket_name)
     try:
         endpoint = open_adb(info.serial, socket_name=socket_name)
@@ -122,12 +121,12 @@ def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Itera
         yield Check("adb forward", False, error.problem, error.fix)
         return
     try:
-        daemon = yield from _daemon_checks(endpoint.grpc_target, timeout)
+        daemon = yield from _daemon_checks(endpoint.grpc_target, info.serial, timeout)
     finally:
         endpoint.close()
     if daemon is None:
         return
-    nodes = board.run(f"ls {' '.join(NPU_NODES)} 2>/dev/null").split()
+    nodes = board.output(f"ls {' '.join(NPU_NODES)} 2>/dev/null").split()
     yield Check(
         "NPU device node",
         bool(nodes),
@@ -135,30 +134,19 @@ def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Itera
         "the RKNPU kernel driver is not loaded: use the board vendor's kernel "
         "and check `dmesg | grep -i rknpu`",
     )
-    version = daemon.driver_version or board.run(f"cat {' '.join(DRIVER_VERSION_FILES)} 2>/dev/null").strip()
+    version = (
+        daemon.driver_version or board.output(f"cat {' '.join(DRIVER_VERSION_FILES)} 2>/dev/null").strip()
+    )
     yield _driver_check(version)
 
 
-class _BoardShell:
-    """adb shell on the board, answering '' when the command itself cannot run."""
-
-    def __init__(self, device: adbutils.AdbDevice) -> None:
-        self._device = device
-
-    def run(self, command: str) -> str:
-        try:
-            return str(self._device.shell(command, timeout=_SHELL_SECONDS))
-        except adbutils.AdbError:
-            return ""
-
-
-def _daemon_process_checks(board: _BoardShell, socket_name: str) -> Iterator[Check]:
+def _daemon_process_checks(board: BoardShell, socket_name: str) -> Iterator[Check]:
     """Is a daemon running, is it ours or the vendor's, and does it listen on the abstract socket."""
-    found = board.run('for p in $(pidof rknn_server); do echo "$p $(readlink /proc/$p/exe)"; done')
+    found = board.output('for p in $(pidof rknn_server); do echo "$p $(readlink /proc/$p/exe)"; done')
     processes = [line.split(maxsplit=1) for line in found.splitlines() if line.strip()]
-    vendor = [f"pid {pid} ({exe[0]})" for pid, *exe in processes if exe and _is_vendor_binary(exe[0])]
-    ours = [f"pid {pid}" for pid, *exe in processes if not (exe and _is_vendor_binary(exe[0]))]
-    unix_table = board.run(f"grep -F @{socket_name} /proc/net/unix")
+    vendor = [f"pid {pid} ({exe[0]})" for pid, *exe in processes if exe and is_vendor_binary(exe[0])]
+    ours = [f"pid {pid}" for pid, *exe in processes if not (exe and is_vendor_binary(exe[0]))]
+    unix_table = board.output(f"grep -F @{socket_name} /proc/net/unix")
     listening = any(line.split()[-1] == f"@{socket_name}" for line in unix_table.splitlines() if line.split())
     if vendor and not ours and not listening:
         yield Check(
@@ -181,7 +169,7 @@ def _daemon_process_checks(board: _BoardShell, socket_name: str) -> Iterator[Che
     if vendor:
         detail = f"also running: {', '.join(vendor)}"
         yield Check("vendor rknn_server", False, detail, VENDOR_FIX, blocking=False)
-    scripts = board.run(f"ls {' '.join(VENDOR_SCRIPTS)} 2>/dev/null").split()
+    scripts = board.output(f"ls {' '.join(VENDOR_SCRIPTS)} 2>/dev/null").split()
     if scripts:
         detail = f"the vendor's respawn scripts exist: {', '.join(scripts)}"
         yield Check("vendor start scripts", False, detail, VENDOR_FIX, blocking=False)
@@ -193,15 +181,12 @@ def _daemon_process_checks(board: _BoardShell, socket_name: str) -> Iterator[Che
     )
 
 
-def _daemon_checks(target: str, timeout: float) -> Generator[Check, None, rknn_pb2.GetInfoResponse | None]:
+def _daemon_checks(
+    target: str, device_id: str, timeout: float
+) -> Generator[Check, None, rknn_pb2.GetInfoResponse | None]:
     """The gRPC handshake, protocol and runtime; returns GetInfo's answer, or None when it failed."""
-    request = rknn_pb2.GetInfoRequest(
-        client_protocol_version=PROTOCOL_VERSION, client_version="rknn_client doctor"
-    )
-    metadata = ((PROTOCOL_VERSION_METADATA_KEY, str(PROTOCOL_VERSION)),)
     try:
-        with grpc.insecure_channel(target) as channel:
-            info = rknn_pb2_grpc.RknnServerStub(channel).GetInfo(request, timeout=timeout, metadata=metadata)
+        info = request_info(target, timeout, "rknn_client doctor")
     except grpc.RpcError as error:
         yield Check(
             "gRPC handshake",
@@ -212,23 +197,9 @@ def _daemon_checks(target: str, timeout: float) -> Generator[Check, None, rknn_p
         )
         return None
     yield Check("gRPC handshake", True, f"rknn_server {info.daemon_version} answered GetInfo")
-    if info.min_client_protocol_version > PROTOCOL_VERSION:
-        yield Check(
-            "protocol version",
-            False,
-            f"the daemon needs client protocol >= {info.min_client_protocol_version}, this client speaks "
-            f"{PROTOCOL_VERSION}",
-            "upgrade the PC side: `pip install -U rknn-server-oss[client]`",
-        )
-        return None
-    if info.protocol_version < MIN_PROTOCOL_VERSION:
-        yield Check(
-            "protocol version",
-            False,
-            f"the daemon speaks protocol {info.protocol_version}, "
-            f"this client needs >= {MIN_PROTOCOL_VERSION}",
-            "upgrade the daemon on the board: `pip install -U rknn-server-oss[server]` and restart it",
-        )
+    mismatch = check_versions(info, device_id or target, device_id)
+    if mismatch is not None:
+        yield Check("protocol version", False, mismatch.problem, mismatch.fix)
         return None
     yield Check("protocol version", True, f"daemon {info.protocol_version}, client {PROTOCOL_VERSION}")
     npu = info.runtime == "rknnrt"
@@ -264,12 +235,12 @@ def _tcp_chain(device_id: str, timeout: float) -> Iterator[Check]:
         return
     yield Check("tcp connect", True, f"{host}:{port_text} accepts connections")
     target = f"[{host}]:{port_text}" if ":" in host else f"{host}:{port_text}"
-    daemon = yield from _daemon_checks(target, timeout)
+    daemon = yield from _daemon_checks(target, device_id, timeout)
     if daemon is not None:
         yield _driver_check(daemon.driver_version)
 
 
-def _is_vendor_binary(exe: str) -> bool:
+def is_vendor_binary(exe: str) -> bool:
     """The closed daemon is an executable named rknn_server in /usr/bin or /oem/usr/bin.
 
     This project's daemon runs as a Python interpreter, so its /proc/PID/exe never ends so.

@@ -3,6 +3,8 @@
 Starts rknn_server (host runtime) on a free loopback port, uploads MobileNetV2 twice (the second
 time is a cache hit), then runs the RKNN-Toolkit2 flow against it: init_runtime, inference on a
 real photo with a top-5 printout, eval_perf with the per-layer table, eval_memory and release.
+It ends with an accuracy analysis of the int8 build (calibrated on crops of the same photo) against
+the daemon, whose table shows layer by layer where int8 loses accuracy.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from demo.calibration import photo_crops, write_dataset
 from demo.daemon_process import start_daemon
 from demo.models import save_mobilenet_v2
 from rknn_client import RKNN, connect
@@ -23,6 +26,7 @@ IMAGE = ROOT / "demo" / "assets" / "grace_hopper.jpg"
 # ImageNet mean/std in pixel units, as RKNN-Toolkit2 users pass them to config().
 MEAN = [[123.675, 116.28, 103.53]]
 STD = [[58.395, 57.12, 57.375]]
+CALIBRATION_IMAGES = 4
 
 
 def banner(text: str) -> None:
@@ -36,6 +40,27 @@ def load_image(path: Path, size: int = 224) -> np.ndarray:
     left, top = (image.width - side) // 2, (image.height - side) // 2
     image = image.crop((left, top, left + side, top + side)).resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(image, dtype=np.uint8)
+
+
+def accuracy_analysis(model: Path, device_url: str) -> int:
+    """int8 build calibrated on crops of the photo, then golden vs simulator vs the daemon, per layer."""
+    banner("accuracy_analysis(): where does int8 lose accuracy?")
+    calibration = WORK / "calibration"
+    dataset = write_dataset(calibration, photo_crops(IMAGE, calibration, CALIBRATION_IMAGES, 224))
+    probe = WORK / "grace_hopper_224.png"
+    Image.fromarray(load_image(IMAGE)).save(probe)
+    rknn = RKNN(verbose=False)
+    rknn.config(mean_values=MEAN, std_values=STD, target_platform="rk3588")
+    try:
+        if rknn.load_onnx(str(model)) != 0 or rknn.build(do_quantization=True, dataset=str(dataset)) != 0:
+            return 1
+        snapshot = WORK / "snapshot"
+        if rknn.accuracy_analysis(inputs=[str(probe)], output_dir=str(snapshot), device_id=device_url) != 0:
+            return 1
+    finally:
+        rknn.release()
+    print(f"\nper-layer dumps (golden/, simulator/, runtime/) and error_analysis.txt: {snapshot}")
+    return 0
 
 
 def main() -> int:
@@ -82,7 +107,10 @@ def main() -> int:
             return 1
         rknn.get_sdk_version()
         rknn.release()
-        banner("done: release() freed the session")
+        banner("release() freed the session")
+        if accuracy_analysis(model, daemon.url) != 0:
+            return 1
+        banner("done")
     finally:
         daemon.stop()
     return 0

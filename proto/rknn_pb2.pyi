@@ -437,6 +437,8 @@ class GetInfoResponse(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
     TLS_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    RESERVATION_WAITERS_FIELD_NUMBER: _builtins.int
     daemon_version: _builtins.str
     """rknn_server package version, e.g. "0.1.0"."""
     protocol_version: _builtins.int
@@ -467,6 +469,8 @@ class GetInfoResponse(_message.Message):
     """Random id of this daemon run: a new value means the daemon restarted (and sessions were lost)."""
     tls: _builtins.bool
     """True when the daemon serves TLS on its TCP listeners."""
+    reservation_waiters: _builtins.int
+    """Reserve calls queued behind the current holder."""
     @_builtins.property
     def capabilities(self) -> Global___Capabilities: ...
     @_builtins.property
@@ -478,6 +482,10 @@ class GetInfoResponse(_message.Message):
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Warnings about the daemon's configuration the user should see (e.g. that it is insecure)."""
+
+    @_builtins.property
+    def reservation(self) -> Global___ReservationInfo:
+        """Who holds the device's reservation (unset when it is free)."""
 
     def __init__(
         self,
@@ -501,10 +509,12 @@ class GetInfoResponse(_message.Message):
         instance_id: _builtins.str = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
         tls: _builtins.bool = ...,
+        reservation: Global___ReservationInfo | None = ...,
+        reservation_waiters: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits", "reservation", b"reservation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_required", b"auth_required", "board", b"board", "capabilities", b"capabilities", "client_identity", b"client_identity", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "insecure", b"insecure", "instance_id", b"instance_id", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc", "tls", b"tls", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_required", b"auth_required", "board", b"board", "capabilities", b"capabilities", "client_identity", b"client_identity", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "insecure", b"insecure", "instance_id", b"instance_id", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "reservation", b"reservation", "reservation_waiters", b"reservation_waiters", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc", "tls", b"tls", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -908,6 +918,76 @@ class InferenceResponse(_message.Message):
 Global___InferenceResponse: _TypeAlias = InferenceResponse  # noqa: Y015
 
 @_typing.final
+class LayerDumpHeader(_message.Message):
+    """Describes one captured layer tensor; its bytes follow in TensorChunk messages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    OP_TYPE_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    TENSOR_NAME_FIELD_NUMBER: _builtins.int
+    TENSOR_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Position of the layer in capture order (graph inputs first, as the board's "InputOperator")."""
+    op_type: _builtins.str
+    """Operator that produced the tensor, e.g. "Conv"; "InputOperator" for a model input."""
+    node_name: _builtins.str
+    """Name of the producing node in the model (the input's name for a model input)."""
+    tensor_name: _builtins.str
+    """Name of the tensor in the model, the key that accuracy analysis matches layers by."""
+    @_builtins.property
+    def tensor(self) -> Global___TensorMeta:
+        """Element type, shape and byte length of the tensor as sent (layout as the runtime holds it)."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        op_type: _builtins.str = ...,
+        node_name: _builtins.str = ...,
+        tensor_name: _builtins.str = ...,
+        tensor: Global___TensorMeta | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tensor", b"tensor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "node_name", b"node_name", "op_type", b"op_type", "tensor", b"tensor", "tensor_name", b"tensor_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LayerDumpHeader: _TypeAlias = LayerDumpHeader  # noqa: Y015
+
+@_typing.final
+class DumpLayersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAYER_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def layer(self) -> Global___LayerDumpHeader:
+        """Starts a layer."""
+
+    @_builtins.property
+    def chunk(self) -> Global___TensorChunk:
+        """A piece of the current layer's bytes; tensor_index is always 0 (the header's one tensor)."""
+
+    def __init__(
+        self,
+        *,
+        layer: Global___LayerDumpHeader | None = ...,
+        chunk: Global___TensorChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "layer", b"layer", "part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "layer", b"layer", "part", b"part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["layer", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
+
+Global___DumpLayersResponse: _TypeAlias = DumpLayersResponse  # noqa: Y015
+
+@_typing.final
 class EvalPerfRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1222,3 +1302,175 @@ class KeepAliveResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___KeepAliveResponse: _TypeAlias = KeepAliveResponse  # noqa: Y015
+
+@_typing.final
+class ReservationInfo(_message.Message):
+    """---------------------------------------------------------------------------------------------
+    Reservations (test farms)
+
+    A reservation as others may see it: never its token.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    SINCE_UNIX_S_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
+    holder: _builtins.str
+    """The holder's own description, e.g. "alice@ci-runner-3 pid 4242 (gw1)"."""
+    since_unix_s: _builtins.float
+    """When it was granted, seconds since the Unix epoch."""
+    expires_in_s: _builtins.float
+    """Seconds left before it expires unless renewed."""
+    def __init__(
+        self,
+        *,
+        holder: _builtins.str = ...,
+        since_unix_s: _builtins.float = ...,
+        expires_in_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_s", b"expires_in_s", "holder", b"holder", "since_unix_s", b"since_unix_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservationInfo: _TypeAlias = ReservationInfo  # noqa: Y015
+
+@_typing.final
+class ReserveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    TTL_S_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    holder: _builtins.str
+    """Who is asking, shown to everyone the reservation turns away."""
+    ttl_s: _builtins.float
+    """Lifetime without renewal, in seconds (the daemon clamps it to its own bounds)."""
+    wait_s: _builtins.float
+    """How long to queue when the device is reserved: 0 answers at once (FAILED_PRECONDITION when
+    reserved). A cancelled call leaves the queue.
+    """
+    token: _builtins.str
+    """The token to hold it with, chosen by the client (random, at least 16 characters), or empty to
+    let the daemon choose. Knowing it in advance lets a client that withdraws a queued call
+    release a grant whose answer it never received.
+    """
+    def __init__(
+        self,
+        *,
+        holder: _builtins.str = ...,
+        ttl_s: _builtins.float = ...,
+        wait_s: _builtins.float = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "token", b"token", "ttl_s", b"ttl_s", "wait_s", b"wait_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveRequest: _TypeAlias = ReserveRequest  # noqa: Y015
+
+@_typing.final
+class ReserveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    TTL_S_FIELD_NUMBER: _builtins.int
+    WAITED_S_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """Secret proof of holding the reservation: sent as metadata "rknn-reservation" and to Renew/Release."""
+    ttl_s: _builtins.float
+    """The TTL granted, in seconds."""
+    waited_s: _builtins.float
+    """Seconds spent queued."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        ttl_s: _builtins.float = ...,
+        waited_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token", "ttl_s", b"ttl_s", "waited_s", b"waited_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveResponse: _TypeAlias = ReserveResponse  # noqa: Y015
+
+@_typing.final
+class RenewReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewReservationRequest: _TypeAlias = RenewReservationRequest  # noqa: Y015
+
+@_typing.final
+class RenewReservationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
+    expires_in_s: _builtins.float
+    """Seconds left before it expires unless renewed again."""
+    def __init__(
+        self,
+        *,
+        expires_in_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_s", b"expires_in_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewReservationResponse: _TypeAlias = RenewReservationResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseReservationRequest: _TypeAlias = ReleaseReservationRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseReservationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseReservationResponse: _TypeAlias = ReleaseReservationResponse  # noqa: Y015

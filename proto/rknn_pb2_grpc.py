@@ -60,6 +60,11 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
                 _registered_method=True)
+        self.DumpLayers = channel.stream_stream(
+                '/rknn.v1.RknnServer/DumpLayers',
+                request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.DumpLayersResponse.FromString,
+                _registered_method=True)
         self.EvalPerf = channel.unary_unary(
                 '/rknn.v1.RknnServer/EvalPerf',
                 request_serializer=rknn__proto_dot_rknn__pb2.EvalPerfRequest.SerializeToString,
@@ -79,6 +84,21 @@ class RknnServerStub:
                 '/rknn.v1.RknnServer/KeepAlive',
                 request_serializer=rknn__proto_dot_rknn__pb2.KeepAliveRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.KeepAliveResponse.FromString,
+                _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/rknn.v1.RknnServer/Reserve',
+                request_serializer=rknn__proto_dot_rknn__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.ReserveResponse.FromString,
+                _registered_method=True)
+        self.RenewReservation = channel.unary_unary(
+                '/rknn.v1.RknnServer/RenewReservation',
+                request_serializer=rknn__proto_dot_rknn__pb2.RenewReservationRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.RenewReservationResponse.FromString,
+                _registered_method=True)
+        self.ReleaseReservation = channel.unary_unary(
+                '/rknn.v1.RknnServer/ReleaseReservation',
+                request_serializer=rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.FromString,
                 _registered_method=True)
 
 
@@ -126,6 +146,19 @@ class RknnServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DumpLayers(self, request_iterator, context):
+        """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+        analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+        tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+        followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+        daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+        large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+        runtime cannot dump layers (Capabilities.layer_dumps is false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EvalPerf(self, request, context):
         """Per-layer and total timing of the session's model.
         """
@@ -149,6 +182,29 @@ class RknnServerServicer:
 
     def KeepAlive(self, request, context):
         """Renew a session's lease without doing anything else (every other session call renews it too).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+        refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+        reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewReservation(self, request, context):
+        """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseReservation(self, request, context):
+        """Give a reservation back at once; the next waiter (if any) gets the device.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -182,6 +238,11 @@ def add_RknnServerServicer_to_server(servicer, server):
                     request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.InferenceResponse.SerializeToString,
             ),
+            'DumpLayers': grpc.stream_stream_rpc_method_handler(
+                    servicer.DumpLayers,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.DumpLayersResponse.SerializeToString,
+            ),
             'EvalPerf': grpc.unary_unary_rpc_method_handler(
                     servicer.EvalPerf,
                     request_deserializer=rknn__proto_dot_rknn__pb2.EvalPerfRequest.FromString,
@@ -201,6 +262,21 @@ def add_RknnServerServicer_to_server(servicer, server):
                     servicer.KeepAlive,
                     request_deserializer=rknn__proto_dot_rknn__pb2.KeepAliveRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.KeepAliveResponse.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.ReserveRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.ReserveResponse.SerializeToString,
+            ),
+            'RenewReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewReservation,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.RenewReservationRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.RenewReservationResponse.SerializeToString,
+            ),
+            'ReleaseReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseReservation,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +426,33 @@ class RknnServer:
             _registered_method=True)
 
     @staticmethod
+    def DumpLayers(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rknn.v1.RknnServer/DumpLayers',
+            rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.DumpLayersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def EvalPerf(request,
             target,
             options=(),
@@ -447,6 +550,87 @@ class RknnServer:
             '/rknn.v1.RknnServer/KeepAlive',
             rknn__proto_dot_rknn__pb2.KeepAliveRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.KeepAliveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/Reserve',
+            rknn__proto_dot_rknn__pb2.ReserveRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.ReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/RenewReservation',
+            rknn__proto_dot_rknn__pb2.RenewReservationRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.RenewReservationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/ReleaseReservation',
+            rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,15 @@ class RknnServerStub:
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
     """
+    DumpLayers: _grpc.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.DumpLayersResponse]
+    """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+    analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+    tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+    followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+    daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+    large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+    runtime cannot dump layers (Capabilities.layer_dumps is false).
+    """
     EvalPerf: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]
     """Per-layer and total timing of the session's model."""
     EvalMemory: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalMemoryRequest, _rknn_pb2.EvalMemoryResponse]
@@ -70,6 +79,15 @@ class RknnServerStub:
     """Free a session and everything it holds. Releasing an unknown session is NOT_FOUND."""
     KeepAlive: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.KeepAliveRequest, _rknn_pb2.KeepAliveResponse]
     """Renew a session's lease without doing anything else (every other session call renews it too)."""
+    Reserve: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.ReserveRequest, _rknn_pb2.ReserveResponse]
+    """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+    refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+    reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+    """
+    RenewReservation: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.RenewReservationRequest, _rknn_pb2.RenewReservationResponse]
+    """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
+    ReleaseReservation: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.ReleaseReservationRequest, _rknn_pb2.ReleaseReservationResponse]
+    """Give a reservation back at once; the next waiter (if any) gets the device."""
 
 @_typing.type_check_only
 class RknnServerAsyncStub(RknnServerStub):
@@ -94,6 +112,15 @@ class RknnServerAsyncStub(RknnServerStub):
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
     """
+    DumpLayers: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.DumpLayersResponse]  # type: ignore[assignment]
+    """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+    analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+    tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+    followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+    daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+    large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+    runtime cannot dump layers (Capabilities.layer_dumps is false).
+    """
     EvalPerf: _aio.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]  # type: ignore[assignment]
     """Per-layer and total timing of the session's model."""
     EvalMemory: _aio.UnaryUnaryMultiCallable[_rknn_pb2.EvalMemoryRequest, _rknn_pb2.EvalMemoryResponse]  # type: ignore[assignment]
@@ -102,6 +129,15 @@ class RknnServerAsyncStub(RknnServerStub):
     """Free a session and everything it holds. Releasing an unknown session is NOT_FOUND."""
     KeepAlive: _aio.UnaryUnaryMultiCallable[_rknn_pb2.KeepAliveRequest, _rknn_pb2.KeepAliveResponse]  # type: ignore[assignment]
     """Renew a session's lease without doing anything else (every other session call renews it too)."""
+    Reserve: _aio.UnaryUnaryMultiCallable[_rknn_pb2.ReserveRequest, _rknn_pb2.ReserveResponse]  # type: ignore[assignment]
+    """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+    refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+    reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+    """
+    RenewReservation: _aio.UnaryUnaryMultiCallable[_rknn_pb2.RenewReservationRequest, _rknn_pb2.RenewReservationResponse]  # type: ignore[assignment]
+    """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
+    ReleaseReservation: _aio.UnaryUnaryMultiCallable[_rknn_pb2.ReleaseReservationRequest, _rknn_pb2.ReleaseReservationResponse]  # type: ignore[assignment]
+    """Give a reservation back at once; the next waiter (if any) gets the device."""
 
 class RknnServerServicer(metaclass=_abc_1.ABCMeta):
     """The board daemon."""
@@ -155,6 +191,21 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def DumpLayers(
+        self,
+        request_iterator: _MaybeAsyncIterator[_rknn_pb2.InferenceRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_rknn_pb2.DumpLayersResponse], _abc.AsyncIterator[_rknn_pb2.DumpLayersResponse]]:
+        """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
+        analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
+        tensors' chunks). The response stream is, per layer in capture order, one LayerDumpHeader
+        followed by that layer's TensorChunk messages; no layer is ever sent as one message, and the
+        daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
+        large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
+        runtime cannot dump layers (Capabilities.layer_dumps is false).
+        """
+
+    @_abc_1.abstractmethod
     def EvalPerf(
         self,
         request: _rknn_pb2.EvalPerfRequest,
@@ -185,5 +236,32 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rknn_pb2.KeepAliveResponse, _abc.Awaitable[_rknn_pb2.KeepAliveResponse]]:
         """Renew a session's lease without doing anything else (every other session call renews it too)."""
+
+    @_abc_1.abstractmethod
+    def Reserve(
+        self,
+        request: _rknn_pb2.ReserveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.ReserveResponse, _abc.Awaitable[_rknn_pb2.ReserveResponse]]:
+        """Test farms: reserve the whole device for one holder. While it is reserved, InitRuntime is
+        refused (FAILED_PRECONDITION naming the holder) to every call that does not carry the
+        reservation's token as metadata "rknn-reservation". Waiters are served in FIFO order.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewReservation(
+        self,
+        request: _rknn_pb2.RenewReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.RenewReservationResponse, _abc.Awaitable[_rknn_pb2.RenewReservationResponse]]:
+        """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
+
+    @_abc_1.abstractmethod
+    def ReleaseReservation(
+        self,
+        request: _rknn_pb2.ReleaseReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.ReleaseReservationResponse, _abc.Awaitable[_rknn_pb2.ReleaseReservationResponse]]:
+        """Give a reservation back at once; the next waiter (if any) gets the device."""
 
 def add_RknnServerServicer_to_server(servicer: RknnServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 # Minor version of the rknn.v1 contract: bumped each time a field or RPC is added.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 4
 # Oldest peer version this code still talks to.
 MIN_PROTOCOL_VERSION = 1
 # gRPC metadata key carrying the sender's PROTOCOL_VERSION on every call.
 PROTOCOL_VERSION_METADATA_KEY = "rknn-protocol-version"
+# gRPC metadata key carrying a device reservation's token (see Reserve in rknn.proto).
+RESERVATION_METADATA_KEY = "rknn-reservation"
 
 # The project's default TCP port.
 DEFAULT_PORT = 50515

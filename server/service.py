@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,15 +26,18 @@ from rknn_proto.version import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
+    RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
 from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
 from rknn_server.guard import client_identity
 from rknn_server.model_cache import ModelCache
+from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import (
     Backend,
     FrequencyOutcome,
     InputFormat,
+    LayerTensor,
     ModelRuntime,
     PerfResult,
     RuntimeOptions,
@@ -186,6 +190,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.executor = executor
         self.opener = opener
         self.config = config
+        self.reservations = ReservationBook()
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -257,6 +262,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 instance_id=self.config.instance_id,
                 warnings=list(self.config.warnings),
                 tls=self.config.tls,
+                **self.reservations.info_fields(),
             )
 
         return await self._unary("GetInfo", context, body)
@@ -306,6 +312,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.InitRuntimeRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.InitRuntimeResponse:
         async def body(call: _Call) -> rknn_pb2.InitRuntimeResponse:
+            self.reservations.admit(dict(context.invocation_metadata() or ()).get(RESERVATION_METADATA_KEY))
             soc = self.backend.soc()
             target = request.target.lower()
             if soc and target and target != soc:
@@ -354,32 +361,40 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
 
         return await self._unary("InitRuntime", context, body)
 
+    async def _receive_inputs(
+        self, call: _Call, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest]
+    ) -> tuple[Session, list[np.ndarray], list[InputFormat]]:
+        """The session, input arrays (in the model's layout) and their formats of an Inference-framed
+        request stream (header, then chunks)."""
+        first = await _first(request_iterator, "an InferenceHeader")
+        if first.WhichOneof("part") != "header":
+            raise InvalidInput(f"the first {call.method} message must be an InferenceHeader")
+        header = first.header
+        session = self.registry.get(header.session_id, client_identity())
+        call.session = session.id
+        codec.check_metas(header.inputs, self.config.tensor_limits, "input")
+        plans = check_inputs(session.runtime.inputs, header.inputs)
+        assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
+        async for message in request_iterator:
+            if message.WhichOneof("part") != "chunk":
+                raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
+            _check_chunk(len(message.chunk.data), self.config.tensor_limits)
+            assembler.add(message.chunk)
+            call.bytes_in += len(message.chunk.data)
+        arrays = [
+            np.ascontiguousarray(a.transpose(plan.permutation)) if plan.permutation else a
+            for a, plan in zip(assembler.arrays(), plans, strict=True)
+        ]
+        return session, arrays, [plan.format for plan in plans]
+
     async def Inference(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
         call = None
         try:
             call = _Call("Inference", context)
-            first = await _first(request_iterator, "an InferenceHeader")
-            if first.WhichOneof("part") != "header":
-                raise InvalidInput("the first Inference message must be an InferenceHeader")
-            header = first.header
-            session = self.registry.get(header.session_id, client_identity())
-            call.session = session.id
-            codec.check_metas(header.inputs, self.config.tensor_limits, "input")
-            plans = check_inputs(session.runtime.inputs, header.inputs)
-            assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
-            async for message in request_iterator:
-                if message.WhichOneof("part") != "chunk":
-                    raise InvalidInput("after the header, Inference takes only TensorChunk messages")
-                _check_chunk(len(message.chunk.data), self.config.tensor_limits)
-                assembler.add(message.chunk)
-                call.bytes_in += len(message.chunk.data)
-            arrays = [
-                np.ascontiguousarray(a.transpose(plan.permutation)) if plan.permutation else a
-                for a, plan in zip(assembler.arrays(), plans, strict=True)
-            ]
-            outputs, run_us = await self._run(session, arrays, [plan.format for plan in plans])
+            session, arrays, formats = await self._receive_inputs(call, request_iterator)
+            outputs, run_us = await self._run(session, arrays, formats)
             wire = [codec.wire_array(o) for o in outputs]
             specs = session.runtime.outputs
             yield rknn_pb2.InferenceResponse(
@@ -421,6 +436,63 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 raise
             finally:
                 session.renew()
+
+    async def DumpLayers(
+        self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
+        call = None
+        try:
+            call = _Call("DumpLayers", context)
+            session, arrays, formats = await self._receive_inputs(call, request_iterator)
+            async with session.lock:
+                # Some runtimes start their capture when asked for the iterator: that call blocks too.
+                dump = await self._blocking(session.runtime.dump_layers, arrays, formats)
+                async with aclosing(self._step(dump)) as layers:
+                    async for layer in layers:
+                        wire = codec.wire_array(layer.array)
+                        yield rknn_pb2.DumpLayersResponse(
+                            layer=rknn_pb2.LayerDumpHeader(
+                                index=layer.index,
+                                op_type=layer.op_type,
+                                node_name=layer.node_name,
+                                tensor_name=layer.tensor_name,
+                                tensor=codec.meta_of(wire, layer.tensor_name),
+                            )
+                        )
+                        for chunk in codec.iter_chunks([wire]):
+                            call.bytes_out += len(chunk.data)
+                            yield rknn_pb2.DumpLayersResponse(chunk=chunk)
+                        session.renew()
+        except asyncio.CancelledError:
+            if call is not None:
+                call.done("CANCELLED")
+            raise
+        except Exception as exc:
+            await _fail(call, context, exc)
+        else:
+            call.done("OK")
+
+    async def _step(self, layers: Iterator[LayerTensor]) -> AsyncGenerator[LayerTensor, None]:
+        """Advance a runtime's blocking layer iterator in the executor, one layer at a time.
+
+        On an early exit (client gone, send failed) the step in flight is awaited first and the
+        iterator is then closed in the executor, never from two threads at once.
+        """
+        loop = asyncio.get_running_loop()
+        step: asyncio.Future[LayerTensor | None] | None = None
+        try:
+            while True:
+                step = loop.run_in_executor(self.executor, next, layers, None)
+                layer = await asyncio.shield(step)
+                if layer is None:
+                    return
+                yield layer
+        finally:
+            if step is not None and not step.done():
+                await asyncio.wait([step])
+            close = getattr(layers, "close", None)
+            if close is not None:
+                await loop.run_in_executor(self.executor, close)
 
     async def _run(
         self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
@@ -508,6 +580,32 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             return rknn_pb2.KeepAliveResponse(expires_in_s=session.expires_in())
 
         return await self._unary("KeepAlive", context, body)
+
+    # -- Reservations (server/reservations.py) -----------------------------------------------
+
+    async def Reserve(
+        self, request: rknn_pb2.ReserveRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.ReserveResponse:
+        async def body(call: _Call) -> rknn_pb2.ReserveResponse:
+            return await self.reservations.reserve(request)
+
+        return await self._unary("Reserve", context, body)
+
+    async def RenewReservation(
+        self, request: rknn_pb2.RenewReservationRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.RenewReservationResponse:
+        async def body(call: _Call) -> rknn_pb2.RenewReservationResponse:
+            return self.reservations.renew(request)
+
+        return await self._unary("RenewReservation", context, body)
+
+    async def ReleaseReservation(
+        self, request: rknn_pb2.ReleaseReservationRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.ReleaseReservationResponse:
+        async def body(call: _Call) -> rknn_pb2.ReleaseReservationResponse:
+            return self.reservations.release(request)
+
+        return await self._unary("ReleaseReservation", context, body)
 
 
 def _check_chunk(size: int, limits: codec.TensorLimits) -> None:

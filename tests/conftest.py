@@ -4,7 +4,7 @@ compatibility tests run against (one per transport x backend, each with its own 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,7 @@ import pytest
 
 from demo.daemon_process import DaemonProcess, start_daemon
 from tests import models
+from tests.adb.host_board import AdbHostBoard, adb_host_board, point_adb_at
 from tests.rknnrt.fake_sysfs import rk3588_board, rv1106_board
 from tests.rknnrt.stub_build import build_stub
 from tests.rknnrt_cases import image_model, image_reference, start_rknnrt_daemon
@@ -163,11 +164,31 @@ def stub_tcp_case(case_id: str, daemon: DaemonProcess, model: Path, target: str,
     )
 
 
-@pytest.fixture(params=["tcp-host", "tcp-rknnrt", "tcp-rknnmrt"])
+@pytest.fixture(scope="session")
+def adb_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdbHostBoard]:
+    """A host-runtime board reached over adb (emulated board, private adb server), shared by the session."""
+    with adb_host_board(tmp_path_factory.mktemp("adb-board")) as board:
+        yield board
+
+
+def host_adb_case(board: AdbHostBoard, model: Path, monkeypatch: pytest.MonkeyPatch) -> BoardCase:
+    """The tcp-host case reached through adb: device_id is the board's serial, target its SoC."""
+    point_adb_at(board.server, monkeypatch)
+    return replace(
+        host_tcp_case(board.daemon, model), id="adb-host", device_id=board.serial, target=board.soc
+    )
+
+
+@pytest.fixture(params=["tcp-host", "adb-host", "tcp-rknnrt", "tcp-rknnmrt"])
 def board(request: pytest.FixtureRequest) -> BoardCase:
-    """Every transport x backend the compatibility suite runs over (later issues add theirs here)."""
+    """Every transport x backend the compatibility suite runs over, each with its own reference."""
     if request.param == "tcp-host":
         return host_tcp_case(request.getfixturevalue("host_daemon"), request.getfixturevalue("cnn_model"))
+    if request.param == "adb-host":
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        return host_adb_case(
+            request.getfixturevalue("adb_board"), request.getfixturevalue("cnn_model"), monkeypatch
+        )
     model = request.getfixturevalue("stub_image_model")
     if request.param == "tcp-rknnrt":
         return stub_tcp_case(request.param, request.getfixturevalue("rknnrt_daemon"), model, "rk3588", False)

@@ -81,7 +81,7 @@ class AnalysisResult:
         raise KeyError(name)
 
 
-def _prepare_output_dir(output_dir: Path) -> None:
+def prepare_output_dir(output_dir: Path) -> None:
     """Create output_dir and drop an earlier report: nothing claims completeness until the new one lands."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -199,7 +199,7 @@ def analyse(
     golden_model, sim_model = load_model(float_model), load_model(quant_model)
     out = Path(output_dir)
     feeds = _feeds(golden_model, inputs)
-    _prepare_output_dir(out)
+    prepare_output_dir(out)
 
     golden_layers, sim_layers = model_layers(golden_model), model_layers(sim_model)
     golden = {info.tensor_name: array for info, array in run_capture(golden_model, feeds)}

@@ -8,18 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from rknn_client.compat.core_masks import NpuCoreMasks
 from rknn_client.compat.rknn import RKNN
 
 
-class RKNNLite:
-    NPU_CORE_AUTO = 0
-    NPU_CORE_0 = 1
-    NPU_CORE_1 = 2
-    NPU_CORE_2 = 4
-    NPU_CORE_0_1 = 3
-    NPU_CORE_0_1_2 = 7
-    NPU_CORE_ALL = 0xFFFF
-
+class RKNNLite(NpuCoreMasks):
     def __init__(self, verbose: bool | str = False, verbose_file: str | None = None) -> None:
         self._rknn = RKNN(verbose=verbose, verbose_file=verbose_file)
 
@@ -38,7 +31,7 @@ class RKNNLite:
         target: str | None = None,
         device_id: str | None = None,
         async_mode: bool = False,
-        core_mask: int = NPU_CORE_AUTO,
+        core_mask: int = NpuCoreMasks.NPU_CORE_AUTO,
         **kwargs: Any,
     ) -> int:
         return self._rknn.init_runtime(

@@ -1,9 +1,6 @@
-"""`load_onnx` + `config` + `build` for the host runtime: the ONNX model the daemon will run.
-
-The toolkit bakes mean/std into the RKNN model, so at inference the user feeds raw images. Here
-they become a Sub and a Div in front of each 4-D input (channel axis 1, as ONNX models are NCHW),
-so the daemon receives raw pixels too. Input shapes from `input_size_list` and a cut at `outputs`
-are applied the same way the toolkit applies them at load time.
+"""`load_onnx`'s options applied to the model: input shapes from `input_size_list` and a cut at
+`outputs`, the way the toolkit applies them at load time. `build` then hands the result to the
+accuracy engine (rknn_client.accuracy.build), which bakes mean/std in and quantizes.
 """
 
 from __future__ import annotations
@@ -11,88 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper, utils
+from onnx import utils
 
 
 class BuildError(ValueError):
     """The model cannot be loaded or built as asked; the message says why."""
-
-
-def _channel_values(values: Sequence[float], channels: int, what: str, name: str) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float32).reshape(-1)
-    if array.size == 1:
-        array = np.repeat(array, channels)
-    if array.size != channels:
-        raise BuildError(
-            f"{what} for input {name!r} has {array.size} value(s); the input has {channels} channel(s)"
-        )
-    return array.reshape(1, channels, 1, 1)
-
-
-def bake_normalization(
-    model: onnx.ModelProto,
-    mean_values: Sequence[Sequence[float]] | None,
-    std_values: Sequence[Sequence[float]] | None,
-) -> onnx.ModelProto:
-    """Insert (x - mean) / std in front of each input that has mean/std values (toolkit contract:
-    subtract mean, divide by std, no channel swap)."""
-    if not mean_values and not std_values:
-        return model
-    graph = model.graph
-    weights = {i.name for i in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in weights]
-    means: list[Sequence[float] | None] = list(mean_values) if mean_values else [None] * len(inputs)
-    stds: list[Sequence[float] | None] = list(std_values) if std_values else [None] * len(inputs)
-    if len(means) != len(inputs) or len(stds) != len(inputs):
-        raise BuildError(
-            f"mean_values/std_values give {len(means)}/{len(stds)} list(s); the model has {len(inputs)} input(s)"
-        )
-    new_nodes = []
-    for value, mean, std in zip(inputs, means, stds, strict=True):
-        if mean is None and std is None:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        if len(dims) != 4 or not dims[1].HasField("dim_value"):
-            raise BuildError(
-                f"mean/std need a 4-D NCHW input with a known channel count; {value.name!r} is not"
-            )
-        channels = dims[1].dim_value
-        mean_arr = _channel_values(mean if mean is not None else [0.0], channels, "mean_values", value.name)
-        std_arr = _channel_values(std if std is not None else [1.0], channels, "std_values", value.name)
-        if np.any(std_arr == 0):
-            raise BuildError(f"std_values for input {value.name!r} contain 0; division by zero")
-        normalized = f"{value.name}__rknn_normalized"
-        for node in graph.node:
-            node.input[:] = [normalized if n == value.name else n for n in node.input]
-        for out in graph.output:
-            if out.name == value.name:
-                raise BuildError(f"input {value.name!r} is also a model output; cannot insert mean/std")
-        graph.initializer.extend(
-            [
-                numpy_helper.from_array(mean_arr, f"{value.name}__rknn_mean"),
-                numpy_helper.from_array(std_arr, f"{value.name}__rknn_std"),
-            ]
-        )
-        new_nodes += [
-            helper.make_node(
-                "Sub",
-                [value.name, f"{value.name}__rknn_mean"],
-                [f"{value.name}__rknn_centered"],
-                name=f"{value.name}__rknn_sub_mean",
-            ),
-            helper.make_node(
-                "Div",
-                [f"{value.name}__rknn_centered", f"{value.name}__rknn_std"],
-                [normalized],
-                name=f"{value.name}__rknn_div_std",
-            ),
-        ]
-    nodes = [*new_nodes, *graph.node]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
 
 
 def set_input_shapes(
@@ -115,17 +36,14 @@ def set_input_shapes(
             dims.add().dim_value = int(d)
 
 
-def load_and_build(
+def prepare_model(
     model_path: Path,
-    out_path: Path,
     *,
     inputs: Sequence[str] | None,
     input_size_list: Sequence[Sequence[int]] | None,
     outputs: Sequence[str] | None,
-    mean_values: Sequence[Sequence[float]] | None,
-    std_values: Sequence[Sequence[float]] | None,
-) -> Path:
-    """Write the host-runtime model for `model_path` to `out_path` (weights stay inside it)."""
+) -> onnx.ModelProto:
+    """The loaded model with `load_onnx`'s options applied, checked to be valid ONNX."""
     if not model_path.is_file():
         raise BuildError(f"model file {model_path} does not exist")
     try:
@@ -148,10 +66,8 @@ def load_and_build(
         )
         extractor = utils.Extractor(model)
         model = extractor.extract_model(input_names, list(outputs))
-    model = bake_normalization(model, mean_values, std_values)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
-        raise BuildError(f"the built model is not valid ONNX: {exc}") from exc
-    onnx.save(model, str(out_path))
-    return out_path
+        raise BuildError(f"the model is not valid ONNX: {exc}") from exc
+    return model

@@ -18,9 +18,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from rknn_client import __version__
-from rknn_client.api import Device, PerfReport, Session, connect
+from rknn_client.accuracy.analysis import AnalysisResult, analyse, prepare_output_dir
+from rknn_client.accuracy.build import BuiltModels, QuantConfig, build_models
+from rknn_client.accuracy.capture import load_model
+from rknn_client.accuracy.preprocess import input_specs, load_inputs
+from rknn_client.accuracy.runtime_side import dump_runtime_layers
+from rknn_client.api import Device, DumpedLayer, PerfReport, Session, connect
 from rknn_client.compat import inputs as input_rules
-from rknn_client.compat.onnx_build import BuildError, load_and_build
+from rknn_client.compat.core_masks import NpuCoreMasks
+from rknn_client.compat.onnx_build import BuildError, prepare_model
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.errors import RknnError
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
@@ -61,24 +67,18 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
     return decorate
 
 
-class RKNN:
-    NPU_CORE_AUTO = 0x0
-    NPU_CORE_0 = 0x1
-    NPU_CORE_1 = 0x2
-    NPU_CORE_2 = 0x4
-    NPU_CORE_0_1 = 0x3
-    NPU_CORE_0_1_2 = 0x7
-    NPU_CORE_ALL = 0xFFFF
-
+class RKNN(NpuCoreMasks):
     def __init__(self, verbose: bool | str = False, verbose_file: str | None = None) -> None:
         if verbose not in (True, False, "debug"):
             ToolkitLog().e("__init__", "'verbose' must be True or False!")
             verbose = False
         self.log = ToolkitLog(verbose, verbose_file)
-        self._config: dict[str, Any] = {}
         self._onnx: dict[str, Any] | None = None
         self._rknn_path: Path | None = None
         self._built: Path | None = None
+        self._quant = QuantConfig()
+        self._models: BuiltModels | None = None
+        self.last_accuracy: AnalysisResult | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self._device: Device | None = None
         self._session: Session | None = None
@@ -120,15 +120,16 @@ class RKNN:
                 "config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}"
             )
             return -1
-        self._config = {
-            "mean_values": mean_values,
-            "std_values": std_values,
-            "quantized_dtype": quantized_dtype,
-            "quantized_algorithm": quantized_algorithm,
-            "quantized_method": quantized_method,
-            "target_platform": (target_platform or "").lower(),
-            "quant_img_RGB2BGR": quant_img_RGB2BGR,
-        }
+        self._quant = QuantConfig(
+            mean_values=mean_values,
+            std_values=std_values,
+            quantized_dtype=quantized_dtype,
+            quantized_algorithm=quantized_algorithm,
+            quantized_method=quantized_method,
+            target_platform=target_platform,
+        )
+        if quant_img_RGB2BGR:
+            self.log.w("config", "quant_img_RGB2BGR is not emulated: calibration images are read as RGB")
         for key in kwargs:
             self.log.w("config", f"unknown argument {key!r} ignored")
         return 0
@@ -152,6 +153,7 @@ class RKNN:
         }
         self._rknn_path = None
         self._built = None
+        self._models = None
         self.log.i("load_onnx", f"loading model {model}")
         return 0
 
@@ -190,6 +192,7 @@ class RKNN:
         self._rknn_path = Path(path)
         self._onnx = None
         self._built = None
+        self._models = None
         return 0
 
     @_toolkit_call("build", -1)
@@ -203,26 +206,24 @@ class RKNN:
         if self._onnx is None:
             self.log.e("build", "no model loaded: call load_onnx() first")
             return -1
-        if do_quantization:
-            self.log.w(
-                "build",
-                "int8 quantization emulation is not available in this build; the model runs in float32",
-            )
         if rknn_batch_size not in (None, 1):
             self.log.w(
                 "build", f"rknn_batch_size={rknn_batch_size} is not emulated on the host runtime; using 1"
             )
         self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
-        out = Path(self._workdir.name) / f"{self._onnx['path'].stem}.built.onnx"
-        self._built = load_and_build(
+        prepared = prepare_model(
             self._onnx["path"],
-            out,
             inputs=self._onnx["inputs"],
             input_size_list=self._onnx["input_size_list"],
             outputs=self._onnx["outputs"],
-            mean_values=self._config.get("mean_values"),
-            std_values=self._config.get("std_values"),
         )
+        if do_quantization:
+            self.log.i("build", f"quantizing to int8 ({self._quant.quantized_algorithm}) with {dataset}")
+        self._models = build_models(
+            prepared, Path(self._workdir.name) / "build", self._quant, do_quantization, dataset
+        )
+        # The daemon runs what was built: the int8 QDQ model, or the float model without quantization.
+        self._built = self._models.quant_model
         return 0
 
     def export_rknn(self, export_path: str, **kwargs: Any) -> int:
@@ -255,7 +256,7 @@ class RKNN:
         perf_debug: bool = False,
         eval_mem: bool = False,
         async_mode: bool = False,
-        core_mask: int = NPU_CORE_AUTO,
+        core_mask: int = NpuCoreMasks.NPU_CORE_AUTO,
         fallback_prior_device: str = "cpu",
         **kwargs: Any,
     ) -> int:
@@ -366,6 +367,7 @@ class RKNN:
         print(devices_text(adb_devices, []), end="")
         return adb_devices, []
 
+    @_toolkit_call("accuracy_analysis", -1)
     def accuracy_analysis(
         self,
         inputs: Sequence[str],
@@ -373,8 +375,51 @@ class RKNN:
         target: str | None = None,
         device_id: str | None = None,
     ) -> int:
-        self.log.e("accuracy_analysis", "accuracy analysis is not available in this build")
-        return -1
+        """golden (float) vs simulator (built) per layer, and vs the runtime that `target`/`device_id`
+        select as in init_runtime; neither means no runtime side. Prints the table, returns 0 / -1."""
+        if self._rknn_path is not None:
+            self.log.e(
+                "accuracy_analysis",
+                "the model was loaded with load_rknn(): an RKNN model lacks the original model, "
+                "so accuracy analysis is not possible; load the original with load_onnx() and build()",
+            )
+            return -1
+        if self._models is None:
+            self.log.e("accuracy_analysis", "no built model: call load_onnx() and build() first")
+            return -1
+        if target is not None and str(target).lower() not in TARGETS:
+            self.log.e(
+                "accuracy_analysis",
+                f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}",
+            )
+            return -1
+        models = self._models
+        feeds = load_inputs(list(inputs), input_specs(load_model(models.float_model)))
+        out = Path(output_dir)
+        prepare_output_dir(out)
+        runtime_layers: list[tuple[DumpedLayer, np.ndarray]] | None = None
+        if target is not None or device_id is not None:
+            runtime_layers = self._runtime_layers(
+                models.quant_model, feeds, (target or "").lower(), device_id
+            )
+        result = analyse(models.float_model, models.quant_model, feeds, out, runtime_layers)
+        print(result.report, end="")
+        self.last_accuracy = result
+        return 0
+
+    def _runtime_layers(
+        self, model: Path, feeds: dict[str, np.ndarray], target: str, device_id: str | None
+    ) -> list[tuple[DumpedLayer, np.ndarray]]:
+        """Every layer of the built model as the selected daemon's runtime computes it."""
+        with connect(device_id, target or None) as device:
+            info = device.info()
+            if target and info.soc and info.soc != target:
+                raise RknnError(
+                    f"target mismatch: accuracy_analysis(target='{target}') but the board at "
+                    f"{device.endpoint.description} is {info.soc}"
+                )
+            self.log.i("accuracy_analysis", f"runtime side: {device.endpoint.description} ({info.runtime})")
+            return [(layer, layer.array) for layer in dump_runtime_layers(device, model, feeds, target)]
 
     def _close_runtime(self) -> None:
         session, device = self._session, self._device

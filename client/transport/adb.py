@@ -127,10 +127,11 @@ def _start_adb_server(port: int) -> None:
 
 def list_adb_devices(start_server: bool = True) -> list[AdbDeviceInfo]:
     """Every board the adb server knows, in any state."""
-    return _list(connect_adb_server(start=start_server))
+    return attached_devices(connect_adb_server(start=start_server))
 
 
-def _list(client: adbutils.AdbClient) -> list[AdbDeviceInfo]:
+def attached_devices(client: adbutils.AdbClient) -> list[AdbDeviceInfo]:
+    """Every board `client`'s adb server knows, in any state."""
     return [
         AdbDeviceInfo(info.serial, info.state, info.tags.get("model", ""), info.tags.get("product", ""))
         for info in client.list(extended=True)
@@ -152,7 +153,7 @@ def find_device(client: adbutils.AdbClient, device_id: str | None) -> AdbDeviceI
     A network address that is not attached yet is attached with `adb connect`, as RKNN-Toolkit2's
     user guide asks users to do by hand.
     """
-    devices = _list(client)
+    devices = attached_devices(client)
     if device_id is None:
         if not devices:
             raise AdbDeviceNotFound(
@@ -172,7 +173,7 @@ def find_device(client: adbutils.AdbClient, device_id: str | None) -> AdbDeviceI
             return match
     if _looks_like_address(device_id):
         client.connect(_network_serial(device_id), timeout=10)
-        match = next((d for d in _list(client) if d.serial == _network_serial(device_id)), None)
+        match = next((d for d in attached_devices(client) if d.serial == _network_serial(device_id)), None)
         if match is not None:
             return match
     raise AdbDeviceNotFound(
@@ -270,4 +271,5 @@ def open_adb(
         description=f"adb {info.serial}{f' ({info.model})' if info.model else ''} -> {remote}",
         kind="adb",
         close=lambda: _FORWARDS.remove(info.serial, port),
+        device_id=info.serial,
     )

@@ -22,6 +22,8 @@ class Endpoint:
     description: str
     kind: str  # "tcp" | "adb" | "private" | "unix"
     close: Callable[[], None] = field(default=_nothing)
+    # What names this daemon to `--device` (an adb serial, tcp://HOST:PORT); "" for a private daemon.
+    device_id: str = ""
 
 
 class TransportError(Exception):

@@ -23,4 +23,5 @@ def tcp_endpoint(address: str) -> Endpoint:
             f"{address!r} has an invalid port; expected tcp://HOST:PORT with PORT 1-65535"
         ) from None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return Endpoint(grpc_target=f"{host}:{port}", description=f"tcp://{host}:{port}", kind="tcp")
+    url = f"tcp://{host}:{port}"
+    return Endpoint(grpc_target=f"{host}:{port}", description=url, kind="tcp", device_id=url)

@@ -7,12 +7,13 @@ measured memory growth while loading.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from rknn_server.runtime.base import (
     ExecutionError,
     FrequencyReading,
     InputFormat,
+    LayerTensor,
     LayerTiming,
     MemoryResult,
     ModelFormatError,
@@ -66,6 +68,10 @@ _PROFILE_TYPES = {
 }
 PERF_RUNS = 5
 PROFILE_RUNS = 3
+# Most bytes of layer outputs one dump run exposes: the daemon never holds more than this many at once.
+DUMP_BATCH_BYTES = 32 << 20
+# ONNX element types whose tensors a dump can send (the wire's dtypes).
+_DUMP_ELEM_TYPES = frozenset(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in _ORT_TYPES.values())
 
 
 def session_options(threads: int) -> ort.SessionOptions:
@@ -78,6 +84,39 @@ def session_options(threads: int) -> ort.SessionOptions:
     # session steal the cores another session, or the daemon's own I/O, needs.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
+
+
+def dump_session_options(threads: int, model_dir: Path) -> ort.SessionOptions:
+    """Options for the runs behind a per-layer dump.
+
+    No graph optimisation: every exposed tensor is its own node's output computed as the graph says,
+    the same in every batch (fusions would change with the set of exposed outputs). No memory arena:
+    what a batch allocated goes back when its session ends. External weights are found beside the model.
+    """
+    opts = session_options(threads)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.enable_cpu_mem_arena = False
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
+    return opts
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim where the C library has it (not on musl or macOS)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes = [ctypes.c_size_t]
+        trim.restype = ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps large freed blocks in its per-thread arenas,
+    so without this each dump batch (run from whichever executor thread) would add to the RSS."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def default_threads() -> int:
@@ -220,6 +259,60 @@ class HostModel(ModelRuntime):
             "other: process memory growth while loading, less the weights",
         )
 
+    def dump_layers(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> Iterator[LayerTensor]:
+        """Every layer's tensor, inputs first, computed in batches of at most DUMP_BATCH_BYTES.
+
+        Each batch is one run of the part of the graph that computes its tensors, exposed as outputs;
+        a batch's tensors are handed out (and dropped) before the next batch is computed.
+        """
+        feeds = dict(zip(self._input_names, inputs, strict=True))
+        graph = onnx_graph.with_input_shapes(self._graph, {n: tuple(a.shape) for n, a in feeds.items()})
+        tensors = onnx_graph.inferred_tensors(graph)
+        layers = [
+            layer
+            for layer in onnx_graph.dump_tensors(graph, tensors)
+            if layer.info.elem_type in _DUMP_ELEM_TYPES
+        ]
+        for layer in layers:
+            if layer.info.name in feeds:
+                yield LayerTensor(
+                    layer.index, layer.op_type, layer.node_name, layer.info.name, feeds[layer.info.name]
+                )
+        computed = [layer for layer in layers if layer.info.name not in feeds]
+        for batch in onnx_graph.dump_batches(computed, DUMP_BATCH_BYTES):
+            names = [layer.info.name for layer in batch]
+            release_free_memory()
+            values = dict(zip(names, self._run_batch(graph, names, tensors, feeds), strict=True))
+            release_free_memory()
+            for layer in batch:
+                array = values.pop(layer.info.name).numpy()
+                yield LayerTensor(layer.index, layer.op_type, layer.node_name, layer.info.name, array)
+
+    def _run_batch(
+        self,
+        graph: onnx.ModelProto,
+        names: list[str],
+        tensors: dict[str, onnx_graph.TensorInfo],
+        feeds: dict[str, np.ndarray],
+    ) -> list[ort.OrtValue]:
+        """The batch's tensors as ONNX Runtime holds them: each becomes numpy (a copy) only when sent."""
+        model = onnx_graph.model_for_outputs(graph, names, tensors)
+        opts = dump_session_options(self._threads, self._path.parent)
+        try:
+            session = ort.InferenceSession(
+                model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ExecutionError(f"ONNX Runtime cannot expose the model's layers: {exc}") from exc
+        del model
+        try:
+            ort_feeds = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
+            return list(session.run_with_ort_values(names, ort_feeds))
+        except Exception as exc:
+            raise ExecutionError(f"ONNX Runtime failed while dumping layers: {exc}") from exc
+
     def close(self) -> None:
         self.__dict__.pop("_session", None)
 
@@ -227,7 +320,9 @@ class HostModel(ModelRuntime):
 class HostBackend(Backend):
     name = "host"
     model_suffixes = (".onnx",)
-    capabilities = BackendCapabilities(perf_per_layer=True, memory_detail=True, dynamic_shape=True)
+    capabilities = BackendCapabilities(
+        perf_per_layer=True, memory_detail=True, layer_dumps=True, dynamic_shape=True
+    )
     unpinned_reason = "the host runtime has no NPU and leaves the CPU to the OS"
 
     def __init__(self, soc: str = "", threads: int | None = None, sysfs_root: Path = Path("/")) -> None:

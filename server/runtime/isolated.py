@@ -150,7 +150,13 @@ class IsolatedRuntime(ModelRuntime):
         item = self._call("dump_layers", list(inputs), _listed(formats))
         while item != _END:
             _, layer = item
-            yield layer
+            try:
+                yield layer
+            except GeneratorExit:
+                # Closed early: read the worker's remaining items, or the next call would get them.
+                while item != _END:
+                    item = self._receive("dump_layers")
+                raise
             item = self._receive("dump_layers")
 
     def kill(self) -> None:

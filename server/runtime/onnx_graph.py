@@ -77,3 +77,118 @@ def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInf
             if name not in outputs and last_use.get(name, step) <= step:
                 del live[name]
     return peak
+
+
+@dataclass(frozen=True)
+class DumpTensor:
+    """One tensor a per-layer dump delivers: which node wrote it (graph inputs: `InputOperator`)."""
+
+    index: int
+    op_type: str
+    node_name: str
+    info: TensorInfo
+
+
+INPUT_OP_TYPE = "InputOperator"  # the board's name for the layer that holds a model input
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[str]:
+    """Names of the real inputs (old models also list their weights as graph inputs)."""
+    weights = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in weights]
+
+
+def with_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """The model with its inputs' dimensions fixed to those of actual data, so shape inference sizes
+    every tensor of a dynamic model; the model itself when nothing is dynamic (no copy)."""
+    fixed = {v.name: v for v in model.graph.input if v.name in shapes}
+    dynamic = [
+        name
+        for name, v in fixed.items()
+        if any(not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+    ]
+    if not dynamic:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for value in copy.graph.input:
+        if value.name in dynamic:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for size in shapes[value.name]:
+                dims.add().dim_value = int(size)
+    return copy
+
+
+def dump_tensors(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> list[DumpTensor]:
+    """Graph inputs, then every node output in node (topological) order whose type inference knows.
+
+    Outputs computed from weights alone (constant folding material, e.g. a QDQ model's dequantized
+    weights) are not layers: they do not depend on the input and a board's dump has none of them.
+    """
+    constant = {i.name for i in model.graph.initializer}
+    found = [(INPUT_OP_TYPE, name, name) for name in graph_inputs(model)]
+    for node in model.graph.node:
+        if all(not name or name in constant for name in node.input):
+            constant.update(name for name in node.output if name)
+            continue
+        found.extend((node.op_type, node.name, name) for name in node.output if name)
+    typed = [(op, node, name) for op, node, name in found if name in tensors and tensors[name].elem_type]
+    return [DumpTensor(i, op, node, tensors[name]) for i, (op, node, name) in enumerate(typed)]
+
+
+def dump_batches(layers: list[DumpTensor], budget_bytes: int) -> list[list[DumpTensor]]:
+    """Consecutive groups of layers of at most `budget_bytes` together (a larger tensor goes alone)."""
+    batches: list[list[DumpTensor]] = []
+    size = 0
+    for layer in layers:
+        if not batches or size + layer.info.nbytes > budget_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(layer)
+        size += layer.info.nbytes
+    return batches
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """Tensors a node reads: its inputs and the outer-scope names its subgraphs (If/Loop bodies) use."""
+    names = [name for name in node.input if name]
+    for attr in node.attribute:
+        for body in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for inner in body.node:
+                names.extend(_reads(inner))
+    return names
+
+
+def model_for_outputs(
+    model: onnx.ModelProto, names: list[str], tensors: dict[str, TensorInfo]
+) -> onnx.ModelProto:
+    """A model whose outputs are `names`, holding only the nodes and weights needed to compute them.
+
+    All graph inputs stay (unused ones are harmless), so every batch is fed the same way.
+    """
+    graph = model.graph
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    needed: set[int] = set()
+    pending = list(names)
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in producer:
+            continue
+        seen.add(name)
+        needed.add(producer[name])
+        pending.extend(_reads(graph.node[producer[name]]))
+    reads = {n for i in needed for n in _reads(graph.node[i])}
+    outputs = [helper.make_tensor_value_info(name, tensors[name].elem_type, None) for name in names]
+    subgraph = helper.make_graph(
+        [graph.node[i] for i in sorted(needed)],
+        graph.name,
+        [v for v in graph.input if v.name not in {w.name for w in graph.initializer}],
+        outputs,
+        [w for w in graph.initializer if w.name in reads],
+    )
+    sub = helper.make_model(subgraph, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    sub.functions.extend(model.functions)
+    return sub

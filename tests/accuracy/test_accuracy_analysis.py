@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from qdq_edit import negate_conv_weights
 
 from rknn_client.accuracy.analysis import REPORT_FILE, analyse
 from rknn_client.accuracy.capture import LayerInfo, run_capture
@@ -72,22 +72,10 @@ def test_without_quantization_every_cosine_is_one(
         assert known(row.entire).euc == pytest.approx(0.0, abs=1e-4)
 
 
-def _break_weight(quant_model: Path, conv_node: str, out: Path) -> Path:
-    """Copy of the QDQ model with the int8 weights of one conv negated."""
-    model = onnx.load(quant_model)
-    conv = next(node for node in model.graph.node if node.name == conv_node)
-    dequantize = next(node for node in model.graph.node if node.output[0] == conv.input[1])
-    weights = next(init for init in model.graph.initializer if init.name == dequantize.input[0])
-    broken = -numpy_helper.to_array(weights).astype(np.int16)
-    weights.CopyFrom(numpy_helper.from_array(np.clip(broken, -128, 127).astype(np.int8), weights.name))
-    onnx.save(model, out)
-    return out
-
-
 def test_runtime_single_sim_points_at_the_broken_layer(
     tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
 ) -> None:
-    broken = _break_weight(quant_model, "project_node", tmp_path / "broken.onnx")
+    broken = negate_conv_weights(quant_model, "project_node", tmp_path / "broken.onnx")
     feeds = load_inputs([test_image], input_specs(onnx.load(float_model)))
     runtime_layers = run_capture(broken, feeds)
 

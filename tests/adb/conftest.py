@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.adb.fake_daemon import FakeDaemon, start_fake_daemon
 from tests.adb.fixtures import AbstractEchoServer, EmulatedBoard, PrivateAdbServer, find_adb
+from tests.adb.host_board import point_adb_at
 from tests.adb.services import DeviceProfile
 
 MakeBoard = Callable[..., EmulatedBoard]
+FakeDaemonFactory = Callable[..., FakeDaemon]
 
 
 @pytest.fixture(scope="session")
@@ -27,10 +30,7 @@ def adb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateAdbS
 @pytest.fixture
 def adb_env(adb_server: PrivateAdbServer, monkeypatch: pytest.MonkeyPatch) -> PrivateAdbServer:
     """Point this process (adbutils, the transport) at the private server only."""
-    for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ADB_MDNS_OPENSCREEN", "HOME"):
-        monkeypatch.setenv(key, adb_server.env[key])
-    monkeypatch.setenv("ADBUTILS_ADB_PATH", adb_server.binary)
-    monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+    point_adb_at(adb_server, monkeypatch)
     return adb_server
 
 
@@ -55,3 +55,18 @@ def echo_server() -> Iterator[AbstractEchoServer]:
     server = AbstractEchoServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def fake_daemon() -> Iterator[FakeDaemonFactory]:
+    """Factory: GetInfo-only daemons (start_fake_daemon's arguments), stopped at the end."""
+    started: list[FakeDaemon] = []
+
+    def start(*args: object, **kwargs: object) -> FakeDaemon:
+        daemon = start_fake_daemon(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.server.stop(None)

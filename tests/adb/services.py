@@ -16,6 +16,7 @@ from tests.adb.stream import Stream, StreamBytes, relay
 
 # Board paths that live in the fake device root rather than on this machine.
 DEFAULT_BOARD_PATHS = (
+    "/opt",
     "/data",
     "/userdata",
     "/oem",
@@ -46,6 +47,12 @@ class DeviceProfile:
     model: str = "Emulated RK3588 board"
     props: dict[str, str] = field(default_factory=dict)
     board_paths: tuple[str, ...] = DEFAULT_BOARD_PATHS
+    # Board abstract socket name -> the local one serving it, so concurrent test runs never share a name.
+    abstract_sockets: dict[str, str] = field(default_factory=dict)
+    # Shell functions standing in for board commands (e.g. `uname`, `python3`): name -> body.
+    commands: dict[str, str] = field(default_factory=dict)
+    # Extra environment for shell commands.
+    env: dict[str, str] = field(default_factory=dict)
 
     def all_props(self) -> dict[str, str]:
         base = {
@@ -77,7 +84,12 @@ class DeviceProfile:
             ),
             command,
         )
-        return self._getprop_function() + rewritten
+        overrides = "".join(f"{name}() {{ {body}\n}}\n" for name, body in self.commands.items())
+        return self._getprop_function() + overrides + rewritten
+
+    def abstract_socket(self, board_name: str) -> str:
+        """The local abstract socket that serves the board's `board_name`."""
+        return self.abstract_sockets.get(board_name, board_name)
 
     def _getprop_function(self) -> str:
         props = self.all_props()
@@ -102,7 +114,8 @@ async def open_service(name: str, profile: DeviceProfile) -> Handler | None:
     if name.startswith("tcp:"):
         return await _open_socket(asyncio.open_connection("127.0.0.1", int(name[4:].rsplit(":", 1)[-1])))
     if name.startswith("localabstract:"):
-        return await _open_socket(asyncio.open_unix_connection("\0" + name[len("localabstract:") :]))
+        local = profile.abstract_socket(name[len("localabstract:") :])
+        return await _open_socket(asyncio.open_unix_connection("\0" + local))
     if name == "sync:":
         return lambda stream: _serve_sync(stream, profile)
     return None
@@ -125,6 +138,7 @@ async def _open_shell(command: str, profile: DeviceProfile) -> Handler:
         "-c",
         profile.shell_script(command or "exec /bin/sh -i"),
         cwd=profile.root,
+        env=os.environ | profile.env,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,

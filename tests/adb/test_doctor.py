@@ -5,66 +5,16 @@ from __future__ import annotations
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable
 
-import grpc
 import pytest
 
 from rknn_client.doctor import Check, diagnose, format_report
 from rknn_client.transport.adb import adb_server_running
-from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION
 from tests.adb.conftest import MakeBoard
+from tests.adb.fake_daemon import FakeDaemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, free_port
-
-
-class InfoOnly(rknn_pb2_grpc.RknnServerServicer):
-    """A daemon that only answers GetInfo, with a chosen protocol version."""
-
-    def __init__(self, protocol_version: int) -> None:
-        self.protocol_version = protocol_version
-
-    def GetInfo(
-        self, request: rknn_pb2.GetInfoRequest, context: grpc.ServicerContext
-    ) -> rknn_pb2.GetInfoResponse:
-        return rknn_pb2.GetInfoResponse(
-            daemon_version="0.0-fake",
-            protocol_version=self.protocol_version,
-            min_client_protocol_version=self.protocol_version,
-            runtime="rknnrt",
-            runtime_version="librknnrt 2.3.2",
-            driver_version="0.9.8",
-        )
-
-
-@dataclass
-class FakeDaemon:
-    socket_name: str
-    tcp_port: int
-
-
-@pytest.fixture
-def fake_daemon() -> Iterator[Callable[[int], FakeDaemon]]:
-    """Factory: a GetInfo-only gRPC server on a fresh abstract socket and a loopback TCP port."""
-    servers: list[grpc.Server] = []
-
-    def start(protocol_version: int) -> FakeDaemon:
-        server = grpc.server(ThreadPoolExecutor(max_workers=2))
-        # The stubs declare every RPC abstract; the fake only needs GetInfo (the rest answer UNIMPLEMENTED).
-        servicer = InfoOnly(protocol_version)  # type: ignore[abstract]
-        rknn_pb2_grpc.add_RknnServerServicer_to_server(servicer, server)
-        name = f"rknn-doctor-{uuid.uuid4().hex[:12]}"
-        server.add_insecure_port(f"unix-abstract:{name}")
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        servers.append(server)
-        return FakeDaemon(name, port)
-
-    yield start
-    for server in servers:
-        server.stop(None)
 
 
 def npu_board(make_board: MakeBoard) -> EmulatedBoard:

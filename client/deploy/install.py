@@ -1,0 +1,180 @@
+"""Deploy steps on the board: push the bundle, install it into a venv, (re)start the daemon, verify it.
+
+Everything lives under INSTALL_DIR (the venv itself, the bundle, the model cache, the log and the pid
+file), so removing that one folder undoes a deploy. A second deploy of the same version only verifies.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import adbutils
+import grpc
+
+from rknn_client import __version__
+from rknn_client.board_shell import BoardShell
+from rknn_client.deploy.board import (
+    INSTALL_DIR,
+    DeployError,
+    probe,
+    refuse_unsupported,
+    refuse_vendor_daemon,
+    vendor_script_warning,
+)
+from rknn_client.deploy.bundle import Bundle, BundleBuilder, build_bundle
+from rknn_client.negotiate import request_info
+from rknn_client.transport.adb import connect_adb_server, find_device, open_adb, require_ready
+from rknn_client.transport.base import TransportError
+from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
+
+BUNDLE_DIR = f"{INSTALL_DIR}/bundle"
+LOG_FILE = f"{INSTALL_DIR}/rknn_server.log"
+PID_FILE = f"{INSTALL_DIR}/rknn_server.pid"
+CACHE_DIR = f"{INSTALL_DIR}/cache"
+_INSTALL_SECONDS = 900.0
+_START_SECONDS = 90.0
+_STOP_SECONDS = 10
+
+
+@dataclass
+class DeployResult:
+    serial: str
+    version: str
+    actions: list[str] = field(default_factory=list)  # what changed on the board; empty when nothing did
+    notes: list[str] = field(default_factory=list)  # warnings worth reading
+
+    def report(self) -> str:
+        done = (
+            "; ".join(self.actions)
+            if self.actions
+            else f"rknn_server {self.version} already installed and running"
+        )
+        lines = [f"{self.serial}: {done}; the daemon answers."]
+        return "\n".join([*lines, *(f"warning: {note}" for note in self.notes)])
+
+
+def deploy(
+    device_id: str | None,
+    *,
+    socket_name: str = DEFAULT_ABSTRACT_SOCKET,
+    builder: BundleBuilder = build_bundle,
+    progress: Callable[[str], None] = lambda _: None,
+) -> DeployResult:
+    """Install (or upgrade to) this client's daemon version on the adb board `device_id` and start it."""
+    client = connect_adb_server(start=True)
+    info = find_device(client, device_id)
+    require_ready(info)
+    device = client.device(info.serial)
+    shell = BoardShell(device)
+    facts = probe(info.serial, shell)
+    refuse_unsupported(facts)
+    refuse_vendor_daemon(facts)
+    result = DeployResult(info.serial, __version__)
+    warning = vendor_script_warning(facts)
+    if warning:
+        result.notes.append(warning)
+    if facts.installed_version != __version__:
+        progress(f"building the offline bundle for {facts.arch} Python {facts.python_tag}")
+        with tempfile.TemporaryDirectory(prefix="rknn-bundle-") as folder:
+            bundle = builder(facts, Path(folder))
+            progress(f"pushing {len(list(bundle.directory.glob('*.whl')))} wheels to {BUNDLE_DIR}")
+            _push(device, shell, bundle)
+        _install(shell, bundle)
+        result.actions.append(f"installed rknn_server {__version__} into {INSTALL_DIR}" + (
+            f" (was {facts.installed_version})" if facts.installed_version else ""))  # fmt: skip
+    elif facts.running_pid is not None and _answers(info.serial, socket_name, once=True):
+        return result
+    if facts.running_pid is not None:
+        _stop(shell, facts.running_pid)
+        result.actions.append(f"stopped the old daemon (pid {facts.running_pid})")
+    progress("starting the daemon")
+    pid = _start(shell, socket_name)
+    result.actions.append(f"started the daemon (pid {pid}, log {LOG_FILE})")
+    if not _answers(info.serial, socket_name, once=False):
+        tail = shell.output(f"tail -n 20 {LOG_FILE}")
+        raise DeployError(
+            f"the daemon on {info.serial} did not answer GetInfo within {_START_SECONDS:.0f} s; its log ends:\n{tail}",
+            f"read {LOG_FILE} on the board (`adb shell cat {LOG_FILE}`) and run `rknn-client doctor`",
+        )
+    return result
+
+
+def _checked(shell: BoardShell, command: str, what: str, timeout: float = 60.0) -> str:
+    result = shell.run(command, timeout=timeout)
+    if not result.ok:
+        raise DeployError(
+            f"{what} failed on the board (exit {result.code}): {result.output.strip()[-2000:]}",
+            "fix the cause shown and run deploy again (it resumes: the steps done stay done)",
+        )
+    return result.output
+
+
+def _push(device: adbutils.AdbDevice, shell: BoardShell, bundle: Bundle) -> None:
+    _checked(shell, f"rm -rf {BUNDLE_DIR} && mkdir -p {BUNDLE_DIR}", "creating the bundle folder")
+    for wheel in sorted(bundle.directory.glob("*.whl")):
+        device.sync.push(wheel, f"{BUNDLE_DIR}/{wheel.name}", mode=0o644)
+
+
+def _install(shell: BoardShell, bundle: Bundle) -> None:
+    """A venv without pip (so python3-venv's ensurepip is not needed), filled by pip run from its wheel."""
+    _checked(
+        shell,
+        f"test -x {INSTALL_DIR}/bin/python || python3 -m venv --without-pip {INSTALL_DIR}",
+        f"creating the venv {INSTALL_DIR}",
+    )
+    pip = f"{INSTALL_DIR}/bin/python {BUNDLE_DIR}/{bundle.pip_wheel}/pip"
+    options = "--no-index --no-cache-dir --disable-pip-version-check --find-links " + BUNDLE_DIR
+    deps = "" if bundle.with_dependencies else " --no-deps"
+    target = shlex.quote(f"{BUNDLE_DIR}/{bundle.project_wheel}[server]")
+    _checked(shell, f"{pip} install {options}{deps} {target}", "pip install", timeout=_INSTALL_SECONDS)
+    _checked(shell, f"rm -rf {BUNDLE_DIR}", "removing the bundle")
+
+
+def _stop(shell: BoardShell, pid: int) -> None:
+    _checked(
+        shell,
+        f"kill {pid} 2>/dev/null; for i in $(seq {_STOP_SECONDS}); do kill -0 {pid} 2>/dev/null || exit 0; sleep 1; done; "
+        f"kill -9 {pid} 2>/dev/null; exit 0",
+        f"stopping the old daemon (pid {pid})",
+    )
+
+
+def _start(shell: BoardShell, socket_name: str) -> int:
+    """Start in its own session, detached from adb, its output appended to LOG_FILE; returns its pid."""
+    command = (
+        f"{INSTALL_DIR}/bin/rknn_server serve --listen unix-abstract:{shlex.quote(socket_name)} "
+        f"--model-cache {CACHE_DIR} --log-format json"
+    )
+    output = _checked(
+        shell,
+        f"cd {INSTALL_DIR} && setsid nohup {command} </dev/null >>{LOG_FILE} 2>&1 & "
+        f"echo $! > {PID_FILE}; cat {PID_FILE}",
+        "starting the daemon",
+    )
+    return int(output.strip().splitlines()[-1])
+
+
+def _answers(serial: str, socket_name: str, once: bool) -> bool:
+    """Whether the daemon answers GetInfo with this client's version through an adb forward."""
+    deadline = time.monotonic() + (0 if once else _START_SECONDS)
+    while True:
+        try:
+            endpoint = open_adb(serial, socket_name=socket_name)
+            try:
+                if (
+                    request_info(endpoint.grpc_target, 5.0, "rknn-client deploy").daemon_version
+                    == __version__
+                ):
+                    return True
+            finally:
+                endpoint.close()
+        except (TransportError, grpc.RpcError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)

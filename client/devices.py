@@ -1,0 +1,144 @@
+"""`rknn-client devices`: every board this PC can reach, what it is, and whether its daemon answers.
+
+The SoC and board model come from the daemon's GetInfo when it answers, else from the board itself over
+adb shell (the device tree on Linux images, `getprop` on Android).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import adbutils
+import grpc
+
+from rknn_client.board_shell import BoardShell
+from rknn_client.negotiate import request_info
+from rknn_client.transport.adb import (
+    AdbDeviceInfo,
+    AdbTransportError,
+    attached_devices,
+    connect_adb_server,
+    open_adb,
+)
+from rknn_client.transport.base import TransportError
+from rknn_client.transport.resolve import ENV_SERVER
+from rknn_client.transport.tcp import tcp_endpoint
+from rknn_proto import rknn_pb2
+from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
+
+_COLUMNS = ("DEVICE", "TRANSPORT", "STATE", "SOC", "MODEL", "DAEMON", "DAEMON VERSION", "RUNTIME")
+# One shell round trip for everything the board says about itself.
+_IDENTITY_SCRIPT = (
+    "echo compatible=$(tr '\\0' ' ' < /proc/device-tree/compatible 2>/dev/null); "
+    "echo dtmodel=$(tr -d '\\0' < /proc/device-tree/model 2>/dev/null); "
+    "echo platform=$(getprop ro.board.platform 2>/dev/null); "
+    "echo propmodel=$(getprop ro.product.model 2>/dev/null)"
+)
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    address: str
+    transport: str  # "adb-usb", "adb-network" or "tcp"
+    state: str
+    soc: str = ""
+    model: str = ""
+    daemon: bool = False
+    daemon_version: str = ""
+    runtime: str = ""
+
+
+def survey(
+    tcp_addresses: Sequence[str] = (), socket_name: str = DEFAULT_ABSTRACT_SOCKET, timeout: float = 3.0
+) -> list[DeviceRow]:
+    """Every attached adb board plus each TCP daemon named (and RKNN_SERVER), without starting an adb server."""
+    rows: list[DeviceRow] = []
+    with contextlib.suppress(AdbTransportError):
+        client = connect_adb_server(start=False)
+        rows += [_adb_row(client, device, socket_name, timeout) for device in attached_devices(client)]
+    env = os.environ.get(ENV_SERVER, "").strip()
+    for address in [*tcp_addresses, *([env] if env else [])]:
+        rows.append(_tcp_row(address, timeout))
+    return rows
+
+
+def _adb_row(
+    client: adbutils.AdbClient, device: AdbDeviceInfo, socket_name: str, timeout: float
+) -> DeviceRow:
+    transport = "adb-network" if device.is_network else "adb-usb"
+    if device.state != "device":
+        return DeviceRow(device.serial, transport, device.state, model=device.model)
+    info: rknn_pb2.GetInfoResponse | None = None
+    with contextlib.suppress(TransportError, grpc.RpcError):
+        endpoint = open_adb(device.serial, socket_name=socket_name)
+        try:
+            info = request_info(endpoint.grpc_target, timeout, "rknn_client devices")
+        finally:
+            endpoint.close()
+    soc, model = (info.soc, info.board) if info is not None else ("", "")
+    if not (soc and model):
+        found_soc, found_model = _board_identity(BoardShell(client.device(device.serial)))
+        soc, model = soc or found_soc, model or found_model or device.model
+    return _with_daemon(DeviceRow(device.serial, transport, device.state, soc, model), info)
+
+
+def _board_identity(shell: BoardShell) -> tuple[str, str]:
+    """(SoC, model) as the board reports them; '' where it does not."""
+    facts = dict(line.split("=", 1) for line in shell.output(_IDENTITY_SCRIPT).splitlines() if "=" in line)
+    socs = [
+        entry.split(",", 1)[1]
+        for entry in facts.get("compatible", "").split()
+        if entry.startswith("rockchip,r") and entry.count(",") == 1
+    ]
+    soc = socs[-1] if socs else facts.get("platform", "").strip()
+    return soc, (facts.get("dtmodel") or facts.get("propmodel") or "").strip()
+
+
+def _tcp_row(address: str, timeout: float) -> DeviceRow:
+    try:
+        endpoint = tcp_endpoint(address)
+    except TransportError:
+        return DeviceRow(address, "tcp", "invalid address")
+    info: rknn_pb2.GetInfoResponse | None = None
+    with contextlib.suppress(grpc.RpcError):
+        info = request_info(endpoint.grpc_target, timeout, "rknn_client devices")
+    if info is None:
+        return DeviceRow(endpoint.device_id, "tcp", "unreachable")
+    return _with_daemon(DeviceRow(endpoint.device_id, "tcp", "reachable", info.soc, info.board), info)
+
+
+def _with_daemon(row: DeviceRow, info: rknn_pb2.GetInfoResponse | None) -> DeviceRow:
+    if info is None:
+        return row
+    runtime = f"{info.runtime} {info.runtime_version}".strip()
+    return replace(row, daemon=True, daemon_version=info.daemon_version, runtime=runtime)
+
+
+def devices_table(rows: Sequence[DeviceRow]) -> str:
+    """A fixed-width table, one board per line."""
+    if not rows:
+        return (
+            "No device found. Attach a board over USB (adb devices), or a network board with "
+            "`adb connect IP:5555`, or name a daemon with --device tcp://HOST:PORT or RKNN_SERVER.\n"
+        )
+    cells = [
+        (
+            r.address,
+            r.transport,
+            r.state,
+            r.soc or "-",
+            r.model or "-",
+            "yes" if r.daemon else "no",
+            r.daemon_version or "-",
+            r.runtime or "-",
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() + "\n"
+        for line in [_COLUMNS, *cells]
+    )

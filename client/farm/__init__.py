@@ -1,0 +1,23 @@
+"""Test farms: many boards behind one inventory, exclusive reservations, fan-out runs and reports.
+
+farm = Farm.from_file("farm.toml")
+with farm.acquire(soc="rk3588", labels={"rack": "r1"}, timeout=600) as device:
+    with device.load("model.rknn") as session:
+        session.run([image])
+"""
+
+from __future__ import annotations
+
+from rknn_client.farm.inventory import DeviceEntry, FarmConfigError, load_farm_file, parse_address
+from rknn_client.farm.pool import AcquireTimeout, Farm, Lease, NoMatchingDevice
+
+__all__ = [
+    "AcquireTimeout",
+    "DeviceEntry",
+    "Farm",
+    "FarmConfigError",
+    "Lease",
+    "NoMatchingDevice",
+    "load_farm_file",
+    "parse_address",
+]

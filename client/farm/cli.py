@@ -1,0 +1,182 @@
+"""`rknn-client farm ...`: list a farm's devices, fan a model out over them.
+
+rknn-client farm devices --farm farm.toml [--devices ADDR ...] [--json]
+rknn-client farm run MODEL --input a.npy (--farm farm.toml | --devices ADDR[,ADDR]) [--soc rk3588]
+    [--label rack=r1] [--reference host|device:NAME] [--json report.json] [--html report.html]
+
+`farm run` exits 0 when every device ran and agreed with the reference, 3 when any failed or
+disagreed (the report says which), 1 on a usage or farm-file error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from rknn_client.farm.inventory import FarmConfigError
+from rknn_client.farm.pool import Farm
+from rknn_client.farm.probe import DeviceStatus
+from rknn_client.farm.report import table_text, write_html, write_json
+from rknn_client.farm.runner import entries_matching, run_fanout
+
+EXIT_DEVICES_FAILED = 3
+
+
+def _addresses(values: list[str] | None) -> list[str]:
+    return [a.strip() for v in values or [] for a in v.split(",") if a.strip()]
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a label; expected KEY=VALUE")
+    return key, value
+
+
+def farm_from_args(args: argparse.Namespace) -> Farm:
+    addresses = _addresses(args.devices)
+    if not args.farm and not addresses:
+        raise FarmConfigError("no devices: give --farm farm.toml and/or --devices tcp://HOST:PORT,...")
+    return Farm.from_sources(args.farm, addresses)
+
+
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    """--farm and --devices, for any command that works on a farm."""
+    parser.add_argument("--farm", type=Path, help="farm.toml describing the devices")
+    parser.add_argument(
+        "--devices",
+        action="append",
+        metavar="ADDR[,ADDR]",
+        help="tcp://HOST:PORT, dns://NAME:PORT (every address of NAME), adb:SERIAL or adb (every attached board)",
+    )
+
+
+def status_rows(statuses: list[DeviceStatus]) -> list[list[str]]:
+    rows = [["name", "address", "health", "soc", "daemon", "runtime", "sessions", "reserved by", "labels"]]
+    for s in statuses:
+        labels = ",".join(f"{k}={v}" for k, v in s.entry.labels.items())
+        if not s.healthy:
+            rows.append(
+                [
+                    s.entry.name,
+                    s.entry.address,
+                    "DOWN",
+                    s.entry.labels.get("soc", "?"),
+                    "",
+                    "",
+                    "",
+                    "",
+                    labels,
+                ]
+            )
+            continue
+        rows.append(
+            [
+                s.entry.name,
+                s.entry.address,
+                "ok",
+                s.soc or "any",
+                s.daemon_version,
+                f"{s.runtime} {s.runtime_version}",
+                str(s.open_sessions),
+                s.reserved_by + (f" (+{s.reservation_waiters} waiting)" if s.reservation_waiters else ""),
+                labels,
+            ]
+        )
+    return rows
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    statuses = farm_from_args(args).statuses()
+    if args.json:
+        print(json.dumps([{**asdict(s), "entry": _entry_dict(s)} for s in statuses], indent=2))
+        return 0
+    rows = status_rows(statuses)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for s in statuses:
+        if not s.healthy:
+            print(f"{s.entry.name}: {s.error}", file=sys.stderr)
+    return 0
+
+
+def _entry_dict(status: DeviceStatus) -> dict[str, object]:
+    """An entry without its credentials."""
+    e = status.entry
+    return {"name": e.name, "address": e.address, "labels": dict(e.labels), "auth": e.auth is not None}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    farm = farm_from_args(args)
+    inputs = [np.load(p) for p in args.input]
+    entries = entries_matching(farm, args.soc, dict(args.label or []))
+    if not entries:
+        raise FarmConfigError(
+            f"no device of the farm matches soc={args.soc or 'any'} labels={dict(args.label or [])}"
+        )
+
+    def observe(name: str, stage: str) -> None:
+        if not args.quiet:
+            print(f"{name}: {stage}", file=sys.stderr)
+
+    report = run_fanout(
+        farm,
+        Path(args.model),
+        inputs,
+        entries=entries,
+        reference=args.reference,
+        reference_model=args.reference_model,
+        concurrency=args.concurrency,
+        threshold=args.threshold,
+        reserve_timeout_s=args.reserve_timeout,
+        observer=observe,
+    )
+    print(table_text(report), end="")
+    if args.json:
+        write_json(report, args.json)
+    if args.html:
+        write_html(report, args.html)
+    good = all(r.ok and r.agrees is not False for r in report.devices)
+    return 0 if good else EXIT_DEVICES_FAILED
+
+
+def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `farm devices` and `farm run` on rknn-client's subcommands. Each sets
+    `standalone` (it needs no single connected device)."""
+    farm = subparsers.add_parser("farm", help="test farms: list devices, fan a model out over many boards")
+    sub = farm.add_subparsers(dest="farm_command", required=True)
+    devices = sub.add_parser("devices", help="list the farm's devices with health, SoC, versions and load")
+    add_source_options(devices)
+    devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    devices.set_defaults(standalone=cmd_devices)
+    run = sub.add_parser("run", help="run, time and compare one model on every matching device in parallel")
+    add_source_options(run)
+    run.add_argument("model", help="model file the devices load (.rknn on boards, .onnx on the host runtime)")
+    run.add_argument(
+        "--input", action="append", required=True, help=".npy file, one per model input, in order"
+    )
+    run.add_argument("--soc", help="only devices of this SoC")
+    run.add_argument(
+        "--label", action="append", type=_label, metavar="KEY=VALUE", help="only devices with this label"
+    )
+    run.add_argument(
+        "--reference",
+        default="host",
+        help="'host' (the host runtime, in a private daemon) or 'device:NAME' (a golden farm device)",
+    )
+    run.add_argument("--reference-model", type=Path, help="model the host reference runs (default: MODEL)")
+    run.add_argument("--concurrency", type=int, default=4, help="devices running at once")
+    run.add_argument("--threshold", type=float, default=0.99, help="lowest cosine similarity that agrees")
+    run.add_argument(
+        "--reserve-timeout", type=float, default=300.0, metavar="S", help="wait S s for a busy device"
+    )
+    run.add_argument("--json", type=Path, help="write the JSON report here")
+    run.add_argument("--html", type=Path, help="write the HTML report (with charts) here")
+    run.add_argument("--quiet", action="store_true", help="no per-device progress on stderr")
+    run.set_defaults(standalone=cmd_run)

@@ -1,0 +1,232 @@
+"""Fan-out: one model on every chosen device in parallel, each compared with a reference.
+
+Each device is reserved for its run (so nobody else's sessions skew its timing), then runs the
+inputs once, measures per-layer and total time and memory. Its outputs are compared with the
+reference's by cosine similarity. A device that fails is recorded with the stage and error; it
+never stops the others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from rknn_client.api import Device
+from rknn_client.farm.compare import cosine_similarity
+from rknn_client.farm.inventory import DeviceEntry
+from rknn_client.farm.pool import Farm
+from rknn_client.transport.private import start_private_daemon
+
+# Called with (device name, stage) as each device moves on: reserve, load, run, perf, memory,
+# done, failed.
+Observer = Callable[[str, str], None]
+HOST_REFERENCE = "host"
+DEVICE_REFERENCE_PREFIX = "device:"
+
+
+@dataclass
+class LayerTime:
+    name: str
+    op_type: str
+    time_us: float
+
+
+@dataclass
+class DeviceResult:
+    name: str
+    address: str
+    labels: dict[str, str]
+    ok: bool = False
+    is_reference: bool = False
+    error: str = ""
+    failed_stage: str = ""
+    soc: str = ""
+    daemon_version: str = ""
+    runtime: str = ""
+    runtime_version: str = ""
+    driver_version: str = ""
+    latency_us: float = 0.0  # EvalPerf total time of one inference
+    inference_us: int = 0  # runtime time of the compared run
+    memory_bytes: int = 0
+    cosine: list[float] = field(default_factory=list)  # one per output, against the reference
+    agrees: bool | None = None  # every cosine >= threshold; None when nothing was compared
+    layers: list[LayerTime] = field(default_factory=list)
+
+    @property
+    def min_cosine(self) -> float | None:
+        return min(self.cosine) if self.cosine else None
+
+
+@dataclass
+class FanoutReport:
+    model: str
+    reference: str
+    threshold: float
+    inputs: list[dict[str, object]]
+    started_at: str
+    duration_s: float
+    devices: list[DeviceResult]
+
+
+@dataclass
+class DeviceOutcome:
+    result: DeviceResult
+    outputs: list[np.ndarray] | None
+
+
+def _quiet(name: str, stage: str) -> None:
+    return None
+
+
+def run_on_device(
+    farm: Farm,
+    entry: DeviceEntry,
+    model: Path,
+    inputs: Sequence[np.ndarray],
+    reserve_timeout_s: float | None,
+    observer: Observer = _quiet,
+) -> DeviceOutcome:
+    """Reserve one device, run, time and measure the model there; failures become the result."""
+    result = DeviceResult(entry.name, entry.address, dict(entry.labels))
+    stage = "reserve"
+    try:
+        observer(entry.name, stage)
+        with farm.acquire(name=entry.name, timeout=reserve_timeout_s) as device:
+            stage = "load"
+            observer(entry.name, stage)
+            _describe(result, entry, device)
+            with device.load(model, perf_debug=True, eval_mem=True) as session:
+                stage = "run"
+                observer(entry.name, stage)
+                outputs = session.run(list(inputs))
+                result.inference_us = session.last_run_time_us
+                stage = "perf"
+                observer(entry.name, stage)
+                perf = session.perf(fix_freq=True)
+                result.latency_us = perf.total_time_us
+                result.layers = [LayerTime(r.name or r.op_type, r.op_type, r.time_us) for r in perf.layers]
+                stage = "memory"
+                observer(entry.name, stage)
+                result.memory_bytes = session.memory().total_memory
+    except Exception as exc:  # a failing device is a result, not the end of the run
+        result.error = f"{type(exc).__name__}: {exc}"
+        result.failed_stage = stage
+        observer(entry.name, "failed")
+        return DeviceOutcome(result, None)
+    result.ok = True
+    observer(entry.name, "done")
+    return DeviceOutcome(result, outputs)
+
+
+def _describe(result: DeviceResult, entry: DeviceEntry, device: Device) -> None:
+    info = device.info()
+    result.soc = entry.soc(info.soc)
+    result.daemon_version = info.daemon_version
+    result.runtime = info.runtime
+    result.runtime_version = info.runtime_version
+    result.driver_version = info.driver_version
+
+
+def host_reference(model: Path, inputs: Sequence[np.ndarray]) -> tuple[str, list[np.ndarray]]:
+    """Outputs of the host runtime (ONNX Runtime in a private daemon): the toolkit's simulator."""
+    with Device(start_private_daemon()) as device:
+        info = device.info()
+        with device.load(model) as session:
+            outputs = session.run(list(inputs))
+    return f"host runtime ({info.runtime_version}, private daemon)", outputs
+
+
+def _compare(
+    result: DeviceResult, outputs: list[np.ndarray], reference: Sequence[np.ndarray], threshold: float
+) -> None:
+    if len(outputs) != len(reference):
+        result.error = f"the device returned {len(outputs)} output(s); the reference has {len(reference)}"
+        result.agrees = False
+        return
+    result.cosine = [cosine_similarity(o, r) for o, r in zip(outputs, reference, strict=True)]
+    result.agrees = all(c >= threshold for c in result.cosine)
+
+
+def run_fanout(
+    farm: Farm,
+    model: Path,
+    inputs: Sequence[np.ndarray],
+    *,
+    entries: Sequence[DeviceEntry] | None = None,
+    reference: str = HOST_REFERENCE,
+    reference_model: Path | None = None,
+    concurrency: int = 4,
+    threshold: float = 0.99,
+    reserve_timeout_s: float | None = 300.0,
+    observer: Observer = _quiet,
+) -> FanoutReport:
+    """Run `model` on every device of `entries` (default: the whole farm), compare, and report.
+
+    `reference` is "host" (the host runtime runs `reference_model`, default `model`) or
+    "device:NAME" (that farm device runs first and is the golden one).
+    """
+    chosen = list(farm.entries if entries is None else entries)
+    started = datetime.now(timezone.utc)
+    start = time.monotonic()
+    results: dict[str, DeviceResult] = {}
+    golden_outputs: list[np.ndarray] | None = None
+    if reference.startswith(DEVICE_REFERENCE_PREFIX):
+        golden_name = reference.removeprefix(DEVICE_REFERENCE_PREFIX)
+        golden = _by_name(farm.entries, golden_name)
+        outcome = run_on_device(farm, golden, model, inputs, reserve_timeout_s, observer)
+        outcome.result.is_reference = True
+        results[golden.name] = outcome.result
+        golden_outputs = outcome.outputs
+        reference_text = f"device {golden.name}"
+        if golden_outputs is not None:
+            _compare(outcome.result, golden_outputs, golden_outputs, threshold)
+    elif reference == HOST_REFERENCE:
+        reference_text, golden_outputs = host_reference(reference_model or model, inputs)
+    else:
+        raise ValueError(f"reference {reference!r} is neither 'host' nor 'device:NAME'")
+    rest = [e for e in chosen if e.name not in results]
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        outcomes = list(
+            pool.map(lambda e: run_on_device(farm, e, model, inputs, reserve_timeout_s, observer), rest)
+        )
+    for outcome in outcomes:
+        if outcome.outputs is not None and golden_outputs is not None:
+            _compare(outcome.result, outcome.outputs, golden_outputs, threshold)
+        results[outcome.result.name] = outcome.result
+    order = [e.name for e in chosen] + [n for n in results if n not in {e.name for e in chosen}]
+    return FanoutReport(
+        model=str(model),
+        reference=reference_text,
+        threshold=threshold,
+        inputs=[{"shape": list(a.shape), "dtype": str(a.dtype)} for a in inputs],
+        started_at=started.isoformat(timespec="seconds"),
+        duration_s=time.monotonic() - start,
+        devices=[results[n] for n in order],
+    )
+
+
+def _by_name(entries: Sequence[DeviceEntry], name: str) -> DeviceEntry:
+    for entry in entries:
+        if entry.name == name:
+            return entry
+    raise ValueError(f"the golden device {name!r} is not in the farm ({', '.join(e.name for e in entries)})")
+
+
+def entries_matching(
+    farm: Farm, soc: str | None = None, labels: Mapping[str, str] | None = None
+) -> list[DeviceEntry]:
+    """The devices a fan-out covers: matching labels, and the SoC by label or by probe. A device
+    that does not answer and has no soc label stays in (it is then reported with its error)."""
+    chosen = farm.select(labels)
+    if not soc:
+        return chosen
+    statuses = farm.statuses(chosen)
+    return [
+        s.entry for s in statuses if (s.soc if s.healthy else s.entry.labels.get("soc", soc)) == soc.lower()
+    ]

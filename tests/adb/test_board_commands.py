@@ -1,0 +1,72 @@
+"""`rknn-client devices` and `doctor`, and the toolkit's list_devices, over emulated boards."""
+
+from __future__ import annotations
+
+import pytest
+
+from rknn_client import RKNN
+from rknn_client.cli import main
+from rknn_proto.version import PROTOCOL_VERSION
+from tests.adb.conftest import FakeDaemonFactory, MakeBoard
+from tests.adb.fixtures import EmulatedBoard
+
+
+def with_device_tree(board: EmulatedBoard, compatible: str, model: str) -> EmulatedBoard:
+    folder = board.profile.local_path("/proc/device-tree")
+    folder.mkdir(parents=True)
+    (folder / "compatible").write_bytes(compatible.encode().replace(b" ", b"\0") + b"\0")
+    (folder / "model").write_bytes(model.encode() + b"\0")
+    return board
+
+
+def test_devices_table(
+    make_board: MakeBoard, fake_daemon: FakeDaemonFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served = fake_daemon(PROTOCOL_VERSION, soc="rk3588", board="Radxa ROCK 5B")
+    with_daemon = make_board("served", abstract_sockets={"rknn_server": served.socket_name})
+    bare = with_device_tree(make_board("bare"), "radxa,rock-3a rockchip,rk3568", "Radxa ROCK 3A")
+    tcp = fake_daemon(PROTOCOL_VERSION, soc="rk3576", board="RK3576 EVB")
+    assert main(["devices", "--device", tcp.url]) == 0
+    table = capsys.readouterr().out
+    assert table.split()[:3] == ["DEVICE", "TRANSPORT", "STATE"]
+    cells = {line.split()[0]: line for line in table.splitlines()[1:]}
+    served_row = cells[with_daemon.serial]
+    assert "adb-network" in served_row and "rk3588" in served_row and "Radxa ROCK 5B" in served_row
+    assert " yes " in served_row and "0.0-fake" in served_row and "rknnrt librknnrt 2.3.2" in served_row
+    bare_row = cells[bare.serial]
+    assert "rk3568" in bare_row and "Radxa ROCK 3A" in bare_row and " no " in bare_row
+    tcp_row = cells[tcp.url]
+    assert "tcp" in tcp_row and "rk3576" in tcp_row and " yes " in tcp_row
+
+
+def test_devices_without_any_board_says_how_to_attach_one(
+    adb_env: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["devices"]) == 0
+    assert "adb connect" in capsys.readouterr().out
+
+
+def test_doctor_exit_code(
+    make_board: MakeBoard, fake_daemon: FakeDaemonFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemon = fake_daemon(PROTOCOL_VERSION)
+    board = make_board()
+    node = board.profile.local_path("/dev/rknpu")
+    node.parent.mkdir(parents=True)
+    node.touch()
+    assert main(["doctor", "--device", board.serial, "--socket", daemon.socket_name]) == 0
+    assert "Every link holds." in capsys.readouterr().out
+    assert main(["doctor", "--device", board.serial, "--socket", "nobody-listens-here"]) == 1
+    assert "[FAIL] daemon process" in capsys.readouterr().out
+
+
+def test_list_devices_prints_the_toolkit_block(
+    make_board: MakeBoard, capsys: pytest.CaptureFixture[str]
+) -> None:
+    board = make_board()
+    rknn = RKNN()
+    try:
+        assert rknn.list_devices() == ([board.serial], [])
+    finally:
+        rknn.release()
+    assert f"all device(s) with adb mode:\n{board.serial}\n" in capsys.readouterr().out

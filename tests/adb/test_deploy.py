@@ -1,0 +1,147 @@
+"""rknn-client deploy against an emulated board whose python3 is this machine's base Python.
+
+The bundle holds this project's wheel (built here, no network) and pip's own wheel; the board finds the
+dependencies (grpcio...) on a PYTHONPATH made of this interpreter's installed packages.
+"""
+
+from __future__ import annotations
+
+import ensurepip
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rknn_client import __version__
+from rknn_client.cli import main
+from rknn_client.deploy.board import BoardFacts, DeployRefused
+from rknn_client.deploy.bundle import Bundle, BundleBuilder, download_command, only
+from rknn_client.deploy.install import INSTALL_DIR, PID_FILE, deploy
+from rknn_client.negotiate import request_info
+from rknn_client.transport.adb import open_adb
+from tests.adb.conftest import MakeBoard
+from tests.adb.fixtures import EmulatedBoard
+
+ROOT = Path(__file__).resolve().parents[2]
+# The checkout itself, not an installed copy: the board must get its daemon from the bundle only.
+_OWN = ("rknn", "__editable__", "_rknn", "__pycache__")
+
+
+@pytest.fixture(scope="session")
+def project_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("wheel")
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(folder)]
+    subprocess.run([*command, str(ROOT)], check=True, capture_output=True, timeout=300)
+    return only(folder, "rknn_server_oss-*.whl")
+
+
+@pytest.fixture(scope="session")
+def dependencies(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This interpreter's installed packages, minus this project, as one folder for PYTHONPATH."""
+    folder = tmp_path_factory.mktemp("deps")
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(_OWN) and entry.suffix != ".pth":
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+def local_builder(project_wheel: Path) -> BundleBuilder:
+    def build(facts: BoardFacts, dest: Path) -> Bundle:
+        (dest / project_wheel.name).write_bytes(project_wheel.read_bytes())
+        pip_wheel = only(Path(ensurepip.__file__).parent / "_bundled", "pip-*.whl")
+        (dest / pip_wheel.name).write_bytes(pip_wheel.read_bytes())
+        return Bundle(dest, __version__, project_wheel.name, pip_wheel.name, with_dependencies=False)
+
+    return build
+
+
+@pytest.fixture
+def python_board(make_board: MakeBoard, dependencies: Path) -> Iterator[EmulatedBoard]:
+    """A board whose python3 is this machine's base interpreter (the one the tests' venv was made from)."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    board = make_board(commands={"python3": f'"{base}" "$@"'}, env={"PYTHONPATH": str(dependencies)})
+    yield board
+    pid_file = board.profile.local_path(PID_FILE)
+    if pid_file.exists():
+        stop(int(pid_file.read_text()))
+
+
+def stop(pid: int) -> None:
+    """Stop a daemon deploy started (not our child: it runs in its own session)."""
+    try:
+        process = psutil.Process(pid)
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        process.kill()
+
+
+def test_deploy_installs_starts_verifies_and_then_only_verifies(
+    python_board: EmulatedBoard, project_wheel: Path
+) -> None:
+    socket_name = f"rknn-deploy-{uuid.uuid4().hex[:12]}"
+    scripts = python_board.profile.local_path("/usr/bin/start_rknn.sh")
+    scripts.parent.mkdir(parents=True)
+    scripts.write_text("#!/bin/sh\nkillall rknn_server\n")
+    builder = local_builder(project_wheel)
+    first = deploy(python_board.serial, socket_name=socket_name, builder=builder)
+    venv = python_board.profile.local_path(INSTALL_DIR)
+    assert (venv / "bin" / "python").exists()
+    assert list(venv.glob(f"lib/python3*/site-packages/rknn_server_oss-{__version__}.dist-info"))
+    assert any("installed" in action for action in first.actions)
+    assert any("start_rknn.sh" in note and "killall" in note for note in first.notes)
+    pid = int(python_board.profile.local_path(PID_FILE).read_text())
+    assert psutil.pid_exists(pid)
+    endpoint = open_adb(python_board.serial, socket_name=socket_name)
+    try:
+        assert request_info(endpoint.grpc_target, 10, "test").daemon_version == __version__
+    finally:
+        endpoint.close()
+
+    second = deploy(python_board.serial, socket_name=socket_name, builder=builder)
+    assert second.actions == []
+    assert "already installed and running" in second.report()
+    assert int(python_board.profile.local_path(PID_FILE).read_text()) == pid
+
+
+def test_no_python3_is_refused_with_the_container_alternative(make_board: MakeBoard) -> None:
+    board = make_board(commands={"python3": "return 127"})
+    with pytest.raises(DeployRefused) as raised:
+        deploy(board.serial)
+    assert "has no python3" in raised.value.problem and "docker compose" in raised.value.fix
+    assert not board.profile.local_path(INSTALL_DIR).exists()
+
+
+def test_armhf_is_refused_naming_grpcio(make_board: MakeBoard, capsys: pytest.CaptureFixture[str]) -> None:
+    board = make_board(commands={"uname": "echo armv7l"})
+    assert main(["deploy", "--device", board.serial]) == 1
+    err = capsys.readouterr().err
+    assert "armv7l" in err and "grpcio" in err and "docs/deploy.md" in err
+
+
+def test_android_is_refused(make_board: MakeBoard) -> None:
+    board = make_board(props={"ro.build.version.sdk": "33"})
+    with pytest.raises(DeployRefused) as raised:
+        deploy(board.serial)
+    assert "Android" in raised.value.problem and "rknn_server_oss.rc" in raised.value.fix
+
+
+def test_the_download_targets_the_board_not_this_pc(tmp_path: Path) -> None:
+    facts = BoardFacts("s", "aarch64", False, (3, 11), "glibc", "2.31", "", None)
+    command = download_command(facts, tmp_path, tmp_path / "rknn_server_oss-0.1.0-py3-none-any.whl")
+    assert command[command.index("--python-version") + 1] == "3.11"
+    assert command[command.index("--abi") + 1] == "cp311"
+    platforms = [command[i + 1] for i, word in enumerate(command) if word == "--platform"]
+    assert platforms[0] == "manylinux_2_31_aarch64" and "manylinux_2_17_aarch64" in platforms
+    assert "manylinux_2_32_aarch64" not in platforms and "manylinux2014_aarch64" in platforms
+    assert "--only-binary=:all:" in command and command[-1].endswith(".whl[server]")
+    assert os.path.basename(command[-2]) == "pip"

@@ -10,7 +10,9 @@ inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences liv
 
 from __future__ import annotations
 
+import functools
 import platform
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +23,12 @@ import grpc
 import numpy as np
 
 from rknn_client import __version__
-from rknn_client.errors import InvalidInput, RknnError, VersionMismatch, from_rpc_error
+from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
+from rknn_client.transport.security import Credentials, open_channel
 from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import (
     CHUNK_BYTES,
@@ -36,7 +39,12 @@ from rknn_proto.version import (
 
 T = TypeVar("T")
 Progress = Callable[[int, int], None]
+# Re-opens a lost session on a restarted daemon: the new InitRuntime reply and the model bytes re-sent.
+Reopen = Callable[[], tuple[rknn_pb2.InitRuntimeResponse, int]]
 _METADATA = ((PROTOCOL_VERSION_METADATA_KEY, str(PROTOCOL_VERSION)),)
+# Concurrent uploads of one model: how often and how long to wait for the other one (about a minute).
+_UPLOAD_RETRIES = 600
+_UPLOAD_RETRY_S = 0.1
 # The client trusts its daemon but still bounds what it allocates for outputs.
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
 _QUANT_NAMES = {
@@ -87,6 +95,12 @@ class DeviceInfo:
     limits: dict[str, float]
     open_sessions: int
     board: str
+    instance_id: str = ""
+    auth_required: bool = False
+    tls: bool = False
+    insecure: bool = False
+    client_identity: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,17 +161,30 @@ class Device:
     """A connection to one daemon. Closing it closes the channel and undoes the transport."""
 
     def __init__(
-        self, endpoint: Endpoint, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
+        self,
+        endpoint: Endpoint,
+        timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+        *,
+        token: str | None = None,
+        tls_ca: Path | str | None = None,
+        tls_cert: Path | str | None = None,
+        tls_key: Path | str | None = None,
     ) -> None:
+        """`token` and the TLS files default to RKNN_SERVER_TOKEN and RKNN_SERVER_TLS_CA/_CERT/_KEY."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         # Sent with every call: the protocol version, plus e.g. a farm reservation token.
         self.metadata = (*_METADATA, *metadata)
-        self._channel = grpc.insecure_channel(
-            endpoint.grpc_target,
-            options=[
+        self._channel = open_channel(
+            endpoint,
+            Credentials.resolve(token, tls_ca, tls_cert, tls_key),
+            [
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # A restarted daemon is found again within about a second.
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 1000),
             ],
         )
         self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
@@ -199,11 +226,30 @@ class Device:
                 limits={f.name: getattr(limits, f.name) for f in limits.DESCRIPTOR.fields},
                 open_sessions=reply.open_sessions,
                 board=reply.board,
+                instance_id=reply.instance_id,
+                auth_required=reply.auth_required,
+                tls=reply.tls,
+                insecure=reply.insecure,
+                client_identity=reply.client_identity,
+                warnings=tuple(reply.warnings),
             )
         return self._info
 
     def upload(self, model: Path | str, progress: Progress | None = None) -> UploadResult:
-        """Send a model (and its external-data files) unless the daemon already has it; resumes."""
+        """Send a model (and its external-data files) unless the daemon already has it; resumes.
+
+        When another client uploads the same model at the same time the daemon answers ABORTED; this
+        waits for that upload and asks again (then the model is usually cached: nothing to send)."""
+        for _ in range(_UPLOAD_RETRIES):
+            try:
+                return self._upload_once(model, progress)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.ABORTED:
+                    raise from_rpc_error(exc, f"UploadModel on {self.endpoint.description}") from None
+                time.sleep(_UPLOAD_RETRY_S)
+        return self._upload_once(model, progress)
+
+    def _upload_once(self, model: Path | str, progress: Progress | None) -> UploadResult:
         paths = model_files(Path(model))
         wire_manifest = manifest.describe_files(paths)
         by_name = {p.name: p for p in paths}
@@ -236,7 +282,7 @@ class Device:
                         if progress:
                             progress(done, total)
 
-        reply = self._call("UploadModel", self._stub.UploadModel, requests())
+        reply = self._stub.UploadModel(requests(), metadata=self.metadata, timeout=self.timeout_s)
         return UploadResult(reply.digest, reply.received_bytes, cached=False)
 
     def load(
@@ -249,18 +295,32 @@ class Device:
         core_mask: int = 0,
         fallback_prior_device: str = "cpu",
         progress: Progress | None = None,
+        reconnect: bool = False,
+        on_reconnect: Callable[[str], None] | None = None,
     ) -> Session:
-        """Upload (if needed) and open a session on a model."""
+        """Upload (if needed) and open a session on a model.
+
+        With `reconnect=True`, a session lost because the daemon restarted is opened again once,
+        transparently (the model is re-sent only if the daemon's cache lost it); `on_reconnect`
+        hears about it. Without it the call raises SessionLost.
+        """
         self.info()
         uploaded = self.upload(model, progress)
-        return self.open_session(
-            uploaded.digest,
+        init = functools.partial(
+            self._init_runtime,
             target=target,
             perf_debug=perf_debug,
             eval_mem=eval_mem,
             core_mask=core_mask,
             fallback_prior_device=fallback_prior_device,
         )
+
+        def reopen() -> tuple[rknn_pb2.InitRuntimeResponse, int]:
+            again = self.upload(model)
+            return init(again.digest), again.sent_bytes
+
+        reply = init(uploaded.digest)
+        return Session(self, reply, reopen if reconnect else None, on_reconnect)
 
     def open_session(
         self,
@@ -272,7 +332,29 @@ class Device:
         core_mask: int = 0,
         fallback_prior_device: str = "cpu",
     ) -> Session:
-        reply = self._call(
+        return Session(
+            self,
+            self._init_runtime(
+                digest,
+                target=target,
+                perf_debug=perf_debug,
+                eval_mem=eval_mem,
+                core_mask=core_mask,
+                fallback_prior_device=fallback_prior_device,
+            ),
+        )
+
+    def _init_runtime(
+        self,
+        digest: str,
+        *,
+        target: str,
+        perf_debug: bool,
+        eval_mem: bool,
+        core_mask: int,
+        fallback_prior_device: str,
+    ) -> rknn_pb2.InitRuntimeResponse:
+        return self._call(
             "InitRuntime",
             self._stub.InitRuntime,
             rknn_pb2.InitRuntimeRequest(
@@ -284,7 +366,6 @@ class Device:
                 fallback_prior_device=fallback_prior_device,
             ),
         )
-        return Session(self, reply)
 
     def close(self) -> None:
         self._channel.close()
@@ -300,15 +381,61 @@ class Device:
 class Session:
     """A model loaded on the daemon. Calls renew its lease; `release()` frees it at once."""
 
-    def __init__(self, device: Device, reply: rknn_pb2.InitRuntimeResponse) -> None:
+    def __init__(
+        self,
+        device: Device,
+        reply: rknn_pb2.InitRuntimeResponse,
+        reopen: Reopen | None = None,
+        on_reconnect: Callable[[str], None] | None = None,
+    ) -> None:
         self.device = device
+        self.last_run_time_us = 0
+        self._released = False
+        self._reopen = reopen
+        self._reconnect_allowed = True
+        self._on_reconnect = on_reconnect
+        self._adopt(reply)
+
+    def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
         self.id = reply.session_id
         self.inputs = [TensorInfo.from_wire(a) for a in reply.inputs]
         self.outputs = [TensorInfo.from_wire(a) for a in reply.outputs]
         self.runtime_api_version = reply.runtime_api_version
         self.runtime_driver_version = reply.runtime_driver_version
-        self.last_run_time_us = 0
-        self._released = False
+        self._instance = self.device._info.instance_id if self.device._info else ""
+
+    def allow_reconnect(self, allowed: bool) -> None:
+        """Turn the re-open after a daemon restart on or off (only for sessions loaded with reconnect=True)."""
+        self._reconnect_allowed = allowed
+
+    def _daemon_restarted(self) -> bool:
+        """Whether the daemon answering now is another run than the one that opened this session."""
+        try:
+            now = self.device.info(refresh=True).instance_id
+        except RknnError:
+            return False
+        return bool(self._instance) and now != self._instance
+
+    def _guarded(self, call: Callable[[], T]) -> T:
+        """One session call; a session lost to a daemon restart is re-opened once when allowed."""
+        try:
+            return call()
+        except SessionLost as exc:
+            if not self._daemon_restarted():
+                raise
+            if self._reopen is None or not self._reconnect_allowed:
+                raise SessionLost(
+                    f"daemon restarted, session lost ({self.device.endpoint.description}); load the model "
+                    f"again, or pass reconnect=True to Device.load: {exc}"
+                ) from None
+            reply, sent = self._reopen()
+            self._adopt(reply)
+            if self._on_reconnect is not None:
+                self._on_reconnect(
+                    f"the daemon restarted and the session was lost; re-initialized the runtime "
+                    f"(model re-sent: {sent} bytes)"
+                )
+        return call()
 
     def _check(self, arrays: Sequence[np.ndarray], strict: bool) -> None:
         if len(arrays) != len(self.inputs):
@@ -342,6 +469,15 @@ class Session:
     ) -> list[np.ndarray]:
         """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
         `strict=False` leaves shape and dtype checks to the daemon (which converts layouts)."""
+        return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict))
+
+    def _run_once(
+        self,
+        inputs: Sequence[np.ndarray],
+        layouts: Sequence[str] | None,
+        pass_through: Sequence[bool] | None,
+        strict: bool,
+    ) -> list[np.ndarray]:
         requests = self._input_requests(inputs, layouts, pass_through, strict)
         where = f"Inference on {self.device.endpoint.description}"
         try:
@@ -420,10 +556,12 @@ class Session:
             call.cancel()
 
     def perf(self, fix_freq: bool = True) -> PerfReport:
-        reply = self.device._call(
-            "EvalPerf",
-            self.device._stub.EvalPerf,
-            rknn_pb2.EvalPerfRequest(session_id=self.id, fix_freq=fix_freq),
+        reply = self._guarded(
+            lambda: self.device._call(
+                "EvalPerf",
+                self.device._stub.EvalPerf,
+                rknn_pb2.EvalPerfRequest(session_id=self.id, fix_freq=fix_freq),
+            )
         )
         return PerfReport(
             layers=tuple(
@@ -451,8 +589,10 @@ class Session:
         )
 
     def memory(self) -> MemoryReport:
-        reply = self.device._call(
-            "EvalMemory", self.device._stub.EvalMemory, rknn_pb2.EvalMemoryRequest(session_id=self.id)
+        reply = self._guarded(
+            lambda: self.device._call(
+                "EvalMemory", self.device._stub.EvalMemory, rknn_pb2.EvalMemoryRequest(session_id=self.id)
+            )
         )
         return MemoryReport(
             weight_memory=reply.weight_memory,
@@ -464,8 +604,10 @@ class Session:
         )
 
     def keep_alive(self) -> float:
-        reply = self.device._call(
-            "KeepAlive", self.device._stub.KeepAlive, rknn_pb2.KeepAliveRequest(session_id=self.id)
+        reply = self._guarded(
+            lambda: self.device._call(
+                "KeepAlive", self.device._stub.KeepAlive, rknn_pb2.KeepAliveRequest(session_id=self.id)
+            )
         )
         return reply.expires_in_s
 
@@ -494,7 +636,19 @@ def _dumped(header: rknn_pb2.LayerDumpHeader, assembler: codec.TensorAssembler) 
     )
 
 
-def connect(device: str | None = None, target: str | None = None, timeout_s: float | None = None) -> Device:
+def connect(
+    device: str | None = None,
+    target: str | None = None,
+    timeout_s: float | None = None,
+    *,
+    token: str | None = None,
+    tls_ca: Path | str | None = None,
+    tls_cert: Path | str | None = None,
+    tls_key: Path | str | None = None,
+) -> Device:
     """Reach a daemon: `device` (tcp://HOST:PORT, an adb serial or IP:PORT), else RKNN_SERVER, else the
-    single adb board when `target` is set, else a private host-runtime daemon started for this process."""
-    return Device(resolve(device, target), timeout_s)
+    single adb board when `target` is set, else a private host-runtime daemon started for this process.
+    `token` and the TLS files default to RKNN_SERVER_TOKEN and RKNN_SERVER_TLS_CA/_CERT/_KEY."""
+    return Device(
+        resolve(device, target), timeout_s, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+    )

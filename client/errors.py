@@ -48,6 +48,10 @@ class VersionMismatch(RknnError):
     """Client and daemon speak protocol versions that cannot work together."""
 
 
+class AuthenticationFailed(RknnError):
+    """The daemon wants a token (or a client certificate) this client did not present or got wrong."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[RknnError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
     grpc.StatusCode.OUT_OF_RANGE: InvalidInput,
@@ -61,6 +65,8 @@ _BY_CODE: dict[grpc.StatusCode, type[RknnError]] = {
     grpc.StatusCode.DATA_LOSS: RuntimeFailure,
     grpc.StatusCode.UNKNOWN: RuntimeFailure,
     grpc.StatusCode.UNAVAILABLE: ConnectionFailed,
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationFailed,
+    grpc.StatusCode.PERMISSION_DENIED: AuthenticationFailed,
     grpc.StatusCode.DEADLINE_EXCEEDED: ConnectionFailed,
 }
 

@@ -48,6 +48,10 @@ class CodecError(ValueError):
     """A tensor message that cannot be decoded; the text says what was wrong and what was expected."""
 
 
+class LimitExceeded(CodecError):
+    """A tensor message over one of the receiver's limits; the text names the limit and its value."""
+
+
 @dataclass(frozen=True)
 class TensorLimits:
     """Bounds a receiver enforces before allocating anything."""
@@ -55,6 +59,8 @@ class TensorLimits:
     max_tensor_bytes: int = 4 << 30
     max_rank: int = 16
     max_tensors: int = 256
+    max_elements: int = 1 << 32
+    max_chunk_bytes: int = 4 * CHUNK_BYTES
 
 
 def supported_dtype_names() -> list[str]:
@@ -134,14 +140,23 @@ def check_meta(
     layout_name(meta.layout)
     shape = tuple(int(d) for d in meta.shape)
     if len(shape) > limits.max_rank:
-        raise CodecError(f"{what}: rank {len(shape)} exceeds the limit of {limits.max_rank} dimensions")
+        raise LimitExceeded(
+            f"{what}: rank {len(shape)} exceeds the limit of {limits.max_rank} dimensions "
+            f"(max_tensor_rank={limits.max_rank})"
+        )
     if any(d < 0 for d in shape):
         raise CodecError(f"{what}: shape {list(shape)} has a negative dimension")
-    expected = math.prod(shape) * dtype.itemsize
+    elements = math.prod(shape)
+    expected = elements * dtype.itemsize
     if expected > limits.max_tensor_bytes:
-        raise CodecError(
+        raise LimitExceeded(
             f"{what}: shape {list(shape)} of {dtype} needs {expected} bytes, over the limit "
             f"max_tensor_bytes={limits.max_tensor_bytes}"
+        )
+    if elements > limits.max_elements:
+        raise LimitExceeded(
+            f"{what}: shape {list(shape)} has {elements} elements, over the limit "
+            f"max_tensor_elements={limits.max_elements}"
         )
     if meta.byte_length != expected:
         raise CodecError(
@@ -151,22 +166,28 @@ def check_meta(
     return dtype, shape
 
 
+def check_metas(
+    metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
+) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    """Validate a set of metas against the limits (count, each tensor, their total) before any allocation."""
+    if len(metas) > limits.max_tensors:
+        raise LimitExceeded(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
+    layouts = [check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)]
+    total = sum(m.byte_length for m in metas)
+    if total > limits.max_tensor_bytes:
+        raise LimitExceeded(
+            f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
+        )
+    return layouts
+
+
 class TensorAssembler:
     """Collects the chunks of several tensors into preallocated buffers, checking order and size."""
 
     def __init__(
         self, metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
     ) -> None:
-        if len(metas) > limits.max_tensors:
-            raise CodecError(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
-        self._layouts = [
-            check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)
-        ]
-        total = sum(m.byte_length for m in metas)
-        if total > limits.max_tensor_bytes:
-            raise CodecError(
-                f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
-            )
+        self._layouts = check_metas(metas, limits, what)
         self._metas = list(metas)
         self._buffers = [bytearray(m.byte_length) for m in metas]
         self._filled = [0] * len(metas)

@@ -358,6 +358,11 @@ class Limits(_message.Message):
     MODEL_CACHE_QUOTA_BYTES_FIELD_NUMBER: _builtins.int
     SESSION_IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     MAX_TENSOR_RANK_FIELD_NUMBER: _builtins.int
+    MAX_SESSIONS_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_TENSOR_ELEMENTS_FIELD_NUMBER: _builtins.int
+    MAX_INFLIGHT_REQUESTS_FIELD_NUMBER: _builtins.int
+    CALL_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     max_message_bytes: _builtins.int
     """Largest single gRPC message accepted, in bytes."""
     chunk_bytes: _builtins.int
@@ -374,6 +379,16 @@ class Limits(_message.Message):
     """Seconds a session lives without calls before the daemon frees it."""
     max_tensor_rank: _builtins.int
     """Highest tensor rank accepted."""
+    max_sessions_per_client: _builtins.int
+    """Most sessions one client identity may hold at once (0: only max_sessions applies)."""
+    max_chunk_bytes: _builtins.int
+    """Largest data field of one TensorChunk or UploadChunk, in bytes."""
+    max_tensor_elements: _builtins.int
+    """Most elements (product of dims) a declared tensor may have."""
+    max_inflight_requests: _builtins.int
+    """Most RPCs the daemon serves at once; more are refused, not queued."""
+    call_timeout_s: _builtins.float
+    """Seconds a runtime call may take before its worker is killed (0: no deadline)."""
     def __init__(
         self,
         *,
@@ -385,10 +400,15 @@ class Limits(_message.Message):
         model_cache_quota_bytes: _builtins.int = ...,
         session_idle_timeout_s: _builtins.float = ...,
         max_tensor_rank: _builtins.int = ...,
+        max_sessions_per_client: _builtins.int = ...,
+        max_chunk_bytes: _builtins.int = ...,
+        max_tensor_elements: _builtins.int = ...,
+        max_inflight_requests: _builtins.int = ...,
+        call_timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_sessions", b"max_sessions", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_rank", b"max_tensor_rank", "model_cache_quota_bytes", b"model_cache_quota_bytes", "session_idle_timeout_s", b"session_idle_timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_timeout_s", b"call_timeout_s", "chunk_bytes", b"chunk_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_inflight_requests", b"max_inflight_requests", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_sessions", b"max_sessions", "max_sessions_per_client", b"max_sessions_per_client", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_elements", b"max_tensor_elements", "max_tensor_rank", b"max_tensor_rank", "model_cache_quota_bytes", b"model_cache_quota_bytes", "session_idle_timeout_s", b"session_idle_timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -411,6 +431,12 @@ class GetInfoResponse(_message.Message):
     MODEL_FORMATS_FIELD_NUMBER: _builtins.int
     BOARD_FIELD_NUMBER: _builtins.int
     OPEN_SESSIONS_FIELD_NUMBER: _builtins.int
+    INSECURE_FIELD_NUMBER: _builtins.int
+    AUTH_REQUIRED_FIELD_NUMBER: _builtins.int
+    CLIENT_IDENTITY_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
+    TLS_FIELD_NUMBER: _builtins.int
     RESERVATION_FIELD_NUMBER: _builtins.int
     RESERVATION_WAITERS_FIELD_NUMBER: _builtins.int
     daemon_version: _builtins.str
@@ -433,6 +459,16 @@ class GetInfoResponse(_message.Message):
     """Board model from the device tree, when known."""
     open_sessions: _builtins.int
     """Sessions open right now (the daemon's current load)."""
+    insecure: _builtins.bool
+    """True when the daemon listens on a non-loopback address without a token or TLS (--insecure)."""
+    auth_required: _builtins.bool
+    """True when calls must carry "authorization: Bearer <token>" metadata."""
+    client_identity: _builtins.str
+    """Who the daemon thinks the caller is: token name, TLS certificate subject, else peer address."""
+    instance_id: _builtins.str
+    """Random id of this daemon run: a new value means the daemon restarted (and sessions were lost)."""
+    tls: _builtins.bool
+    """True when the daemon serves TLS on its TCP listeners."""
     reservation_waiters: _builtins.int
     """Reserve calls queued behind the current holder."""
     @_builtins.property
@@ -442,6 +478,10 @@ class GetInfoResponse(_message.Message):
     @_builtins.property
     def model_formats(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Model file formats the runtime loads, e.g. [".onnx"] or [".rknn"]."""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Warnings about the daemon's configuration the user should see (e.g. that it is insecure)."""
 
     @_builtins.property
     def reservation(self) -> Global___ReservationInfo:
@@ -463,12 +503,18 @@ class GetInfoResponse(_message.Message):
         model_formats: _abc.Iterable[_builtins.str] | None = ...,
         board: _builtins.str = ...,
         open_sessions: _builtins.int = ...,
+        insecure: _builtins.bool = ...,
+        auth_required: _builtins.bool = ...,
+        client_identity: _builtins.str = ...,
+        instance_id: _builtins.str = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
+        tls: _builtins.bool = ...,
         reservation: Global___ReservationInfo | None = ...,
         reservation_waiters: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits", "reservation", b"reservation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["board", b"board", "capabilities", b"capabilities", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "reservation", b"reservation", "reservation_waiters", b"reservation_waiters", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_required", b"auth_required", "board", b"board", "capabilities", b"capabilities", "client_identity", b"client_identity", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "insecure", b"insecure", "instance_id", b"instance_id", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "reservation", b"reservation", "reservation_waiters", b"reservation_waiters", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc", "tls", b"tls", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from rknn_proto.version import DEFAULT_PORT
+from rknn_proto import codec
+from rknn_proto.version import DEFAULT_PORT, MAX_MESSAGE_BYTES
 from rknn_server import __version__
+from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
 from rknn_server.listen import DEFAULT_LISTEN, parse_listen
 from rknn_server.logs import configure
@@ -84,6 +87,64 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads per host-runtime session")
     p.add_argument(
+        "--backend",
+        default="",
+        metavar="MODULE:CALLABLE",
+        help="serve with the Backend this factory returns instead of --runtime (out-of-tree runtimes, tests)",
+    )
+    p.add_argument(
+        "--grace", type=float, default=10.0, metavar="S", help="on SIGTERM, let calls finish for S s"
+    )
+    security = p.add_argument_group(
+        "security",
+        "A TCP listener on a non-loopback address needs --auth-token-file or TLS, or an explicit --insecure. "
+        "Loopback and the abstract socket (adb) stay open unless --auth-loopback.",
+    )
+    security.add_argument(
+        "--auth-token-file",
+        type=Path,
+        metavar="FILE",
+        help="tokens clients must send (lines 'name:token' or one bare token); metadata 'authorization: Bearer T'",
+    )
+    security.add_argument(
+        "--auth-loopback", action="store_true", help="require the token from loopback and adb callers too"
+    )
+    security.add_argument(
+        "--tls-cert", type=Path, metavar="PEM", help="serve TLS on TCP with this certificate"
+    )
+    security.add_argument("--tls-key", type=Path, metavar="PEM", help="private key of --tls-cert")
+    security.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="PEM",
+        help="require client certificates signed by this CA (mTLS)",
+    )
+    security.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback listener without token or TLS (warns)"
+    )
+    limits = p.add_argument_group("limits", "a request beyond one gets RESOURCE_EXHAUSTED naming it")
+    defaults = codec.TensorLimits()
+    limits.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=0,
+        help="sessions one client may hold (0: --max-sessions)",
+    )
+    limits.add_argument("--max-inflight-requests", type=int, default=64, help="calls served at once")
+    limits.add_argument(
+        "--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES, help="largest gRPC message"
+    )
+    limits.add_argument(
+        "--max-chunk-bytes", type=int, default=defaults.max_chunk_bytes, help="largest tensor or upload chunk"
+    )
+    limits.add_argument(
+        "--max-tensor-bytes", type=int, default=defaults.max_tensor_bytes, help="largest tensor"
+    )
+    limits.add_argument("--max-tensor-rank", type=int, default=defaults.max_rank, help="highest tensor rank")
+    limits.add_argument(
+        "--max-tensor-elements", type=int, default=defaults.max_elements, help="most elements in a tensor"
+    )
+    p.add_argument(
         "--exit-with-stdin",
         action="store_true",
         help="stop when standard input closes (used by a client that starts a private daemon)",
@@ -102,9 +163,26 @@ def health_main(argv: list[str]) -> int:
     )
     p.add_argument("addr", nargs="?", default=f"tcp://127.0.0.1:{DEFAULT_PORT}", type=_listen_arg)
     p.add_argument("--timeout", type=float, default=3.0)
+    p.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=os.environ.get("RKNN_SERVER_TLS_CA") or None,
+        help="speak TLS, trusting this CA (default: $RKNN_SERVER_TLS_CA)",
+    )
+    p.add_argument("--tls-cert", type=Path, default=os.environ.get("RKNN_SERVER_TLS_CERT") or None)
+    p.add_argument("--tls-key", type=Path, default=os.environ.get("RKNN_SERVER_TLS_KEY") or None)
     args = p.parse_args(argv)
     target = parse_listen(args.addr).grpc_address()
-    with grpc.insecure_channel(target) as channel:
+    if args.tls_ca is not None:
+        credentials = grpc.ssl_channel_credentials(
+            args.tls_ca.read_bytes(),
+            args.tls_key.read_bytes() if args.tls_key else None,
+            args.tls_cert.read_bytes() if args.tls_cert else None,
+        )
+        channel = grpc.secure_channel(target, credentials)
+    else:
+        channel = grpc.insecure_channel(target)
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=args.timeout
@@ -123,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         return health_main(argv[1:])
     if argv[:1] == ["serve"]:
         argv = argv[1:]
-    args = serve_parser().parse_args(argv)
+    parser = serve_parser()
+    args = parser.parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        parser.error("--tls-client-ca needs --tls-cert and --tls-key")
     configure(args.log_format, args.log_level)
     config = DaemonConfig(
         listen=[parse_listen(a) for a in (args.listen or DEFAULT_LISTEN)],
@@ -140,10 +223,25 @@ def main(argv: list[str] | None = None) -> int:
         runtime_lib=args.runtime_lib,
         plugin_dir=args.plugin_dir,
         sysfs_root=args.sysfs_root,
+        tensor_limits=codec.TensorLimits(
+            max_tensor_bytes=args.max_tensor_bytes,
+            max_rank=args.max_tensor_rank,
+            max_elements=args.max_tensor_elements,
+            max_chunk_bytes=args.max_chunk_bytes,
+        ),
+        max_sessions_per_client=args.max_sessions_per_client,
+        max_inflight_requests=args.max_inflight_requests,
+        max_message_bytes=args.max_message_bytes,
+        grace_s=args.grace,
+        auth_token_file=args.auth_token_file,
+        auth_loopback=args.auth_loopback,
+        tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None,
+        insecure=args.insecure,
+        backend=args.backend,
     )
     try:
         return run(config)
-    except (BackendUnavailable, OSError) as exc:
+    except (BackendUnavailable, SecurityConfigError, OSError) as exc:
         print(f"rknn_server: {exc}", file=sys.stderr)
         return 2
 

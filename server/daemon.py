@@ -1,10 +1,11 @@
-"""The daemon: one grpc.aio server on one event loop, with health, reflection, the session reaper
-and graceful shutdown on SIGTERM/SIGINT."""
+"""The daemon: one grpc.aio server on one event loop, with health, reflection, the session reaper,
+the guard (tokens, in-flight limit), TLS, and graceful shutdown on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import signal
 import sys
 import threading
@@ -20,9 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
+from rknn_server.auth import TlsFiles, TokenTable, listen_policy
+from rknn_server.guard import Guard
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
+from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions
 from rknn_server.runtime.isolated import IsolatedRuntime
 from rknn_server.runtime.select import select_backend
@@ -51,6 +55,14 @@ class DaemonConfig:
     runtime_lib: Path | None = None  # librknnrt/librknnmrt to load instead of searching for one
     plugin_dir: Path | None = None  # custom-op plugins for the rknnrt runtime
     sysfs_root: Path = Path("/")  # where the platform probe reads /proc, /sys and /dev
+    max_sessions_per_client: int = 0
+    max_inflight_requests: int = 64
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    auth_token_file: Path | None = None
+    auth_loopback: bool = False  # require the token from loopback callers too
+    tls: TlsFiles | None = None
+    insecure: bool = False
+    backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
 
 
 def _same(backend: Backend) -> Backend:
@@ -83,37 +95,74 @@ def _wait_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Non
     loop.call_soon_threadsafe(stop.set)
 
 
-async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
-    probe = probe_platform(config.sysfs_root)
-    backend, reason = select_backend(
-        config.runtime,
-        config.soc,
-        config.threads,
-        probe=probe,
-        runtime_lib=config.runtime_lib,
-        plugin_dir=config.plugin_dir,
+def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    cert, key, client_ca = tls.read()
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
     )
+
+
+async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
+    tokens = TokenTable.load(config.auth_token_file) if config.auth_token_file else None
+    credentials = _server_credentials(config.tls) if config.tls else None
+    exposure = listen_policy(config.listen, tokens is not None or credentials is not None, config.insecure)
+    warnings = list(exposure)
+    if config.call_timeout_s and config.isolation != "process":
+        warnings.append(
+            "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
+        )
+    for text in warnings:
+        log.warning("insecure_configuration", warning=text)
+    probe = probe_platform(config.sysfs_root)
+    if config.backend:
+        backend, reason = load_backend(config.backend), f"backend {config.backend} requested (--backend)"
+    else:
+        backend, reason = select_backend(
+            config.runtime,
+            config.soc,
+            config.threads,
+            probe=probe,
+            runtime_lib=config.runtime_lib,
+            plugin_dir=config.plugin_dir,
+        )
     cache = ModelCache(config.model_cache, config.cache_limits)
-    executor = ThreadPoolExecutor(max_workers=max(4, config.max_sessions), thread_name_prefix="runtime")
+    executor = ThreadPoolExecutor(
+        max_workers=max(4, config.max_sessions, config.max_inflight_requests), thread_name_prefix="runtime"
+    )
 
     def on_release(session: Session) -> None:
         cache.unpin(session.digest)
 
-    registry = SessionRegistry(config.max_sessions, config.session_idle_timeout_s, on_release)
+    registry = SessionRegistry(
+        config.max_sessions, config.session_idle_timeout_s, on_release, config.max_sessions_per_client
+    )
     service = RknnService(
         backend,
         cache,
         registry,
         executor,
         make_opener(config),
-        ServiceConfig(tensor_limits=config.tensor_limits, runtime_reason=reason, board=probe.board_model),
+        ServiceConfig(
+            tensor_limits=config.tensor_limits,
+            runtime_reason=reason,
+            board=probe.board_model,
+            max_message_bytes=config.max_message_bytes,
+            max_inflight_requests=config.max_inflight_requests,
+            call_timeout_s=(config.call_timeout_s or 0.0) if config.isolation == "process" else 0.0,
+            auth_required=tokens is not None,
+            tls=credentials is not None,
+            insecure=bool(exposure),
+            warnings=tuple(warnings),
+            instance_id=secrets.token_hex(8),
+        ),
     )
     server = grpc.aio.server(
+        interceptors=[Guard(tokens, config.auth_loopback, config.max_inflight_requests)],
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
     health_servicer = health_aio.HealthServicer()
@@ -126,7 +175,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     )
     bound = []
     for address in config.listen:
-        port = server.add_insecure_port(address.grpc_address())
+        if credentials is not None and address.scheme == "tcp":
+            port = server.add_secure_port(address.grpc_address(), credentials)
+        else:
+            port = server.add_insecure_port(address.grpc_address())
         if address.scheme == "tcp" and port == 0:
             raise OSError(f"cannot listen on {address.display()}: the address is in use or not available")
         bound.append(address.display(port))
@@ -142,6 +194,9 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         reason=reason,
         listen=bound,
         soc=backend.soc(),
+        auth="token" if tokens else "none",
+        tls=credentials is not None,
+        instance=service.config.instance_id,
     )
 
     stop = asyncio.Event()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+
 import grpc
 
-from rknn_proto.codec import CodecError
+from rknn_proto.codec import CodecError, LimitExceeded
 from rknn_server.runtime.base import (
     BackendError,
     ExecutionError,
@@ -30,6 +32,12 @@ class NotFound(ServiceError):
 
 class FailedPrecondition(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Aborted(ServiceError):
+    """A conflict with a concurrent call (two uploads of one model): the client retries from the start."""
+
+    code = grpc.StatusCode.ABORTED
 
 
 class ResourceExhausted(ServiceError):
@@ -64,8 +72,14 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status and message an exception travels as; unknown exceptions are INTERNAL with their text."""
     if isinstance(exc, ServiceError):
         return exc.code, str(exc)
+    if isinstance(exc, LimitExceeded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, CodecError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, (
+            f"the board's disk is full ({exc.strerror}); free space or lower the model cache quota"
+        )
     if isinstance(exc, BackendError):
         for kind, code in _BACKEND_CODES.items():
             if isinstance(exc, kind):

@@ -6,10 +6,14 @@ Layout under the root (created private, 0700):
 A model only appears under models/ by an atomic rename once every file's hash and the digest
 verified, so a half-written model is never used. Bytes go to disk as they arrive: nothing holds
 a whole model in memory. Models used by a live session are pinned and never evicted.
+Before a session opens a model its files are hashed again against its digest (remembered per file
+size and mtime, so a big model is hashed once, not on every open): a model damaged on disk is removed
+instead of loaded. A full disk while caching discards the partial bytes and fails with a clear error.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -21,8 +25,21 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rknn_proto import rknn_pb2
-from rknn_proto.manifest import HEX_DIGEST_PATTERN, entries_of, manifest_digest, valid_file_name
-from rknn_server.errors import DataLoss, FailedPrecondition, InvalidInput, NotFound, ResourceExhausted
+from rknn_proto.manifest import (
+    HEX_DIGEST_PATTERN,
+    FileEntry,
+    entries_of,
+    file_sha256,
+    manifest_digest,
+    valid_file_name,
+)
+from rknn_server.errors import (
+    Aborted,
+    DataLoss,
+    InvalidInput,
+    NotFound,
+    ResourceExhausted,
+)
 
 _HASH_READ_BYTES = 1 << 20
 # Names the main file of a complete model; a dot name, so no model file can collide with it.
@@ -114,10 +131,17 @@ class Upload:
             raise InvalidInput(
                 f"{files[file_index].name!r} received {end} bytes; the manifest declared {files[file_index].size}"
             )
-        handle = self._handles.get(file_index)
-        if handle is None:
-            handle = self._handles[file_index] = (self._dir / files[file_index].sha256).open("ab")
-        handle.write(data)
+        try:
+            handle = self._handles.get(file_index)
+            if handle is None:
+                handle = self._handles[file_index] = (self._dir / files[file_index].sha256).open("ab")
+            handle.write(data)
+            handle.flush()
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._close_handles()
+                shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         self._hashers[file_index].update(data)
         self._written[file_index] = end
         self.received_bytes += len(data)
@@ -140,9 +164,13 @@ class Upload:
         return self._cache.commit(self.manifest)
 
     def _close_handles(self) -> None:
-        for handle in self._handles.values():
-            handle.close()
+        handles = list(self._handles.values())
         self._handles.clear()
+        for handle in handles:
+            try:
+                handle.close()
+            except OSError:
+                continue
 
     def close(self) -> None:
         self._close_handles()
@@ -156,11 +184,27 @@ class ModelCache:
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()
         self._uploading: set[str] = set()
-        for sub in ("models", "partial", "staging"):
-            (root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        # digest -> (size, mtime_ns) of each file when its hashes last verified.
+        self._verified: dict[str, list[tuple[int, int]]] = {}
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(root, 0o700)
+        for sub in ("models", "partial", "staging"):
+            (root / sub).mkdir(exist_ok=True, mode=0o700)
+            os.chmod(root / sub, 0o700)
         shutil.rmtree(root / "staging", ignore_errors=True)
         (root / "staging").mkdir(mode=0o700)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop what a killed daemon may have left that is not a well-formed entry."""
+        for sub, complete in (("models", True), ("partial", False)):
+            for entry in (self.root / sub).iterdir():
+                well_formed = entry.is_dir() and HEX_DIGEST_PATTERN.match(entry.name)
+                if not well_formed or (complete and not (entry / MAIN_FILE_MARKER).is_file()):
+                    if entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
 
     def model_dir(self, digest: str) -> Path:
         return self.root / "models" / digest
@@ -185,21 +229,26 @@ class ModelCache:
         return False, held
 
     def begin_upload(self, manifest: rknn_pb2.ModelManifest, start_offsets: list[int]) -> Upload:
-        cached, held = self.prepare(manifest)
-        if cached:
-            raise FailedPrecondition(f"model {manifest.digest} is already cached; no upload is needed")
-        if list(start_offsets) != held:
-            raise InvalidInput(
-                f"upload starts at offsets {list(start_offsets)}; the daemon holds {held} bytes per file "
-                "(call PrepareUpload first and resume from what it returns)"
-            )
+        """Claim the model for this upload; a concurrent upload or a cache hit is ABORTED (ask again)."""
+        validate_manifest(manifest, self.limits)
         with self._lock:
             if manifest.digest in self._uploading:
-                raise FailedPrecondition(
-                    f"model {manifest.digest} is being uploaded by another call; wait for it to finish"
+                raise Aborted(
+                    f"model {manifest.digest} is being uploaded by another call; call PrepareUpload again "
+                    "once it finishes"
                 )
             self._uploading.add(manifest.digest)
         try:
+            cached, held = self.prepare(manifest)
+            if cached:
+                raise Aborted(
+                    f"model {manifest.digest} is already cached; call PrepareUpload again: no upload is needed"
+                )
+            if list(start_offsets) != held:
+                raise InvalidInput(
+                    f"upload starts at offsets {list(start_offsets)}; the daemon holds {held} bytes per file "
+                    "(call PrepareUpload first and resume from what it returns)"
+                )
             return Upload(self, manifest, list(start_offsets))
         except BaseException:
             self.end_upload(manifest.digest)
@@ -215,13 +264,21 @@ class ModelCache:
         partial = self.partial_dir(manifest.digest)
         staging = self.root / "staging" / manifest.digest
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(mode=0o700)
-        for f in manifest.files:
-            src = partial / f.sha256
-            with src.open("rb") as fh:
+        try:
+            staging.mkdir(mode=0o700)
+            for f in manifest.files:
+                src = partial / f.sha256
+                with src.open("rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(src, staging / f.name)
+            marker = staging / MAIN_FILE_MARKER
+            marker.write_text(manifest.files[0].name)
+            with marker.open("rb") as fh:
                 os.fsync(fh.fileno())
-            os.replace(src, staging / f.name)
-        (staging / MAIN_FILE_MARKER).write_text(manifest.files[0].name)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         target = self.model_dir(manifest.digest)
         if target.exists():
             shutil.rmtree(staging)
@@ -240,6 +297,34 @@ class ModelCache:
             raise NotFound(f"model {digest} is not in the daemon's cache; upload it first")
         self.touch(digest)
         return marker.parent / marker.read_text()
+
+    def verify(self, digest: str) -> None:
+        """Check a cached model's files against its digest before it is loaded; remove it if damaged."""
+        folder = self.model_dir(digest)
+        try:
+            main = (folder / MAIN_FILE_MARKER).read_text()
+            names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+            if main not in names:
+                raise FileNotFoundError(main)
+            paths = [folder / main, *(folder / n for n in names if n != main)]
+            stamps = [(st.st_size, st.st_mtime_ns) for st in (p.stat() for p in paths)]
+            if self._verified.get(digest) == stamps:
+                return
+            entries = [
+                FileEntry(p.name, size, file_sha256(p)) for p, (size, _) in zip(paths, stamps, strict=True)
+            ]
+            intact = manifest_digest(entries) == digest
+        except OSError:
+            intact = False
+        if intact:
+            self._verified[digest] = stamps
+            return
+        self._verified.pop(digest, None)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise DataLoss(
+            f"model {digest} in the daemon's cache is damaged (its files no longer hash to its digest); "
+            "it was removed: upload it again"
+        )
 
     def touch(self, digest: str) -> None:
         now = time.time()

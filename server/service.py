@@ -29,7 +29,8 @@ from rknn_proto.version import (
     RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
-from rknn_server.errors import FailedPrecondition, InvalidInput, status_of
+from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
+from rknn_server.guard import client_identity
 from rknn_server.model_cache import ModelCache
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import (
@@ -41,6 +42,7 @@ from rknn_server.runtime.base import (
     PerfResult,
     RuntimeOptions,
     TensorSpec,
+    WorkerLost,
 )
 from rknn_server.sessions import Session, SessionRegistry
 
@@ -61,6 +63,15 @@ class ServiceConfig:
     tensor_limits: codec.TensorLimits
     runtime_reason: str = ""
     board: str = ""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_inflight_requests: int = 0
+    call_timeout_s: float = 0.0
+    # Security posture, reported by GetInfo.
+    auth_required: bool = False
+    tls: bool = False
+    insecure: bool = False
+    warnings: tuple[str, ...] = ()
+    instance_id: str = ""
 
 
 RuntimeOpener = Callable[[Backend, Any, RuntimeOptions], ModelRuntime]
@@ -227,7 +238,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     fix_freq=caps.fix_freq,
                 ),
                 limits=rknn_pb2.Limits(
-                    max_message_bytes=MAX_MESSAGE_BYTES,
+                    max_message_bytes=self.config.max_message_bytes,
                     chunk_bytes=CHUNK_BYTES,
                     max_sessions=self.registry.max_sessions,
                     max_tensor_bytes=limits.max_tensor_bytes,
@@ -235,11 +246,22 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     model_cache_quota_bytes=self.cache.limits.quota_bytes,
                     session_idle_timeout_s=self.registry.idle_timeout_s,
                     max_tensor_rank=limits.max_rank,
+                    max_sessions_per_client=self.registry.max_per_client,
+                    max_chunk_bytes=limits.max_chunk_bytes,
+                    max_tensor_elements=limits.max_elements,
+                    max_inflight_requests=self.config.max_inflight_requests,
+                    call_timeout_s=self.config.call_timeout_s,
                 ),
                 runtime_reason=self.config.runtime_reason,
                 model_formats=list(self.backend.model_suffixes),
                 board=self.config.board,
                 open_sessions=len(self.registry),
+                insecure=self.config.insecure,
+                auth_required=self.config.auth_required,
+                client_identity=client_identity(),
+                instance_id=self.config.instance_id,
+                warnings=list(self.config.warnings),
+                tls=self.config.tls,
                 **self.reservations.info_fields(),
             )
 
@@ -272,7 +294,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     if message.WhichOneof("part") != "chunk":
                         raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
                     chunk = message.chunk
-                    upload.write(chunk.file_index, chunk.offset, chunk.data)
+                    _check_chunk(len(chunk.data), self.config.tensor_limits)
+                    await self._blocking(upload.write, chunk.file_index, chunk.offset, chunk.data)
                     call.bytes_in += len(chunk.data)
                 await self._blocking(upload.finish)
             finally:
@@ -315,15 +338,17 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 core_mask=request.core_mask,
                 fallback_prior_device=fallback,
             )
-            self.registry.reserve()
+            owner = client_identity()
+            self.registry.reserve(owner)
             self.cache.pin(request.model_digest)
             try:
+                await self._blocking(self.cache.verify, request.model_digest)
                 runtime = await self._blocking(self.opener, self.backend, path, options)
             except BaseException:
-                self.registry.unreserve()
+                self.registry.unreserve(owner)
                 self.cache.unpin(request.model_digest)
                 raise
-            session = self.registry.add(request.model_digest, options, runtime)
+            session = self.registry.add(request.model_digest, options, runtime, owner)
             call.session = session.id
             version = await self._blocking(runtime.sdk_version) or self.backend.version()
             return rknn_pb2.InitRuntimeResponse(
@@ -345,13 +370,15 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         if first.WhichOneof("part") != "header":
             raise InvalidInput(f"the first {call.method} message must be an InferenceHeader")
         header = first.header
-        session = self.registry.get(header.session_id)
+        session = self.registry.get(header.session_id, client_identity())
         call.session = session.id
+        codec.check_metas(header.inputs, self.config.tensor_limits, "input")
         plans = check_inputs(session.runtime.inputs, header.inputs)
         assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
         async for message in request_iterator:
             if message.WhichOneof("part") != "chunk":
                 raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
+            _check_chunk(len(message.chunk.data), self.config.tensor_limits)
             assembler.add(message.chunk)
             call.bytes_in += len(message.chunk.data)
         arrays = [
@@ -387,6 +414,28 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             await _fail(call, context, exc)
         else:
             call.done("OK")
+
+    async def _in_session(self, session: Session, fn: Callable[..., T], *args: Any) -> T:
+        """Run one runtime call of a session, alone; a lost worker marks the session broken."""
+        async with session.lock:
+            if session.broken:
+                raise FailedPrecondition(
+                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again"
+                )
+            work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The caller went away, but the runtime is still busy: keep the session locked (so that
+                # the reaper cannot free a model mid-call) until the call really ends.
+                await asyncio.wait([work])
+                raise
+            except WorkerLost as exc:
+                session.broken = str(exc)
+                log.warning("session_broken", session=session.id, reason=str(exc))
+                raise
+            finally:
+                session.renew()
 
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
@@ -448,21 +497,17 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     async def _run(
         self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
     ) -> tuple[list[np.ndarray], int]:
-        async with session.lock:
-            start = time.perf_counter()
-            outputs = await self._blocking(session.runtime.run, arrays, formats)
-            session.renew()
-            return outputs, int((time.perf_counter() - start) * 1e6)
+        start = time.perf_counter()
+        outputs = await self._in_session(session, session.runtime.run, arrays, formats)
+        return outputs, int((time.perf_counter() - start) * 1e6)
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalPerfResponse:
         async def body(call: _Call) -> rknn_pb2.EvalPerfResponse:
-            session = self.registry.get(request.session_id)
+            session = self.registry.get(request.session_id, client_identity())
             call.session = session.id
-            async with session.lock:
-                result, pinned = await self._blocking(self._measure, session.runtime, request.fix_freq)
-            session.renew()
+            result, pinned = await self._in_session(session, self._measure, session.runtime, request.fix_freq)
             return rknn_pb2.EvalPerfResponse(
                 layers=[
                     rknn_pb2.LayerPerf(
@@ -500,10 +545,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.EvalMemoryRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalMemoryResponse:
         async def body(call: _Call) -> rknn_pb2.EvalMemoryResponse:
-            session = self.registry.get(request.session_id)
+            session = self.registry.get(request.session_id, client_identity())
             call.session = session.id
-            async with session.lock:
-                result = await self._blocking(session.runtime.memory)
+            result = await self._in_session(session, session.runtime.memory)
             return rknn_pb2.EvalMemoryResponse(
                 weight_memory=result.weight_bytes,
                 internal_memory=result.internal_bytes,
@@ -519,7 +563,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.ReleaseResponse:
         async def body(call: _Call) -> rknn_pb2.ReleaseResponse:
-            session = self.registry.pop(request.session_id)
+            session = self.registry.pop(request.session_id, client_identity())
             call.session = session.id
             async with session.lock:
                 await self._blocking(self.registry.close, session, "released by client")
@@ -531,7 +575,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.KeepAliveResponse:
         async def body(call: _Call) -> rknn_pb2.KeepAliveResponse:
-            session = self.registry.get(request.session_id)
+            session = self.registry.get(request.session_id, client_identity(), usable=False)
             call.session = session.id
             return rknn_pb2.KeepAliveResponse(expires_in_s=session.expires_in())
 
@@ -562,6 +606,14 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             return self.reservations.release(request)
 
         return await self._unary("ReleaseReservation", context, body)
+
+
+def _check_chunk(size: int, limits: codec.TensorLimits) -> None:
+    if size > limits.max_chunk_bytes:
+        raise ResourceExhausted(
+            f"a chunk of {size} bytes arrived, over the limit max_chunk_bytes={limits.max_chunk_bytes}; "
+            "send smaller chunks"
+        )
 
 
 async def _first(iterator: AsyncIterator[T], what: str) -> T:

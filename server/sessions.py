@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
 
-from rknn_server.errors import NotFound, ResourceExhausted
+from rknn_server.errors import FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
 
 log = structlog.get_logger("rknn_server.sessions")
@@ -28,8 +29,11 @@ class Session:
     options: RuntimeOptions
     runtime: ModelRuntime
     idle_timeout_s: float
+    owner: str = ""
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Why the session can no longer run (its worker was killed); empty while it is healthy.
+    broken: str = ""
 
     def renew(self) -> None:
         self.last_used = time.monotonic()
@@ -44,46 +48,61 @@ class SessionRegistry:
         max_sessions: int,
         idle_timeout_s: float,
         on_release: Callable[[Session], None],
+        max_per_client: int = 0,
     ) -> None:
         self.max_sessions = max_sessions
+        self.max_per_client = max_per_client or max_sessions
         self.idle_timeout_s = idle_timeout_s
         self._on_release = on_release
         self._sessions: dict[str, Session] = {}
-        self._reserved = 0
+        self._reserved: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def reserve(self) -> None:
-        """Claim a slot before loading a model, so concurrent loads cannot exceed the limit."""
-        if len(self._sessions) + self._reserved >= self.max_sessions:
+    def reserve(self, owner: str) -> None:
+        """Claim a slot before loading a model, so concurrent loads cannot exceed the limits."""
+        held = sum(1 for s in self._sessions.values() if s.owner == owner) + self._reserved[owner]
+        if len(self._sessions) + self._reserved.total() >= self.max_sessions:
             raise ResourceExhausted(
                 f"the daemon already has {len(self._sessions)} open session(s), the limit max_sessions="
                 f"{self.max_sessions}; release one (or wait {self.idle_timeout_s:.0f}s for idle ones to expire)"
             )
-        self._reserved += 1
+        if held >= self.max_per_client:
+            raise ResourceExhausted(
+                f"client {owner!r} already holds {held} session(s), the limit max_sessions_per_client="
+                f"{self.max_per_client}; release one first"
+            )
+        self._reserved[owner] += 1
 
-    def unreserve(self) -> None:
-        self._reserved -= 1
+    def unreserve(self, owner: str) -> None:
+        self._reserved[owner] -= 1
+        if self._reserved[owner] <= 0:
+            del self._reserved[owner]
 
-    def add(self, digest: str, options: RuntimeOptions, runtime: ModelRuntime) -> Session:
-        self._reserved -= 1
-        session = Session(secrets.token_hex(16), digest, options, runtime, self.idle_timeout_s)
+    def add(self, digest: str, options: RuntimeOptions, runtime: ModelRuntime, owner: str) -> Session:
+        self.unreserve(owner)
+        session = Session(secrets.token_hex(16), digest, options, runtime, self.idle_timeout_s, owner)
         self._sessions[session.id] = session
         return session
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str, owner: str, usable: bool = True) -> Session:
+        """The caller's session (another client's session id is as unknown as a wrong one)."""
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or session.owner != owner:
             raise NotFound(
                 f"session {session_id!r} does not exist: it was released, expired after "
                 f"{self.idle_timeout_s:.0f}s without calls, or the daemon restarted; call init_runtime again"
             )
         session.renew()
+        if usable and session.broken:
+            raise FailedPrecondition(
+                f"session {session_id!r} is broken ({session.broken}); release it and call init_runtime again"
+            )
         return session
 
-    def pop(self, session_id: str) -> Session:
-        session = self.get(session_id)
+    def pop(self, session_id: str, owner: str) -> Session:
+        session = self.get(session_id, owner, usable=False)
         del self._sessions[session_id]
         return session
 

@@ -128,7 +128,7 @@ def test_absurd_declared_size_is_refused_before_allocating(stub, session_id: str
     meta = rknn_pb2.TensorMeta(
         dtype=rknn_pb2.DATA_TYPE_FLOAT32, shape=[1, 3, 1 << 30, 1 << 30], byte_length=12 << 60
     )
-    with expect(grpc.StatusCode.INVALID_ARGUMENT):
+    with expect(grpc.StatusCode.RESOURCE_EXHAUSTED, "max_tensor_bytes"):
         inference(stub, [header(session_id, meta)])
 
 

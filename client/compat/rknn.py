@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +45,8 @@ TARGETS = (
     "rk3576",
     "rk3588",
 )
+# Set to 0 to make a daemon restart fail the next call instead of re-initializing the runtime.
+ENV_AUTO_RECONNECT = "RKNN_CLIENT_AUTO_RECONNECT"
 _EXPECTED = (RknnError, TransportError, BuildError, input_rules.InputRuleError, OSError, ValueError)
 
 
@@ -285,6 +288,8 @@ class RKNN(NpuCoreMasks):
             eval_mem=eval_mem,
             core_mask=core_mask,
             fallback_prior_device=fallback_prior_device,
+            reconnect=True,
+            on_reconnect=lambda note: self.log.w("init_runtime", note),
         )
         if async_mode:
             self.log.w("init_runtime", "async_mode runs synchronously in this version")
@@ -293,6 +298,7 @@ class RKNN(NpuCoreMasks):
     def _require_session(self) -> Session:
         if self._session is None:
             raise RknnError("the runtime is not initialized: call init_runtime() first")
+        self._session.allow_reconnect(os.environ.get(ENV_AUTO_RECONNECT, "1").strip() != "0")
         return self._session
 
     @_toolkit_call("inference", None)

@@ -36,6 +36,10 @@ class ExecutionError(BackendError):
     """The runtime failed while running a valid request."""
 
 
+class WorkerLost(ExecutionError):
+    """The process running a session's model was killed (call deadline) or died: the session is broken."""
+
+
 @dataclass(frozen=True)
 class QuantInfo:
     """How a tensor is quantized in the runtime: real = (q - zero_point) * scale for 'affine'."""

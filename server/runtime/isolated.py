@@ -26,10 +26,15 @@ from rknn_server.runtime.base import (
     PerfResult,
     RuntimeOptions,
     VersionInfo,
+    WorkerLost,
 )
 
 BackendFactory = Callable[[], Backend]
 _END = "__end__"
+# How long a worker gets to free its model when asked to close, before it is killed.
+_CLOSE_GRACE_S = 5.0
+# Loading starts a Python process and a runtime: it gets at least this long, whatever --call-timeout says.
+_OPEN_TIMEOUT_S = 120.0
 
 
 def _serve(
@@ -79,20 +84,23 @@ class IsolatedRuntime(ModelRuntime):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._timeout = call_timeout_s
+        self._busy = False
         self._process = ctx.Process(target=_serve, args=(child, factory, path, options), daemon=True)
         self._process.start()
         child.close()
-        self.inputs, self.outputs = self._receive("open")
+        open_timeout = max(call_timeout_s, _OPEN_TIMEOUT_S) if call_timeout_s is not None else None
+        self.inputs, self.outputs = self._receive("open", open_timeout)
 
     @property
     def pid(self) -> int | None:
         return self._process.pid
 
-    def _receive(self, method: str) -> Any:
-        if not self._conn.poll(self._timeout):
+    def _receive(self, method: str, timeout: float | None = None) -> Any:
+        timeout = timeout if timeout is not None else self._timeout
+        if not self._conn.poll(timeout):
             self.kill()
-            raise ExecutionError(
-                f"the runtime did not answer {method} within {self._timeout}s; its worker process was killed "
+            raise WorkerLost(
+                f"the runtime did not answer {method} within {timeout}s; its worker process was killed "
                 "and this session is broken (init_runtime again)"
             )
         try:
@@ -100,7 +108,7 @@ class IsolatedRuntime(ModelRuntime):
         except (EOFError, OSError):
             code = self._process.exitcode
             self.kill()
-            raise ExecutionError(
+            raise WorkerLost(
                 f"the runtime's worker process died during {method} (exit code {code}); "
                 "this session is broken (init_runtime again)"
             ) from None
@@ -110,9 +118,13 @@ class IsolatedRuntime(ModelRuntime):
 
     def _call(self, method: str, *args: Any) -> Any:
         if not self._process.is_alive():
-            raise ExecutionError("this session's worker process is gone; call init_runtime again")
-        self._conn.send((method, args))
-        return self._receive(method)
+            raise WorkerLost("this session's worker process is gone; call init_runtime again")
+        self._busy = True
+        try:
+            self._conn.send((method, args))
+            return self._receive(method)
+        finally:
+            self._busy = False
 
     def run(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
@@ -154,13 +166,16 @@ class IsolatedRuntime(ModelRuntime):
         self._conn.close()
 
     def close(self) -> None:
+        """Ask the worker to free the model; kill it if it is busy (shutdown) or does not answer."""
         if self._conn.closed:
             return
         try:
-            if self._process.is_alive():
-                self._call("close")
-        except BackendError:
+            if self._process.is_alive() and not self._busy:
+                self._conn.send(("close", ()))
+                if self._conn.poll(_CLOSE_GRACE_S):
+                    self._conn.recv()
+        except (OSError, EOFError):
             pass
         finally:
-            self._process.join(timeout=5)
+            self._process.join(timeout=_CLOSE_GRACE_S if not self._busy else 0)
             self.kill()

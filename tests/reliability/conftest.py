@@ -1,0 +1,128 @@
+"""Fixtures for the reliability tests: real daemon subprocesses on free loopback ports, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from demo.daemon_process import DaemonProcess, start_daemon
+from rknn_client.api import Device
+from rknn_client.transport.tcp import tcp_endpoint
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from tests.models import small_cnn
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "alice-token-0123456789abcdef"
+OTHER_TOKEN = "bob-token-0123456789abcdefgh"
+StartDaemon = Callable[..., DaemonProcess]
+
+
+@pytest.fixture(autouse=True)
+def _importable_tests(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Daemons and their workers import the test backend from this tree."""
+    paths = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    stall = tmp_path / "stall"
+    stall.mkdir()
+    monkeypatch.setenv("RKNN_TEST_STALL_DIR", str(stall))
+    for name in ("RKNN_SERVER", "RKNN_SERVER_TOKEN", "RKNN_SERVER_TLS_CA", "RKNN_SERVER_TLS_CERT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[StartDaemon]:
+    """Start daemons (stopped by PID at the end); `cache` defaults to one folder per test."""
+    started: list[DaemonProcess] = []
+
+    def start(*args: str, cache: Path | None = None, listen_tcp: bool = True) -> DaemonProcess:
+        log = tmp_path / f"daemon-{len(started)}.log"
+        daemon = start_daemon(cache or tmp_path / "cache", log, ["--runtime", "host", *args], listen_tcp)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tokens"
+    path.write_text(f"# test tokens\nalice:{TOKEN}\nbob:{OTHER_TOKEN}\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_cnn(tmp_path_factory.mktemp("models") / "cnn.onnx")
+
+
+def cnn_input(value: float = 0.5) -> np.ndarray:
+    return np.full((1, 3, 16, 16), value, np.float32)
+
+
+def device(daemon: DaemonProcess, **kwargs: object) -> Device:
+    return Device(tcp_endpoint(daemon.url), **kwargs)  # type: ignore[arg-type]
+
+
+def info(daemon: DaemonProcess, token: str | None = None) -> rknn_pb2.GetInfoResponse:
+    """GetInfo over a fresh raw channel."""
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    with grpc.insecure_channel(daemon.address) as channel:
+        reply: rknn_pb2.GetInfoResponse = rknn_pb2_grpc.RknnServerStub(channel).GetInfo(
+            rknn_pb2.GetInfoRequest(), metadata=metadata, timeout=30
+        )
+        return reply
+
+
+def weighty_model(path: Path, megabytes: int, seed: int = 1) -> Path:
+    """An ONNX MatMul whose weight makes the file about `megabytes` MiB: uploads of several chunks."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    cols = megabytes * 1024 * 1024 // (4 * 64)
+    w = np.random.default_rng(seed).standard_normal((64, cols)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "weighty",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def python_child(code: str, args: Sequence[str] = ()) -> subprocess.Popen[str]:
+    """A client in a process of its own (so that it can be SIGKILLed), stdout piped for its signals."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def wait_line(child: subprocess.Popen[str], prefix: str) -> str:
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith(prefix):
+            return line.strip()
+    raise AssertionError(f"the child exited ({child.wait()}) before printing {prefix!r}")
+
+
+def kill(child: subprocess.Popen[str]) -> None:
+    child.kill()
+    child.wait()
+    if child.stdout is not None:
+        child.stdout.close()

@@ -1,0 +1,189 @@
+"""Property-based fuzzing of every RPC of a real daemon with malformed and extreme messages.
+
+Each message must get a non-OK status that is not an unhandled daemon error, or a correct result,
+and the daemon must stay healthy. Bounded for CI; RKNN_FUZZ_EXAMPLES=5000 runs a longer campaign.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
+from tests.reliability.conftest import StartDaemon, cnn_input, device, info
+
+EXAMPLES = int(os.environ.get("RKNN_FUZZ_EXAMPLES", "600"))
+U32, U64 = st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)
+I32, I64 = st.integers(-(2**31), 2**31 - 1), st.integers(-(2**63), 2**63 - 1)
+HEX = st.text("0123456789abcdef", min_size=64, max_size=64)
+TEXT = st.one_of(st.text(max_size=80), st.sampled_from(["", "../etc/passwd", "a/b", ".main", "x" * 300]))
+BLOB = st.binary(max_size=4096)
+SMALL = st.one_of(st.integers(-3, 300), I64)
+
+
+def _files() -> st.SearchStrategy[list[rknn_pb2.ModelFile]]:
+    file = st.builds(
+        rknn_pb2.ModelFile, name=TEXT, size=st.one_of(st.integers(0, 5000), U64), sha256=st.one_of(HEX, TEXT)
+    )
+    return st.lists(file, max_size=4)
+
+
+MANIFESTS = st.builds(rknn_pb2.ModelManifest, digest=st.one_of(HEX, TEXT), files=_files())
+METAS = st.builds(
+    rknn_pb2.TensorMeta,
+    name=TEXT,
+    dtype=st.one_of(st.integers(0, 12), I32),
+    shape=st.lists(st.one_of(st.integers(-2, 40), I64), max_size=20),
+    layout=st.one_of(st.integers(0, 3), I32),
+    byte_length=st.one_of(st.integers(0, 4096), U64),
+    pass_through=st.booleans(),
+)
+TENSOR_CHUNKS = st.builds(
+    rknn_pb2.TensorChunk, tensor_index=st.one_of(st.integers(0, 3), U32), offset=SMALL.map(abs), data=BLOB
+)
+
+
+def _valid_model_upload(blob: bytes) -> list[rknn_pb2.UploadModelRequest]:
+    """A well-formed upload of random bytes as a model: it caches, then fails to load as a model."""
+    import hashlib
+
+    from rknn_proto.manifest import FileEntry, manifest_digest
+
+    sha = hashlib.sha256(blob).hexdigest()
+    manifest = rknn_pb2.ModelManifest(
+        digest=manifest_digest([FileEntry("fuzz.onnx", len(blob), sha)]),
+        files=[rknn_pb2.ModelFile(name="fuzz.onnx", size=len(blob), sha256=sha)],
+    )
+    return [
+        rknn_pb2.UploadModelRequest(header=rknn_pb2.UploadHeader(manifest=manifest, start_offsets=[0])),
+        rknn_pb2.UploadModelRequest(chunk=rknn_pb2.UploadChunk(file_index=0, offset=0, data=blob)),
+    ]
+
+
+def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon, cnn: Path) -> None:
+    daemon = daemons(
+        "--max-tensor-elements", "1000000", "--max-tensor-bytes", str(64 << 20), "--max-sessions", "64"
+    )
+    with device(daemon) as dev, dev.load(cnn) as session, grpc.insecure_channel(daemon.address) as channel:
+        stub = rknn_pb2_grpc.RknnServerStub(channel)
+        digest = dev.upload(cnn).digest
+        session_ids = st.one_of(st.just(session.id), TEXT)
+        good_meta = rknn_pb2.TensorMeta(
+            dtype=rknn_pb2.DATA_TYPE_FLOAT32, shape=[1, 3, 16, 16], byte_length=3072, layout=1
+        )
+        metas = st.one_of(METAS, st.just(good_meta))
+        opened: list[str] = []
+
+        def inference(data: st.DataObject) -> Any:
+            header = rknn_pb2.InferenceHeader(
+                session_id=data.draw(session_ids), inputs=data.draw(st.lists(metas, max_size=4))
+            )
+            chunks = data.draw(st.lists(TENSOR_CHUNKS, max_size=4))
+            if data.draw(st.booleans()):
+                chunks = [
+                    rknn_pb2.TensorChunk(
+                        tensor_index=0, offset=0, data=data.draw(st.binary(min_size=3072, max_size=3072))
+                    )
+                ]
+            messages = [rknn_pb2.InferenceRequest(header=header)] * data.draw(st.integers(0, 2))
+            messages += [rknn_pb2.InferenceRequest(chunk=c) for c in chunks]
+            return list(stub.Inference(iter(messages), timeout=30))
+
+        def upload(data: st.DataObject) -> Any:
+            if data.draw(st.booleans()):
+                messages = _valid_model_upload(data.draw(BLOB))
+            else:
+                header = rknn_pb2.UploadHeader(
+                    manifest=data.draw(MANIFESTS), start_offsets=data.draw(st.lists(U64, max_size=4))
+                )
+                chunks = data.draw(
+                    st.lists(
+                        st.builds(rknn_pb2.UploadChunk, file_index=U32, offset=SMALL.map(abs), data=BLOB),
+                        max_size=3,
+                    )
+                )
+                messages = [rknn_pb2.UploadModelRequest(header=header)] * data.draw(st.integers(0, 2))
+                messages += [rknn_pb2.UploadModelRequest(chunk=c) for c in chunks]
+            return stub.UploadModel(iter(messages), timeout=30)
+
+        def init_runtime(data: st.DataObject) -> Any:
+            request = rknn_pb2.InitRuntimeRequest(
+                model_digest=data.draw(st.one_of(st.just(digest), HEX, TEXT)),
+                target=data.draw(TEXT),
+                core_mask=data.draw(st.one_of(st.sampled_from([0, 1, 3, 7]), U32)),
+                fallback_prior_device=data.draw(st.one_of(st.sampled_from(["cpu", "gpu"]), TEXT)),
+                perf_debug=data.draw(st.booleans()),
+            )
+            reply = stub.InitRuntime(request, timeout=60)
+            opened.append(reply.session_id)
+            return reply
+
+        rpcs: dict[str, Callable[[st.DataObject], Any]] = {
+            "GetInfo": lambda d: stub.GetInfo(
+                rknn_pb2.GetInfoRequest(client_protocol_version=d.draw(U32), client_version=d.draw(TEXT)),
+                metadata=(
+                    (
+                        PROTOCOL_VERSION_METADATA_KEY,
+                        d.draw(st.sampled_from(["2", "0", "-1", "x", "99999999999"])),
+                    ),
+                ),
+                timeout=30,
+            ),
+            "PrepareUpload": lambda d: stub.PrepareUpload(
+                rknn_pb2.PrepareUploadRequest(manifest=d.draw(MANIFESTS)), timeout=30
+            ),
+            "UploadModel": upload,
+            "InitRuntime": init_runtime,
+            "Inference": inference,
+            "EvalPerf": lambda d: stub.EvalPerf(
+                rknn_pb2.EvalPerfRequest(session_id=d.draw(session_ids)), timeout=60
+            ),
+            "EvalMemory": lambda d: stub.EvalMemory(
+                rknn_pb2.EvalMemoryRequest(session_id=d.draw(session_ids)), timeout=60
+            ),
+            "KeepAlive": lambda d: stub.KeepAlive(
+                rknn_pb2.KeepAliveRequest(session_id=d.draw(session_ids)), timeout=30
+            ),
+            "Release": lambda d: stub.Release(rknn_pb2.ReleaseRequest(session_id=d.draw(TEXT)), timeout=30),
+        }
+        outcomes: dict[str, set[str]] = {name: set() for name in rpcs}
+
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(st.data())
+        def one_call(data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(rpcs)))
+            try:
+                result = rpcs[name](data)
+            except grpc.RpcError as exc:
+                details = exc.details() or ""
+                assert exc.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.OK), (name, details)
+                assert "internal error in the daemon" not in details, (name, details)
+                outcomes[name].add(exc.code().name)
+                return
+            outcomes[name].add("OK")
+            if name == "Inference":
+                assert len(result) >= 2 and result[0].WhichOneof("part") == "header"
+
+        one_call()
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert session.run([cnn_input()])[0].shape == (1, 10)
+        for session_id in opened:
+            stub.Release(rknn_pb2.ReleaseRequest(session_id=session_id), timeout=30)
+        print(
+            f"\n[fuzz] {EXAMPLES} examples; outcomes per RPC: { {k: sorted(v) for k, v in outcomes.items()} }"
+        )
+        assert info(daemon).open_sessions == 1

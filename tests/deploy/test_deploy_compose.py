@@ -122,11 +122,10 @@ def test_host_profile_needs_no_npu(tmp_path: Path) -> None:
     assert [p["host_ip"] for p in host["ports"]] == ["127.0.0.1"]
 
 
-def test_board_command_is_the_board_image_cmd_plus_auth(tmp_path: Path, dockerfile: Dockerfile) -> None:
+def test_board_runs_the_board_image_cmd_with_its_token_secret(tmp_path: Path, dockerfile: Dockerfile) -> None:
     board = resolved(tmp_path)["services"]["board"]
     assert board["build"]["args"] == {"FLAVOR": "board"}
     image_cmd = dockerfile.effective(dockerfile.stage("board"), "CMD").exec_form()
-    command = list(board["command"])
-    at = command.index("--auth-token-file")
-    del command[at : at + 2]
-    assert command == image_cmd
+    assert list(board["command"]) == image_cmd
+    assert image_cmd[image_cmd.index("--auth-token-file") + 1] == "/run/secrets/auth-token"
+    assert [s["source"] for s in board["secrets"]] == ["auth-token"]

@@ -24,7 +24,7 @@ LISTENING = re.compile(r"listening on tcp://127\.0\.0\.1:(\d+)")
 START_DEADLINE_S = 120
 
 
-def host_argv(dockerfile: Dockerfile, cache: Path) -> list[str]:
+def host_argv(dockerfile: Dockerfile, cache: Path, token_file: Path) -> list[str]:
     stage = dockerfile.stage("host")
     argv = (
         dockerfile.effective(stage, "ENTRYPOINT").exec_form() + dockerfile.effective(stage, "CMD").exec_form()
@@ -35,6 +35,8 @@ def host_argv(dockerfile: Dockerfile, cache: Path) -> list[str]:
         assert argv[i + 1].startswith("tcp://"), "only TCP is reachable from outside a container"
         argv[i + 1] = "tcp://127.0.0.1:0"
     argv[argv.index("--model-cache") + 1] = str(cache)
+    assert "--auth-token-file" in argv, "the container listens beyond loopback: it must require a token"
+    argv[argv.index("--auth-token-file") + 1] = str(token_file)
     return argv
 
 
@@ -120,7 +122,10 @@ def test_daemon_knows_every_flag_the_deploy_files_pass(tmp_path: Path, dockerfil
 
 def test_container_command_serves_its_health_probe(tmp_path: Path, dockerfile: Dockerfile) -> None:
     env = daemon_env(tmp_path)
-    argv = host_argv(dockerfile, tmp_path / "cache")
+    token = tmp_path / "auth-token"
+    token.write_text("client:s3cret-token-for-the-test\n")
+    token.chmod(0o600)
+    argv = host_argv(dockerfile, tmp_path / "cache", token)
     with (tmp_path / "daemon.stderr").open("w") as stderr:
         daemon = subprocess.Popen(
             argv,

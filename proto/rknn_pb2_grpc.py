@@ -60,6 +60,11 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
                 _registered_method=True)
+        self.InferencePipeline = channel.stream_stream(
+                '/rknn.v1.RknnServer/InferencePipeline',
+                request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
+                _registered_method=True)
         self.EvalPerf = channel.unary_unary(
                 '/rknn.v1.RknnServer/EvalPerf',
                 request_serializer=rknn__proto_dot_rknn__pb2.EvalPerfRequest.SerializeToString,
@@ -126,6 +131,19 @@ class RknnServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InferencePipeline(self, request_iterator, context):
+        """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+        is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+        the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+        (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+        sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+        sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+        stream still delivers every frame already sent; cancelling drops the frames not yet answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EvalPerf(self, request, context):
         """Per-layer and total timing of the session's model.
         """
@@ -179,6 +197,11 @@ def add_RknnServerServicer_to_server(servicer, server):
             ),
             'Inference': grpc.stream_stream_rpc_method_handler(
                     servicer.Inference,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.InferenceResponse.SerializeToString,
+            ),
+            'InferencePipeline': grpc.stream_stream_rpc_method_handler(
+                    servicer.InferencePipeline,
                     request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.InferenceResponse.SerializeToString,
             ),
@@ -337,6 +360,33 @@ class RknnServer:
             request_iterator,
             target,
             '/rknn.v1.RknnServer/Inference',
+            rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InferencePipeline(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rknn.v1.RknnServer/InferencePipeline',
             rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
             options,

@@ -62,6 +62,15 @@ class RknnServerStub:
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
     """
+    InferencePipeline: _grpc.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.InferenceResponse]
+    """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+    is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+    the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+    (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+    sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+    sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+    stream still delivers every frame already sent; cancelling drops the frames not yet answered.
+    """
     EvalPerf: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]
     """Per-layer and total timing of the session's model."""
     EvalMemory: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalMemoryRequest, _rknn_pb2.EvalMemoryResponse]
@@ -93,6 +102,15 @@ class RknnServerAsyncStub(RknnServerStub):
     Inference: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.InferenceResponse]  # type: ignore[assignment]
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
+    """
+    InferencePipeline: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.InferenceResponse]  # type: ignore[assignment]
+    """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+    is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+    the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+    (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+    sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+    sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+    stream still delivers every frame already sent; cancelling drops the frames not yet answered.
     """
     EvalPerf: _aio.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]  # type: ignore[assignment]
     """Per-layer and total timing of the session's model."""
@@ -152,6 +170,21 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_rknn_pb2.InferenceResponse], _abc.AsyncIterator[_rknn_pb2.InferenceResponse]]:
         """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
         chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
+        """
+
+    @_abc_1.abstractmethod
+    def InferencePipeline(
+        self,
+        request_iterator: _MaybeAsyncIterator[_rknn_pb2.InferenceRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_rknn_pb2.InferenceResponse], _abc.AsyncIterator[_rknn_pb2.InferenceResponse]]:
+        """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+        is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+        the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+        (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+        sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+        sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+        stream still delivers every frame already sent; cancelling drops the frames not yet answered.
         """
 
     @_abc_1.abstractmethod

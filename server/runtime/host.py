@@ -21,6 +21,7 @@ import onnxruntime as ort
 import psutil
 
 from rknn_server.runtime import onnx_graph
+from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
@@ -30,6 +31,7 @@ from rknn_server.runtime.base import (
     ModelFormatError,
     ModelRuntime,
     PerfResult,
+    QuantInfo,
     RuntimeOptions,
     TensorSpec,
     VersionInfo,
@@ -81,12 +83,25 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def _spec(index: int, arg: ort.NodeArg) -> TensorSpec:
+def _spec(index: int, arg: ort.NodeArg, quant: QuantInfo | None = None) -> TensorSpec:
     dtype = _ORT_TYPES.get(arg.type)
     if dtype is None:
         raise ModelFormatError(f"tensor {arg.name!r} has type {arg.type}, which the wire cannot carry")
     shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
-    return TensorSpec(index, arg.name, shape, np.dtype(dtype), "NCHW" if len(shape) == 4 else "UNDEFINED")
+    layout = "NCHW" if len(shape) == 4 else "UNDEFINED"
+    return TensorSpec(index, arg.name, shape, np.dtype(dtype), layout, quant or QuantInfo())
+
+
+def _runnable(path: Path, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, QuantInfo]]:
+    """What ONNX Runtime loads: the file itself, or, for a QDQ model whose outputs end in
+    DequantizeLinear, the rewritten graph that returns them quantized (see qdq_outputs).
+    Models with external data are loaded as they are (their bytes cannot move without the data)."""
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
+        return str(path), {}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(graph)
+    exposed = expose_quantized_outputs(rewritten)
+    return (rewritten.SerializeToString(), exposed) if exposed else (str(path), {})
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -145,15 +160,16 @@ class HostModel(ModelRuntime):
             raise ModelFormatError(f"{path.name} is not a loadable ONNX model: {exc}") from exc
         process = psutil.Process()
         rss_before = process.memory_info().rss
+        self._source, quantized = _runnable(path, self._graph)
         try:
             self._session = ort.InferenceSession(
-                str(path), session_options(threads), providers=["CPUExecutionProvider"]
+                self._source, session_options(threads), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
             raise ModelFormatError(f"ONNX Runtime cannot load {path.name}: {exc}") from exc
         self._load_growth = max(0, process.memory_info().rss - rss_before)
         self.inputs = [_spec(i, a) for i, a in enumerate(self._session.get_inputs())]
-        self.outputs = [_spec(i, a) for i, a in enumerate(self._session.get_outputs())]
+        self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self._session.get_outputs())]
         self._input_names = [s.name for s in self.inputs]
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -191,7 +207,7 @@ class HostModel(ModelRuntime):
             opts = session_options(self._threads)
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(tmp) / "profile")
-            session = ort.InferenceSession(str(self._path), opts, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(self._source, opts, providers=["CPUExecutionProvider"])
             for _ in range(PROFILE_RUNS + 1):
                 self._run(session, feed)
             profile = Path(session.end_profiling())

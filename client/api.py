@@ -10,8 +10,9 @@ inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences liv
 
 from __future__ import annotations
 
+import os
 import platform
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +24,7 @@ import numpy as np
 from rknn_client import __version__
 from rknn_client.errors import InvalidInput, RknnError, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
+from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
 from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
@@ -44,6 +46,16 @@ _QUANT_NAMES = {
     rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC: "affine",
     rknn_pb2.QUANT_TYPE_DFP: "dfp",
 }
+_QUANT_CODES = {name: code for code, name in _QUANT_NAMES.items()}
+# Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
+NATIVE_OUTPUTS_ENV = "RKNN_NATIVE_OUTPUTS"
+# Frames kept in flight by Session.map unless told otherwise.
+DEFAULT_DEPTH = 4
+
+
+def native_outputs_default() -> bool:
+    """Native (quantized) outputs on the wire unless RKNN_NATIVE_OUTPUTS says 0/false/no/off."""
+    return os.environ.get(NATIVE_OUTPUTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class TensorInfo:
     quant_type: str = "none"
     zero_point: int = 0
     scale: float = 1.0
+    fl: int = 0
 
     @classmethod
     def from_wire(cls, attr: rknn_pb2.TensorAttr) -> TensorInfo:
@@ -70,7 +83,15 @@ class TensorInfo:
             quant_type=_QUANT_NAMES.get(attr.quant_type, "none"),
             zero_point=attr.zero_point,
             scale=attr.scale,
+            fl=attr.fl,
         )
+
+    def real_values(self, array: np.ndarray) -> np.ndarray:
+        """The output's float32 values when `array` holds its quantized integers, else `array`."""
+        code = _QUANT_CODES[self.quant_type]
+        if not codec.is_native_quantized(array, code):
+            return array
+        return codec.dequantize(array, code, self.zero_point, self.scale, self.fl)
 
 
 @dataclass(frozen=True)
@@ -237,8 +258,13 @@ class Device:
         core_mask: int = 0,
         fallback_prior_device: str = "cpu",
         progress: Progress | None = None,
+        native_outputs: bool | None = None,
     ) -> Session:
-        """Upload (if needed) and open a session on a model."""
+        """Upload (if needed) and open a session on a model.
+
+        `native_outputs` (default: on, unless RKNN_NATIVE_OUTPUTS=0): quantized outputs travel as
+        the runtime's integers and are dequantized here, the same float32 values in a quarter of
+        the bytes for int8; off, the daemon dequantizes and sends float32."""
         self.info()
         uploaded = self.upload(model, progress)
         return self.open_session(
@@ -248,6 +274,7 @@ class Device:
             eval_mem=eval_mem,
             core_mask=core_mask,
             fallback_prior_device=fallback_prior_device,
+            native_outputs=native_outputs,
         )
 
     def open_session(
@@ -259,6 +286,7 @@ class Device:
         eval_mem: bool = False,
         core_mask: int = 0,
         fallback_prior_device: str = "cpu",
+        native_outputs: bool | None = None,
     ) -> Session:
         reply = self._call(
             "InitRuntime",
@@ -272,7 +300,7 @@ class Device:
                 fallback_prior_device=fallback_prior_device,
             ),
         )
-        return Session(self, reply)
+        return Session(self, reply, native_outputs_default() if native_outputs is None else native_outputs)
 
     def close(self) -> None:
         self._channel.close()
@@ -288,8 +316,9 @@ class Device:
 class Session:
     """A model loaded on the daemon. Calls renew its lease; `release()` frees it at once."""
 
-    def __init__(self, device: Device, reply: rknn_pb2.InitRuntimeResponse) -> None:
+    def __init__(self, device: Device, reply: rknn_pb2.InitRuntimeResponse, native_outputs: bool = True) -> None:
         self.device = device
+        self.native_outputs = native_outputs
         self.id = reply.session_id
         self.inputs = [TensorInfo.from_wire(a) for a in reply.inputs]
         self.outputs = [TensorInfo.from_wire(a) for a in reply.outputs]
@@ -330,25 +359,12 @@ class Session:
     ) -> list[np.ndarray]:
         """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
         `strict=False` leaves shape and dtype checks to the daemon (which converts layouts)."""
-        self._check(inputs, strict)
-        wire = [codec.wire_array(a) for a in inputs]
-        layout_names = list(layouts) if layouts is not None else [s.layout for s in self.inputs]
-        through = list(pass_through) if pass_through is not None else [False] * len(wire)
-        metas = [
-            codec.meta_of(a, spec.name, layout, p)
-            for a, spec, layout, p in zip(wire, self.inputs, layout_names, through, strict=True)
-        ]
-
-        def requests() -> Iterator[rknn_pb2.InferenceRequest]:
-            yield rknn_pb2.InferenceRequest(header=rknn_pb2.InferenceHeader(session_id=self.id, inputs=metas))
-            for chunk in codec.iter_chunks(wire):
-                yield rknn_pb2.InferenceRequest(chunk=chunk)
-
+        requests = self.frame_requests(inputs, layouts, pass_through=pass_through, strict=strict)
         where = f"Inference on {self.device.endpoint.description}"
         try:
             responses = cast(
                 Iterator[rknn_pb2.InferenceResponse],
-                self.device._stub.Inference(requests(), metadata=_METADATA, timeout=self.device.timeout_s),
+                self.device._stub.Inference(requests, metadata=_METADATA, timeout=self.device.timeout_s),
             )
             first = next(responses)
             if first.WhichOneof("part") != "header":
@@ -361,7 +377,57 @@ class Session:
             raise from_rpc_error(exc, where) from None
         except StopIteration:
             raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
-        return assembler.arrays()
+        return self.real_outputs(assembler.arrays())
+
+    def frame_requests(
+        self,
+        inputs: Sequence[np.ndarray],
+        layouts: Sequence[str] | None = None,
+        *,
+        pass_through: Sequence[bool] | None = None,
+        strict: bool = True,
+        frame_id: int = 0,
+    ) -> Iterator[rknn_pb2.InferenceRequest]:
+        """One frame's request messages: the header now (inputs are checked here), chunks lazily."""
+        self._check(inputs, strict)
+        wire = [codec.wire_array(a) for a in inputs]
+        layout_names = list(layouts) if layouts is not None else [s.layout for s in self.inputs]
+        through = list(pass_through) if pass_through is not None else [False] * len(wire)
+        metas = [
+            codec.meta_of(a, spec.name, layout, p)
+            for a, spec, layout, p in zip(wire, self.inputs, layout_names, through, strict=True)
+        ]
+        header = rknn_pb2.InferenceHeader(
+            session_id=self.id, inputs=metas, frame_id=frame_id, native_outputs=self.native_outputs
+        )
+
+        def messages() -> Iterator[rknn_pb2.InferenceRequest]:
+            yield rknn_pb2.InferenceRequest(header=header)
+            yield from codec.chunk_requests(wire)
+
+        return messages()
+
+    def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> codec.TensorAssembler:
+        return codec.TensorAssembler(header.outputs, _OUTPUT_LIMITS, "output")
+
+    def real_outputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Received outputs as float32 where they came as quantized integers (native outputs)."""
+        return [spec.real_values(a) for spec, a in zip(self.outputs, arrays, strict=True)]
+
+    def pipeline(self, depth: int = DEFAULT_DEPTH) -> Pipeline:
+        """An InferencePipeline stream on this session: submit() frames, result() them in order."""
+        return Pipeline(self, depth)
+
+    def map(
+        self,
+        inputs: Iterable[Sequence[np.ndarray]],
+        depth: int = DEFAULT_DEPTH,
+        layouts: Sequence[str] | None = None,
+    ) -> Iterator[list[np.ndarray]]:
+        """Outputs of each input list, in order, with up to `depth` frames in flight so transfers
+        overlap the daemon's compute. Inputs are pulled lazily; closing the generator early
+        cancels the frames still in flight (the session stays usable)."""
+        return ordered_map(self.pipeline(depth), inputs, layouts)
 
     def perf(self, fix_freq: bool = True) -> PerfReport:
         reply = self.device._call(

@@ -28,7 +28,9 @@ from rknn_proto.version import (
 )
 from rknn_server import __version__
 from rknn_server.errors import FailedPrecondition, InvalidInput, status_of
+from rknn_server.frames import QUANT_CODES, IncomingFrame, wire_outputs
 from rknn_server.model_cache import ModelCache
+from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions, TensorSpec
 from rknn_server.sessions import Session, SessionRegistry
 
@@ -37,11 +39,6 @@ T = TypeVar("T")
 
 # Core masks the contract defines (rknn_core_mask values).
 KNOWN_CORE_MASKS = {v.number for v in rknn_pb2.CoreMask.DESCRIPTOR.values}
-_QUANT_CODES = {
-    "none": rknn_pb2.QUANT_TYPE_NONE,
-    "affine": rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC,
-    "dfp": rknn_pb2.QUANT_TYPE_DFP,
-}
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,7 @@ def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
         shape=list(spec.shape),
         dtype=codec.dtype_to_wire(spec.dtype),
         layout=codec.layout_to_wire(spec.layout),
-        quant_type=_QUANT_CODES[spec.quant.kind],
+        quant_type=QUANT_CODES[spec.quant.kind],
         zero_point=spec.quant.zero_point,
         scale=spec.quant.scale,
         fl=spec.quant.fl,
@@ -162,6 +159,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.executor = executor
         self.opener = opener
         self.config = config
+        self.pipeline = Pipeline(registry, config.tensor_limits, check_inputs, self._run)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -328,29 +326,19 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             header = first.header
             session = self.registry.get(header.session_id)
             call.session = session.id
-            permutations = check_inputs(session.runtime.inputs, header.inputs)
-            assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
+            frame = IncomingFrame.start(header, session, self.config.tensor_limits, check_inputs)
             async for message in request_iterator:
                 if message.WhichOneof("part") != "chunk":
                     raise InvalidInput("after the header, Inference takes only TensorChunk messages")
-                assembler.add(message.chunk)
-                call.bytes_in += len(message.chunk.data)
-            arrays = [
-                np.ascontiguousarray(a.transpose(p)) if p else a
-                for a, p in zip(assembler.arrays(), permutations, strict=True)
-            ]
-            outputs, run_us = await self._run(session, arrays)
-            wire = [codec.wire_array(o) for o in outputs]
-            specs = session.runtime.outputs
+                call.bytes_in += frame.assembler.add(message.chunk)
+            outputs, run_us = await self._run(session, frame.inputs())
+            metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
             yield rknn_pb2.InferenceResponse(
-                header=rknn_pb2.OutputsHeader(
-                    outputs=[codec.meta_of(o, s.name, s.layout) for o, s in zip(wire, specs, strict=True)],
-                    run_time_us=run_us,
-                )
+                header=rknn_pb2.OutputsHeader(outputs=metas, run_time_us=run_us, frame_id=header.frame_id)
             )
-            for chunk in codec.iter_chunks(wire):
-                call.bytes_out += len(chunk.data)
-                yield rknn_pb2.InferenceResponse(chunk=chunk)
+            for response in codec.chunk_responses(wire):
+                yield response
+            call.bytes_out += sum(a.nbytes for a in wire)
         except asyncio.CancelledError:
             if call is not None:
                 call.done("CANCELLED")
@@ -360,10 +348,39 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         else:
             call.done("OK")
 
+    async def InferencePipeline(
+        self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
+        call = None
+        traffic = Traffic()
+        try:
+            call = _Call("InferencePipeline", context)
+            async for response in self.pipeline.stream(request_iterator, traffic):
+                yield response
+        except asyncio.CancelledError:
+            if call is not None:
+                _account(call, traffic)
+                call.done("CANCELLED")
+            raise
+        except Exception as exc:
+            if call is not None:
+                _account(call, traffic)
+            await _fail(call, context, exc)
+        else:
+            _account(call, traffic)
+            call.done("OK")
+
     async def _run(self, session: Session, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
         async with session.lock:
             start = time.perf_counter()
-            outputs = await self._blocking(session.runtime.run, arrays)
+            running = asyncio.ensure_future(self._blocking(session.runtime.run, arrays))
+            try:
+                outputs = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                # The caller went away, but the runtime is still busy in its thread: keep the
+                # session locked until it returns, since a runtime is not safe for two calls at once.
+                await asyncio.wait([running])
+                raise
             session.renew()
             return outputs, int((time.perf_counter() - start) * 1e6)
 
@@ -448,6 +465,12 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             return rknn_pb2.KeepAliveResponse(expires_in_s=session.expires_in())
 
         return await self._unary("KeepAlive", context, body)
+
+
+def _account(call: _Call, traffic: Traffic) -> None:
+    call.session = traffic.session
+    call.bytes_in = traffic.bytes_in
+    call.bytes_out = traffic.bytes_out
 
 
 async def _first(iterator: AsyncIterator[T], what: str) -> T:

@@ -5,7 +5,7 @@ from __future__ import annotations
 # Minor version of the rknn.v1 contract: bumped each time a field or RPC is added.
 PROTOCOL_VERSION = 2
 # Oldest peer version this code still talks to.
-MIN_PROTOCOL_VERSION = 2
+MIN_PROTOCOL_VERSION = 1
 # gRPC metadata key carrying the sender's PROTOCOL_VERSION on every call.
 PROTOCOL_VERSION_METADATA_KEY = "rknn-protocol-version"
 

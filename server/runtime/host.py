@@ -11,6 +11,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,6 +84,16 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def concurrent_runs(threads: int) -> int:
+    """How many sessions may compute at once: as many as fill the cores with `threads` each.
+
+    More would oversubscribe: ONNX Runtime splits each operator into `threads` equal parts, and
+    when one part's thread is descheduled the whole operator waits for it, so N sessions each
+    running on all cores at once are slower together than taking turns.
+    """
+    return max(1, default_threads() // threads)
+
+
 def _spec(index: int, arg: ort.NodeArg, quant: QuantInfo | None = None) -> TensorSpec:
     dtype = _ORT_TYPES.get(arg.type)
     if dtype is None:
@@ -150,10 +161,13 @@ def parse_profile(events: list[dict], runs: int) -> list[LayerTiming]:
 
 
 class HostModel(ModelRuntime):
-    def __init__(self, path: Path, options: RuntimeOptions, threads: int) -> None:
+    def __init__(
+        self, path: Path, options: RuntimeOptions, threads: int, gate: threading.Semaphore | None = None
+    ) -> None:
         self._path = path
         self._options = options
         self._threads = threads
+        self._gate = gate or threading.Semaphore(concurrent_runs(threads))
         try:
             self._graph = onnx.load(str(path), load_external_data=False)
         except Exception as exc:
@@ -177,7 +191,8 @@ class HostModel(ModelRuntime):
 
     def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:
-            return list(session.run(None, dict(zip(self._input_names, inputs, strict=True))))
+            with self._gate:
+                return list(session.run(None, dict(zip(self._input_names, inputs, strict=True))))
         except Exception as exc:
             raise ExecutionError(f"ONNX Runtime failed to run the model: {exc}") from exc
 
@@ -242,6 +257,16 @@ class HostBackend(Backend):
     def __init__(self, soc: str = "", threads: int | None = None) -> None:
         self._soc = soc.lower()
         self.threads = threads or default_threads()
+        # Shared by all sessions: at most concurrent_runs(threads) compute at once.
+        self.gate = threading.Semaphore(concurrent_runs(self.threads))
+
+    def __getstate__(self) -> dict[str, object]:
+        """Picklable for worker processes (--isolation process), each of which gets its own gate."""
+        return {k: v for k, v in self.__dict__.items() if k != "gate"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.gate = threading.Semaphore(concurrent_runs(self.threads))
 
     def version(self) -> VersionInfo:
         return VersionInfo(api=f"onnxruntime {ort.__version__}", driver=f"host CPU (onnx {onnx.__version__})")
@@ -256,7 +281,7 @@ class HostBackend(Backend):
                 "which cannot execute RKNN models. Run the daemon on the board with librknnrt "
                 "(rknn_server --runtime rknnrt), or load the original model with load_onnx() to use the host runtime."
             )
-        return HostModel(model_path, options, self.threads)
+        return HostModel(model_path, options, self.threads, self.gate)
 
 
 def _looks_like_rknn(path: Path) -> bool:

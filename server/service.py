@@ -8,6 +8,7 @@ status with a message that says what was wrong. Blocking runtime work runs in th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -355,9 +356,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         traffic = Traffic()
         try:
             call = _Call("InferencePipeline", context)
-            async for response in self.pipeline.stream(request_iterator, traffic):
-                yield response
-        except asyncio.CancelledError:
+            async with contextlib.aclosing(self.pipeline.stream(request_iterator, traffic)) as responses:
+                async for response in responses:
+                    yield response
+        except (asyncio.CancelledError, GeneratorExit):  # the client cancelled: the task or the generator ends
             if call is not None:
                 _account(call, traffic)
                 call.done("CANCELLED")

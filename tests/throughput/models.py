@@ -63,17 +63,23 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
     return path
 
 
-def camera_cnn(path: Path, size: int = 640, widths: Sequence[int] = (16, 32, 64, 64), seed: int = 0) -> Path:
-    """uint8 1x3xSIZExSIZE -> strided convs -> global pool -> 1x10 float scores (a small output).
+def camera_cnn(
+    path: Path,
+    size: int = 640,
+    layers: Sequence[tuple[int, int]] = ((16, 2), (32, 2), (64, 2), (64, 2)),
+    seed: int = 0,
+) -> Path:
+    """uint8 1x3xSIZExSIZE -> 3x3 convs -> global pool -> 1x10 float scores (a small output).
 
-    `widths` sets the work per frame, so a benchmark can match compute time to transfer time.
+    `layers` ((width, stride) per conv) sets the work per frame, so a benchmark can match compute
+    time to transfer time.
     """
     rng = np.random.default_rng(seed)
     nodes: list[onnx.NodeProto] = []
     weights: list[onnx.TensorProto] = []
     x, c = _uint8_stem(nodes, weights), 3
-    for i, width in enumerate(widths):
-        x, c = _conv(nodes, weights, rng, x, c, width, f"conv{i}"), width
+    for i, (width, stride) in enumerate(layers):
+        x, c = _conv(nodes, weights, rng, x, c, width, f"conv{i}", stride), width
     fc = rng.standard_normal((10, c)).astype(np.float32)
     weights.append(numpy_helper.from_array(fc, "fc"))
     nodes += [

@@ -2,7 +2,9 @@
 
 - remote vs in-process inference latency (p50) for MobileNetV2, same ONNX Runtime threads;
 - a 64 MiB tensor round trip through the daemon vs a raw loopback socket carrying the same bytes;
-- a 1 GiB model upload vs a raw socket, and the daemon's RSS growth while it streams in.
+- a 1 GiB model upload vs a raw socket, and the daemon's RSS growth while it streams in;
+- throughput (bench/throughput.py): pipelined vs synchronous inference and int8 vs float32 outputs
+  over a simulated USB 2.0 link, eight concurrent clients vs one, and Apache TVM's RPC as a peer.
 The machine is shared and noisy: each figure is the median of several runs, and only the ratios
 of figures taken side by side in this one run mean anything.
 """
@@ -25,6 +27,7 @@ import onnxruntime as ort
 import psutil
 from onnx import helper
 
+from bench import throughput
 from bench.raw_socket import transfer_seconds
 from demo.daemon_process import DaemonProcess, start_daemon
 from demo.models import save_mobilenet_v2
@@ -180,6 +183,10 @@ def main() -> int:
                 print(json.dumps(results[name], indent=2), flush=True)
         finally:
             daemon.stop()
+        for name, bench in throughput.BENCHMARKS:
+            print(f"measuring {name} ...", flush=True)
+            results[name] = bench(work, RESULTS)
+            print(json.dumps(results[name], indent=2), flush=True)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {RESULTS / 'results.json'}")
     return 0

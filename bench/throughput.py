@@ -19,7 +19,6 @@ import onnxruntime as ort
 
 from bench.link_sim import USB2, start_link
 from demo.daemon_process import DaemonProcess, start_daemon
-from demo.models import save_mobilenet_v2
 from rknn_client import connect
 from rknn_server.runtime.host import concurrent_runs, default_threads, session_options
 from tests.models import big_identity
@@ -32,7 +31,7 @@ CAMERA_LAYERS = ((32, 2), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2))
 LINK_FRAMES = 40
 DETECTOR_FRAMES = 12
 DEPTH = 4
-CLIENT_FRAMES = 40
+CLIENT_FRAMES = 16
 CLIENTS = 8
 PEER_ROUNDS = 10
 
@@ -168,11 +167,14 @@ def _clients_fps(url: str, model: Path, x: np.ndarray, clients: int) -> float:
 
 
 def bench_concurrency(work: Path, results: Path) -> dict[str, Any]:
-    """One client vs eight at once (each its own process, synchronous calls), MobileNetV2 on loopback."""
-    model = save_mobilenet_v2(work / "mobilenet_v2_clients.onnx")
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    """One client vs eight at once (each its own process, synchronous calls), camera CNN on loopback.
+
+    Every client process runs on the same 2 cores as the daemon, so only the time one client
+    leaves a core idle (its own serialisation and transfers, the daemon's I/O) can be won back."""
+    model = camera_cnn(work / "camera_cnn_clients.onnx", SIZE, CAMERA_LAYERS)
+    x = random_images(1, SIZE, seed=4)[0]
     rows = []
-    for threads in sorted({default_threads(), 1}, reverse=True):
+    for threads in sorted({default_threads(), 1}):
         daemon = _daemon(work, results, f"clients-{threads}", threads)
         try:
             one = _clients_fps(daemon.url, model, x, 1)
@@ -182,16 +184,17 @@ def bench_concurrency(work: Path, results: Path) -> dict[str, Any]:
         rows.append(
             {
                 "threads": _threads_note(threads),
+                "host_compute_ms": _compute_ms(model, x, threads),
                 "one_client_fps": one,
                 f"{CLIENTS}_clients_fps": many,
                 f"{CLIENTS}_clients_over_one": many / one,
             }
         )
     return {
-        "model": "MobileNetV2 1x3x224x224 float32, loopback TCP",
+        "model": f"camera CNN, input 1x3x{SIZE}x{SIZE} uint8, output 1x10 float32, loopback TCP",
         "frames_per_client": CLIENT_FRAMES,
         "settings": rows,
-        "target": f">= 1.6 ({CLIENTS} clients over one)",
+        "target": f">= 1.6 ({CLIENTS} clients over one, with --threads 1: the setting for many clients)",
     }
 
 

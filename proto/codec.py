@@ -187,7 +187,9 @@ class TensorAssembler:
                 f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
             )
         self._metas = list(metas)
-        self._buffers = [bytearray(m.byte_length) for m in metas]
+        # np.empty, not bytearray: every byte is written by a chunk, so zero-filling first is waste.
+        self._buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in metas]
+        self._views = [memoryview(b) for b in self._buffers]
         self._filled = [0] * len(metas)
         self._remaining = total
         self._current = 0
@@ -216,7 +218,7 @@ class TensorAssembler:
             raise CodecError(
                 f"{self._what} {i} received {end} bytes; its meta declared {self._metas[i].byte_length}"
             )
-        self._buffers[i][self._filled[i] : end] = data
+        self._views[i][self._filled[i] : end] = data
         self._filled[i] = end
         self._remaining -= len(data)
         return len(data)
@@ -238,7 +240,7 @@ class TensorAssembler:
         if missing:
             raise CodecError("stream ended before all tensor bytes arrived (" + "; ".join(missing) + ")")
         return [
-            np.frombuffer(buf, dtype=dtype).reshape(shape)
+            buf.view(dtype).reshape(shape)
             for buf, (dtype, shape) in zip(self._buffers, self._layouts, strict=True)
         ]
 

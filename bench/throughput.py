@@ -56,7 +56,9 @@ def _compute_ms(model: Path, x: np.ndarray, threads: int) -> float:
 
 def _daemon(work: Path, results: Path, name: str, threads: int) -> DaemonProcess:
     return start_daemon(
-        work / f"{name}-cache", results / f"{name}-daemon.log", ["--runtime", "host", "--threads", str(threads)]
+        work / f"{name}-cache",
+        results / f"{name}-daemon.log",
+        ["--runtime", "host", "--threads", str(threads)],
     )
 
 
@@ -154,7 +156,8 @@ def _clients_fps(url: str, model: Path, x: np.ndarray, clients: int) -> float:
     barrier = ctx.Barrier(clients + 1)
     out = ctx.Queue()
     processes = [
-        ctx.Process(target=_client, args=(url, str(model), x, CLIENT_FRAMES, barrier, out)) for _ in range(clients)
+        ctx.Process(target=_client, args=(url, str(model), x, CLIENT_FRAMES, barrier, out))
+        for _ in range(clients)
     ]
     for p in processes:
         p.start()

@@ -316,7 +316,9 @@ class Device:
 class Session:
     """A model loaded on the daemon. Calls renew its lease; `release()` frees it at once."""
 
-    def __init__(self, device: Device, reply: rknn_pb2.InitRuntimeResponse, native_outputs: bool = True) -> None:
+    def __init__(
+        self, device: Device, reply: rknn_pb2.InitRuntimeResponse, native_outputs: bool = True
+    ) -> None:
         self.device = device
         self.native_outputs = native_outputs
         self.id = reply.session_id

@@ -87,7 +87,9 @@ class Pipeline:
                 raise RknnError(f"{self._where}: the daemon sent a chunk before frame {expected}'s header")
             header = first.header
             if header.frame_id != expected:
-                raise RknnError(f"{self._where}: the daemon answered frame {header.frame_id}; expected {expected}")
+                raise RknnError(
+                    f"{self._where}: the daemon answered frame {header.frame_id}; expected {expected}"
+                )
             assembler = self.session.new_output_assembler(header)
             while not assembler.complete:
                 assembler.add(next(self._responses).chunk)

@@ -110,7 +110,9 @@ def meta_of(
     )
 
 
-def iter_chunk_fields(arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> Iterator[dict[str, Any]]:
+def iter_chunk_fields(
+    arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[dict[str, Any]]:
     """The fields of each TensorChunk of wire-ready arrays (see wire_array), in order; an empty
     tensor sends no chunk.
 
@@ -122,7 +124,11 @@ def iter_chunk_fields(arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYT
     for index, array in enumerate(arrays):
         view = array.reshape(-1).view(np.uint8).data
         for offset in range(0, array.nbytes, chunk_bytes):
-            yield {"tensor_index": index, "offset": offset, "data": view[offset : offset + chunk_bytes].tobytes()}
+            yield {
+                "tensor_index": index,
+                "offset": offset,
+                "data": view[offset : offset + chunk_bytes].tobytes(),
+            }
 
 
 def iter_chunks(
@@ -189,7 +195,7 @@ class TensorAssembler:
         self._metas = list(metas)
         # np.empty, not bytearray: every byte is written by a chunk, so zero-filling first is waste.
         self._buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in metas]
-        self._views = [memoryview(b) for b in self._buffers]
+        self._views = [b.data for b in self._buffers]
         self._filled = [0] * len(metas)
         self._remaining = total
         self._current = 0

@@ -10,7 +10,7 @@ control behind them) keep at most a few frames in the daemon's memory, whatever 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +65,7 @@ class Pipeline:
 
     async def stream(
         self, requests: AsyncIterator[rknn_pb2.InferenceRequest], traffic: Traffic
-    ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
+    ) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
         """The response stream; raises the first error of any stage (frames before it were sent)."""
         ready: asyncio.Queue[_Ready | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
         done: asyncio.Queue[_Done | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)

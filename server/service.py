@@ -359,7 +359,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             async with contextlib.aclosing(self.pipeline.stream(request_iterator, traffic)) as responses:
                 async for response in responses:
                     yield response
-        except (asyncio.CancelledError, GeneratorExit):  # the client cancelled: the task or the generator ends
+        except (
+            asyncio.CancelledError,
+            GeneratorExit,
+        ):  # the client cancelled: the task or the generator ends
             if call is not None:
                 _account(call, traffic)
                 call.done("CANCELLED")

@@ -314,7 +314,9 @@ class RKNN:
         if self._pipeline is not None:
             frame_id, result = self._infer_async(self._pipeline, prepared)
         else:
-            result = session.run(prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False)
+            result = session.run(
+                prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False
+            )
             self._frames += 1
             frame_id = self._frames
         outputs: list[Any] = list(result)

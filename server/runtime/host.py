@@ -22,7 +22,6 @@ import onnxruntime as ort
 import psutil
 
 from rknn_server.runtime import onnx_graph
-from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
@@ -37,6 +36,7 @@ from rknn_server.runtime.base import (
     TensorSpec,
     VersionInfo,
 )
+from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
 
 # ONNX Runtime's type strings for the element types that travel on the wire.
 _ORT_TYPES = {

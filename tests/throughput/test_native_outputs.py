@@ -21,14 +21,18 @@ from tests.conftest import DaemonFactory
 
 def direct(model, image: np.ndarray) -> list[np.ndarray]:
     """The QDQ model as ONNX Runtime runs it, unmodified: float32 after DequantizeLinear."""
-    return list(ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"images": image}))
+    return list(
+        ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"images": image})
+    )
 
 
 def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype == np.float32 and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-def test_native_and_float_paths_equal_onnx_runtime_bit_for_bit(host_daemon, qdq_detector, images, monkeypatch):
+def test_native_and_float_paths_equal_onnx_runtime_bit_for_bit(
+    host_daemon, qdq_detector, images, monkeypatch
+):
     want = direct(qdq_detector, images[0])
     with connect(host_daemon.url) as device:
         with device.load(qdq_detector) as native, device.load(qdq_detector, native_outputs=False) as floats:
@@ -58,11 +62,14 @@ def test_output_attrs_report_the_quantization(host_daemon, qdq_detector):
 
 def test_native_outputs_send_a_quarter_of_the_bytes(make_daemon: DaemonFactory, qdq_detector, images):
     daemon = make_daemon()
-    with connect(daemon.url) as device:
-        with device.load(qdq_detector) as native, device.load(qdq_detector, native_outputs=False) as floats:
-            elements = sum(int(np.prod(o.shape)) for o in native.outputs)
-            native.run([images[0]])
-            floats.run([images[0]])
+    with (
+        connect(daemon.url) as device,
+        device.load(qdq_detector) as native,
+        device.load(qdq_detector, native_outputs=False) as floats,
+    ):
+        elements = sum(int(np.prod(o.shape)) for o in native.outputs)
+        native.run([images[0]])
+        floats.run([images[0]])
     daemon.stop()
     events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
     sent = [e["bytes_out"] for e in events if e.get("method") == "Inference"]

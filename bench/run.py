@@ -4,6 +4,8 @@
 - a 64 MiB tensor round trip through the daemon vs a raw loopback socket carrying the same bytes;
 - a 1 GiB model upload vs a raw socket, and the daemon's RSS growth while it streams in;
 - the same daemon through an adb forward vs direct TCP: latency p50 and the 64 MiB round trip.
+- throughput (bench/throughput.py): pipelined vs synchronous inference and int8 vs float32 outputs
+  over a simulated USB 2.0 link, eight concurrent clients vs one, and Apache TVM's RPC as a peer.
 The machine is shared and noisy: each figure is the median of several runs, and only the ratios
 of figures taken side by side in this one run mean anything.
 """
@@ -26,6 +28,7 @@ import onnxruntime as ort
 import psutil
 from onnx import helper
 
+from bench import throughput
 from bench.adb_forward import measure_adb
 from bench.raw_socket import transfer_seconds
 from demo.daemon_process import DaemonProcess, start_daemon
@@ -185,6 +188,10 @@ def main() -> int:
         print("measuring adb_forward ...", flush=True)
         measure_adb(results, work / "adb")
         print(json.dumps(results["adb_forward"], indent=2), flush=True)
+        for name, bench in throughput.BENCHMARKS:
+            print(f"measuring {name} ...", flush=True)
+            results[name] = bench(work, RESULTS)
+            print(json.dumps(results[name], indent=2), flush=True)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {RESULTS / 'results.json'}")
     return 0

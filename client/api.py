@@ -11,9 +11,10 @@ inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences liv
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +27,7 @@ from rknn_client import __version__
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
+from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
@@ -52,6 +54,16 @@ _QUANT_NAMES = {
     rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC: "affine",
     rknn_pb2.QUANT_TYPE_DFP: "dfp",
 }
+_QUANT_CODES = {name: code for code, name in _QUANT_NAMES.items()}
+# Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
+NATIVE_OUTPUTS_ENV = "RKNN_NATIVE_OUTPUTS"
+# Frames kept in flight by Session.map unless told otherwise.
+DEFAULT_DEPTH = 4
+
+
+def native_outputs_default() -> bool:
+    """Native (quantized) outputs on the wire unless RKNN_NATIVE_OUTPUTS says 0/false/no/off."""
+    return os.environ.get(NATIVE_OUTPUTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class TensorInfo:
     quant_type: str = "none"
     zero_point: int = 0
     scale: float = 1.0
+    fl: int = 0
 
     @classmethod
     def from_wire(cls, attr: rknn_pb2.TensorAttr) -> TensorInfo:
@@ -78,7 +91,15 @@ class TensorInfo:
             quant_type=_QUANT_NAMES.get(attr.quant_type, "none"),
             zero_point=attr.zero_point,
             scale=attr.scale,
+            fl=attr.fl,
         )
+
+    def real_values(self, array: np.ndarray) -> np.ndarray:
+        """The output's float32 values when `array` holds its quantized integers, else `array`."""
+        code = _QUANT_CODES[self.quant_type]
+        if not codec.is_native_quantized(array, code):
+            return array
+        return codec.dequantize(array, code, self.zero_point, self.scale, self.fl)
 
 
 @dataclass(frozen=True)
@@ -297,12 +318,16 @@ class Device:
         progress: Progress | None = None,
         reconnect: bool = False,
         on_reconnect: Callable[[str], None] | None = None,
+        native_outputs: bool | None = None,
     ) -> Session:
         """Upload (if needed) and open a session on a model.
 
         With `reconnect=True`, a session lost because the daemon restarted is opened again once,
         transparently (the model is re-sent only if the daemon's cache lost it); `on_reconnect`
         hears about it. Without it the call raises SessionLost.
+        `native_outputs` (default: on, unless RKNN_NATIVE_OUTPUTS=0): quantized outputs travel as
+        the runtime's integers and are dequantized here, the same float32 values in a quarter of
+        the bytes for int8; off, the daemon dequantizes and sends float32.
         """
         self.info()
         uploaded = self.upload(model, progress)
@@ -320,7 +345,7 @@ class Device:
             return init(again.digest), again.sent_bytes
 
         reply = init(uploaded.digest)
-        return Session(self, reply, reopen if reconnect else None, on_reconnect)
+        return Session(self, reply, reopen if reconnect else None, on_reconnect, native_outputs)
 
     def open_session(
         self,
@@ -331,6 +356,7 @@ class Device:
         eval_mem: bool = False,
         core_mask: int = 0,
         fallback_prior_device: str = "cpu",
+        native_outputs: bool | None = None,
     ) -> Session:
         return Session(
             self,
@@ -342,6 +368,7 @@ class Device:
                 core_mask=core_mask,
                 fallback_prior_device=fallback_prior_device,
             ),
+            native_outputs=native_outputs,
         )
 
     def _init_runtime(
@@ -387,8 +414,10 @@ class Session:
         reply: rknn_pb2.InitRuntimeResponse,
         reopen: Reopen | None = None,
         on_reconnect: Callable[[str], None] | None = None,
+        native_outputs: bool | None = None,
     ) -> None:
         self.device = device
+        self.native_outputs = native_outputs_default() if native_outputs is None else native_outputs
         self.last_run_time_us = 0
         self._released = False
         self._reopen = reopen
@@ -478,7 +507,7 @@ class Session:
         pass_through: Sequence[bool] | None,
         strict: bool,
     ) -> list[np.ndarray]:
-        requests = self._input_requests(inputs, layouts, pass_through, strict)
+        requests = self.frame_requests(inputs, layouts, pass_through=pass_through, strict=strict)
         where = f"Inference on {self.device.endpoint.description}"
         try:
             responses = cast(
@@ -491,23 +520,25 @@ class Session:
             if first.WhichOneof("part") != "header":
                 raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
             self.last_run_time_us = first.header.run_time_us
-            assembler = codec.TensorAssembler(first.header.outputs, _OUTPUT_LIMITS, "output")
+            assembler = self.new_output_assembler(first.header)
             for response in responses:
                 assembler.add(response.chunk)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
         except StopIteration:
             raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
-        return assembler.arrays()
+        return self.real_outputs(assembler.arrays())
 
-    def _input_requests(
+    def frame_requests(
         self,
         inputs: Sequence[np.ndarray],
-        layouts: Sequence[str] | None,
-        pass_through: Sequence[bool] | None,
-        strict: bool,
+        layouts: Sequence[str] | None = None,
+        *,
+        pass_through: Sequence[bool] | None = None,
+        strict: bool = True,
+        frame_id: int = 0,
     ) -> Iterator[rknn_pb2.InferenceRequest]:
-        """The Inference-framed request stream for these inputs: a header, then their chunks."""
+        """One frame's request messages: the header now (inputs are checked here), chunks lazily."""
         self._check(inputs, strict)
         wire = [codec.wire_array(a) for a in inputs]
         layout_names = list(layouts) if layouts is not None else [s.layout for s in self.inputs]
@@ -516,13 +547,37 @@ class Session:
             codec.meta_of(a, spec.name, layout, p)
             for a, spec, layout, p in zip(wire, self.inputs, layout_names, through, strict=True)
         ]
+        header = rknn_pb2.InferenceHeader(
+            session_id=self.id, inputs=metas, frame_id=frame_id, native_outputs=self.native_outputs
+        )
 
-        def requests() -> Iterator[rknn_pb2.InferenceRequest]:
-            yield rknn_pb2.InferenceRequest(header=rknn_pb2.InferenceHeader(session_id=self.id, inputs=metas))
-            for chunk in codec.iter_chunks(wire):
-                yield rknn_pb2.InferenceRequest(chunk=chunk)
+        def messages() -> Iterator[rknn_pb2.InferenceRequest]:
+            yield rknn_pb2.InferenceRequest(header=header)
+            yield from codec.chunk_requests(wire)
 
-        return requests()
+        return messages()
+
+    def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> codec.TensorAssembler:
+        return codec.TensorAssembler(header.outputs, _OUTPUT_LIMITS, "output")
+
+    def real_outputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Received outputs as float32 where they came as quantized integers (native outputs)."""
+        return [spec.real_values(a) for spec, a in zip(self.outputs, arrays, strict=True)]
+
+    def pipeline(self, depth: int = DEFAULT_DEPTH) -> Pipeline:
+        """An InferencePipeline stream on this session: submit() frames, result() them in order."""
+        return Pipeline(self, depth)
+
+    def map(
+        self,
+        inputs: Iterable[Sequence[np.ndarray]],
+        depth: int = DEFAULT_DEPTH,
+        layouts: Sequence[str] | None = None,
+    ) -> Iterator[list[np.ndarray]]:
+        """Outputs of each input list, in order, with up to `depth` frames in flight so transfers
+        overlap the daemon's compute. Inputs are pulled lazily; closing the generator early
+        cancels the frames still in flight (the session stays usable)."""
+        return ordered_map(self.pipeline(depth), inputs, layouts)
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], layouts: Sequence[str] | None = None
@@ -530,7 +585,7 @@ class Session:
         """Run once with per-layer capture and yield every captured tensor, one layer at a time
         (only one layer's bytes are held here at once). Stopping early cancels the call. With
         `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
-        requests = self._input_requests(inputs, layouts, None, strict=layouts is None)
+        requests = self.frame_requests(inputs, layouts, strict=layouts is None)
         where = f"DumpLayers on {self.device.endpoint.description}"
         call = self.device._stub.DumpLayers(
             requests, metadata=self.device.metadata, timeout=self.device.timeout_s

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -116,20 +116,45 @@ def meta_of(
     )
 
 
-def iter_chunks(
+def iter_chunk_fields(
     arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[rknn_pb2.TensorChunk]:
-    """Chunks of wire-ready arrays (see wire_array), in order; an empty tensor sends no chunk.
+) -> Iterator[dict[str, Any]]:
+    """The fields of each TensorChunk of wire-ready arrays (see wire_array), in order; an empty
+    tensor sends no chunk.
 
-    Each chunk's bytes are copied once out of the array's own buffer (protobuf wants `bytes`);
-    no full-size intermediate is made.
+    Each chunk's bytes are copied once out of the array's own buffer (protobuf wants `bytes`); no
+    full-size intermediate is made. Fields rather than messages: the Python protobuf runtime
+    deep-copies a sub-message handed to a constructor, which costs several times the copy itself,
+    while building the sub-message from a dict inside the outer message does not.
     """
     for index, array in enumerate(arrays):
         view = array.reshape(-1).view(np.uint8).data
         for offset in range(0, array.nbytes, chunk_bytes):
-            yield rknn_pb2.TensorChunk(
-                tensor_index=index, offset=offset, data=view[offset : offset + chunk_bytes].tobytes()
-            )
+            yield {
+                "tensor_index": index,
+                "offset": offset,
+                "data": view[offset : offset + chunk_bytes].tobytes(),
+            }
+
+
+def iter_chunks(
+    arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[rknn_pb2.TensorChunk]:
+    """TensorChunk messages of wire-ready arrays (see iter_chunk_fields)."""
+    for fields in iter_chunk_fields(arrays, chunk_bytes):
+        yield rknn_pb2.TensorChunk(**fields)
+
+
+def chunk_requests(arrays: Sequence[np.ndarray]) -> Iterator[rknn_pb2.InferenceRequest]:
+    """InferenceRequest chunk messages of wire-ready arrays, built without sub-message copies."""
+    for fields in iter_chunk_fields(arrays):
+        yield rknn_pb2.InferenceRequest(chunk=fields)  # type: ignore[arg-type]  # protobuf takes a dict
+
+
+def chunk_responses(arrays: Sequence[np.ndarray]) -> Iterator[rknn_pb2.InferenceResponse]:
+    """InferenceResponse chunk messages of wire-ready arrays, built without sub-message copies."""
+    for fields in iter_chunk_fields(arrays):
+        yield rknn_pb2.InferenceResponse(chunk=fields)  # type: ignore[arg-type]  # protobuf takes a dict
 
 
 def check_meta(
@@ -189,12 +214,18 @@ class TensorAssembler:
     ) -> None:
         self._layouts = check_metas(metas, limits, what)
         self._metas = list(metas)
-        self._buffers = [bytearray(m.byte_length) for m in metas]
+        # np.empty, not bytearray: every byte is written by a chunk, so zero-filling first is waste.
+        self._buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in metas]
+        self._views = [b.data for b in self._buffers]
         self._filled = [0] * len(metas)
+        self._remaining = sum(m.byte_length for m in metas)
         self._current = 0
         self._what = what
 
-    def add(self, chunk: rknn_pb2.TensorChunk) -> None:
+    def add(self, chunk: rknn_pb2.TensorChunk) -> int:
+        """Copy a chunk into place; returns its size. Reads `chunk.data` once: protobuf makes a new
+        `bytes` object (a full copy of the chunk) on every access of a bytes field."""
+        data = chunk.data
         i = chunk.tensor_index
         while (
             self._current < len(self._metas)
@@ -209,13 +240,20 @@ class TensorAssembler:
             raise CodecError(
                 f"chunk of {self._what} {i} at offset {chunk.offset}; expected offset {self._filled[i]}"
             )
-        end = self._filled[i] + len(chunk.data)
+        end = self._filled[i] + len(data)
         if end > self._metas[i].byte_length:
             raise CodecError(
                 f"{self._what} {i} received {end} bytes; its meta declared {self._metas[i].byte_length}"
             )
-        self._buffers[i][self._filled[i] : end] = chunk.data
+        self._views[i][self._filled[i] : end] = data
         self._filled[i] = end
+        self._remaining -= len(data)
+        return len(data)
+
+    @property
+    def complete(self) -> bool:
+        """Every byte of every tensor has arrived."""
+        return self._remaining == 0
 
     def missing(self) -> list[str]:
         return [
@@ -229,6 +267,32 @@ class TensorAssembler:
         if missing:
             raise CodecError("stream ended before all tensor bytes arrived (" + "; ".join(missing) + ")")
         return [
-            np.frombuffer(buf, dtype=dtype).reshape(shape)
+            buf.view(dtype).reshape(shape)
             for buf, (dtype, shape) in zip(self._buffers, self._layouts, strict=True)
         ]
+
+
+# Integer dtypes a quantized tensor's native values can have.
+_QUANTIZED_KINDS = ("i", "u")
+
+
+def is_native_quantized(array: np.ndarray, quant_type: int) -> bool:
+    """True when `array` holds a quantized tensor's stored integers rather than real values."""
+    return quant_type != rknn_pb2.QUANT_TYPE_NONE and array.dtype.kind in _QUANTIZED_KINDS
+
+
+def dequantize(array: np.ndarray, quant_type: int, zero_point: int, scale: float, fl: int) -> np.ndarray:
+    """Stored integers to float32 real values: affine (q - zero_point) * scale, DFP q * 2^-fl.
+
+    The arithmetic is ONNX DequantizeLinear's (int to float32, subtract, multiply in float32), so a
+    daemon that sends int8 and a client that dequantizes give the float path's values bit for bit.
+    """
+    values = array.astype(np.float32)
+    if quant_type == rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC:
+        values -= np.float32(zero_point)
+        values *= np.float32(scale)
+    elif quant_type == rknn_pb2.QUANT_TYPE_DFP:
+        values *= np.float32(2.0**-fl)
+    else:
+        raise CodecError(f"quant type {quant_type} has no dequantization; expected affine or DFP")
+    return values

@@ -820,7 +820,15 @@ class InferenceHeader(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
+    FRAME_ID_FIELD_NUMBER: _builtins.int
+    NATIVE_OUTPUTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    frame_id: _builtins.int
+    """The client's id for this frame, echoed in its OutputsHeader (InferencePipeline)."""
+    native_outputs: _builtins.bool
+    """Send quantized outputs (TensorAttr.quant_type affine or DFP) in the runtime's native integer
+    type and let the client dequantize; otherwise the daemon sends them dequantized to float32.
+    """
     @_builtins.property
     def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorMeta]:
         """One meta per model input, in the model's input order."""
@@ -830,10 +838,12 @@ class InferenceHeader(_message.Message):
         *,
         session_id: _builtins.str = ...,
         inputs: _abc.Iterable[Global___TensorMeta] | None = ...,
+        frame_id: _builtins.int = ...,
+        native_outputs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frame_id", b"frame_id", "inputs", b"inputs", "native_outputs", b"native_outputs", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -871,8 +881,11 @@ class OutputsHeader(_message.Message):
 
     OUTPUTS_FIELD_NUMBER: _builtins.int
     RUN_TIME_US_FIELD_NUMBER: _builtins.int
+    FRAME_ID_FIELD_NUMBER: _builtins.int
     run_time_us: _builtins.int
     """Time the runtime spent running, in microseconds (not counting transfer)."""
+    frame_id: _builtins.int
+    """The frame_id of the InferenceHeader these outputs answer."""
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorMeta]:
         """One meta per model output, in the model's output order."""
@@ -882,10 +895,11 @@ class OutputsHeader(_message.Message):
         *,
         outputs: _abc.Iterable[Global___TensorMeta] | None = ...,
         run_time_us: _builtins.int = ...,
+        frame_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outputs", b"outputs", "run_time_us", b"run_time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frame_id", b"frame_id", "outputs", b"outputs", "run_time_us", b"run_time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

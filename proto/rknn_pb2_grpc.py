@@ -65,6 +65,11 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.DumpLayersResponse.FromString,
                 _registered_method=True)
+        self.InferencePipeline = channel.stream_stream(
+                '/rknn.v1.RknnServer/InferencePipeline',
+                request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
+                _registered_method=True)
         self.EvalPerf = channel.unary_unary(
                 '/rknn.v1.RknnServer/EvalPerf',
                 request_serializer=rknn__proto_dot_rknn__pb2.EvalPerfRequest.SerializeToString,
@@ -159,6 +164,19 @@ class RknnServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InferencePipeline(self, request_iterator, context):
+        """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+        is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+        the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+        (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+        sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+        sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+        stream still delivers every frame already sent; cancelling drops the frames not yet answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EvalPerf(self, request, context):
         """Per-layer and total timing of the session's model.
         """
@@ -242,6 +260,11 @@ def add_RknnServerServicer_to_server(servicer, server):
                     servicer.DumpLayers,
                     request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.DumpLayersResponse.SerializeToString,
+            ),
+            'InferencePipeline': grpc.stream_stream_rpc_method_handler(
+                    servicer.InferencePipeline,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.InferenceResponse.SerializeToString,
             ),
             'EvalPerf': grpc.unary_unary_rpc_method_handler(
                     servicer.EvalPerf,
@@ -442,6 +465,33 @@ class RknnServer:
             '/rknn.v1.RknnServer/DumpLayers',
             rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.DumpLayersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InferencePipeline(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rknn.v1.RknnServer/InferencePipeline',
+            rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

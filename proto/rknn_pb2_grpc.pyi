@@ -71,6 +71,15 @@ class RknnServerStub:
     large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
     runtime cannot dump layers (Capabilities.layer_dumps is false).
     """
+    InferencePipeline: _grpc.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.InferenceResponse]
+    """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+    is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+    the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+    (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+    sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+    sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+    stream still delivers every frame already sent; cancelling drops the frames not yet answered.
+    """
     EvalPerf: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]
     """Per-layer and total timing of the session's model."""
     EvalMemory: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.EvalMemoryRequest, _rknn_pb2.EvalMemoryResponse]
@@ -120,6 +129,15 @@ class RknnServerAsyncStub(RknnServerStub):
     daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
     large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
     runtime cannot dump layers (Capabilities.layer_dumps is false).
+    """
+    InferencePipeline: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.InferenceResponse]  # type: ignore[assignment]
+    """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+    is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+    the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+    (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+    sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+    sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+    stream still delivers every frame already sent; cancelling drops the frames not yet answered.
     """
     EvalPerf: _aio.UnaryUnaryMultiCallable[_rknn_pb2.EvalPerfRequest, _rknn_pb2.EvalPerfResponse]  # type: ignore[assignment]
     """Per-layer and total timing of the session's model."""
@@ -203,6 +221,21 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
         daemon computes layers in bounded batches where its runtime allows, so models with hundreds of
         large layers need neither one huge message nor a file on the board. UNIMPLEMENTED when the
         runtime cannot dump layers (Capabilities.layer_dumps is false).
+        """
+
+    @_abc_1.abstractmethod
+    def InferencePipeline(
+        self,
+        request_iterator: _MaybeAsyncIterator[_rknn_pb2.InferenceRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_rknn_pb2.InferenceResponse], _abc.AsyncIterator[_rknn_pb2.InferenceResponse]]:
+        """Pipelined inference: many frames on one stream, several in flight at once. The request stream
+        is, per frame, one InferenceHeader (with its frame_id) followed by that frame's input chunks;
+        the response stream is, per frame and in the order the frames were sent, one OutputsHeader
+        (echoing the frame_id) followed by its output chunks. The client bounds how many frames it has
+        sent without their outputs (its depth); the daemon reads the next frame while it runs one and
+        sends the outputs of the one before, so transfers hide behind compute. Half-closing the request
+        stream still delivers every frame already sent; cancelling drops the frames not yet answered.
         """
 
     @_abc_1.abstractmethod

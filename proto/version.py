@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # Minor version of the rknn.v1 contract: bumped each time a field or RPC is added.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 # Oldest peer version this code still talks to.
 MIN_PROTOCOL_VERSION = 1
 # gRPC metadata key carrying the sender's PROTOCOL_VERSION on every call.

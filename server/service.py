@@ -8,8 +8,9 @@ status with a message that says what was wrong. Blocking runtime work runs in th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -29,9 +30,11 @@ from rknn_proto.version import (
     RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
-from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
+from rknn_server.errors import FailedPrecondition, InvalidInput, status_of
+from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
 from rknn_server.model_cache import ModelCache
+from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import (
     Backend,
@@ -51,11 +54,6 @@ T = TypeVar("T")
 
 # Core masks the contract defines (rknn_core_mask values).
 KNOWN_CORE_MASKS = {v.number for v in rknn_pb2.CoreMask.DESCRIPTOR.values}
-_QUANT_CODES = {
-    "none": rknn_pb2.QUANT_TYPE_NONE,
-    "affine": rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC,
-    "dfp": rknn_pb2.QUANT_TYPE_DFP,
-}
 
 
 @dataclass(frozen=True)
@@ -85,56 +83,12 @@ def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
         shape=list(spec.shape),
         dtype=codec.dtype_to_wire(spec.dtype),
         layout=codec.layout_to_wire(spec.layout),
-        quant_type=_QUANT_CODES[spec.quant.kind],
+        quant_type=QUANT_CODES[spec.quant.kind],
         zero_point=spec.quant.zero_point,
         scale=spec.quant.scale,
         fl=spec.quant.fl,
         size_bytes=nbytes,
     )
-
-
-def _shape_fits(expected: Sequence[int], actual: Sequence[int]) -> bool:
-    return len(expected) == len(actual) and all(
-        e <= 0 or e == a for e, a in zip(expected, actual, strict=True)
-    )
-
-
-# Axis orders that turn data laid out as the first layout into the second.
-PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
-
-
-@dataclass(frozen=True)
-class InputPlan:
-    """How one received input reaches the runtime: the axis permutation that brings it into the
-    model's layout (None: as is), and the format the runtime is told."""
-
-    permutation: tuple[int, ...] | None
-    format: InputFormat
-
-
-def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
-    """Check the declared inputs against the model before any byte is received."""
-    if len(metas) != len(specs):
-        raise InvalidInput(
-            f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {len(metas)} were sent"
-        )
-    plans: list[InputPlan] = []
-    for spec, meta in zip(specs, metas, strict=True):
-        dtype = codec.dtype_from_wire(meta.dtype)
-        shape = tuple(meta.shape)
-        if not spec.accepts(dtype, meta.pass_through):
-            raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
-        layout = codec.layout_name(meta.layout)
-        permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
-        effective = tuple(shape[i] for i in permutation) if permutation else shape
-        if not _shape_fits(spec.shape, effective):
-            raise InvalidInput(
-                f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
-                f"{list(spec.shape)} ({spec.layout})"
-            )
-        layout = spec.layout if permutation else layout
-        plans.append(InputPlan(permutation, InputFormat(layout=layout, pass_through=meta.pass_through)))
-    return plans
 
 
 class _Call:
@@ -191,6 +145,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.opener = opener
         self.config = config
         self.reservations = ReservationBook()
+        self.pipeline = Pipeline(registry, config.tensor_limits, self._run)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -294,9 +249,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     if message.WhichOneof("part") != "chunk":
                         raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
                     chunk = message.chunk
-                    _check_chunk(len(chunk.data), self.config.tensor_limits)
-                    await self._blocking(upload.write, chunk.file_index, chunk.offset, chunk.data)
-                    call.bytes_in += len(chunk.data)
+                    data = chunk.data
+                    check_chunk(len(data), self.config.tensor_limits)
+                    await self._blocking(upload.write, chunk.file_index, chunk.offset, data)
+                    call.bytes_in += len(data)
                 await self._blocking(upload.finish)
             finally:
                 upload.close()
@@ -361,31 +317,22 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
 
         return await self._unary("InitRuntime", context, body)
 
-    async def _receive_inputs(
+    async def _receive_frame(
         self, call: _Call, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest]
-    ) -> tuple[Session, list[np.ndarray], list[InputFormat]]:
-        """The session, input arrays (in the model's layout) and their formats of an Inference-framed
-        request stream (header, then chunks)."""
+    ) -> tuple[rknn_pb2.InferenceHeader, Session, IncomingFrame]:
+        """One complete frame of an Inference-framed request stream (a header, then chunks)."""
         first = await _first(request_iterator, "an InferenceHeader")
         if first.WhichOneof("part") != "header":
             raise InvalidInput(f"the first {call.method} message must be an InferenceHeader")
         header = first.header
         session = self.registry.get(header.session_id, client_identity())
         call.session = session.id
-        codec.check_metas(header.inputs, self.config.tensor_limits, "input")
-        plans = check_inputs(session.runtime.inputs, header.inputs)
-        assembler = codec.TensorAssembler(header.inputs, self.config.tensor_limits, "input")
+        frame = IncomingFrame.start(header, session, self.config.tensor_limits)
         async for message in request_iterator:
             if message.WhichOneof("part") != "chunk":
                 raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
-            _check_chunk(len(message.chunk.data), self.config.tensor_limits)
-            assembler.add(message.chunk)
-            call.bytes_in += len(message.chunk.data)
-        arrays = [
-            np.ascontiguousarray(a.transpose(plan.permutation)) if plan.permutation else a
-            for a, plan in zip(assembler.arrays(), plans, strict=True)
-        ]
-        return session, arrays, [plan.format for plan in plans]
+            call.bytes_in += frame.add(message.chunk)
+        return header, session, frame
 
     async def Inference(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
@@ -393,19 +340,15 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         call = None
         try:
             call = _Call("Inference", context)
-            session, arrays, formats = await self._receive_inputs(call, request_iterator)
-            outputs, run_us = await self._run(session, arrays, formats)
-            wire = [codec.wire_array(o) for o in outputs]
-            specs = session.runtime.outputs
+            header, session, frame = await self._receive_frame(call, request_iterator)
+            outputs, run_us = await self._run(session, frame.inputs(), frame.formats())
+            metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
             yield rknn_pb2.InferenceResponse(
-                header=rknn_pb2.OutputsHeader(
-                    outputs=[codec.meta_of(o, s.name, s.layout) for o, s in zip(wire, specs, strict=True)],
-                    run_time_us=run_us,
-                )
+                header=rknn_pb2.OutputsHeader(outputs=metas, run_time_us=run_us, frame_id=header.frame_id)
             )
-            for chunk in codec.iter_chunks(wire):
-                call.bytes_out += len(chunk.data)
-                yield rknn_pb2.InferenceResponse(chunk=chunk)
+            for response in codec.chunk_responses(wire):
+                yield response
+            call.bytes_out += sum(a.nbytes for a in wire)
         except asyncio.CancelledError:
             if call is not None:
                 call.done("CANCELLED")
@@ -443,10 +386,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         call = None
         try:
             call = _Call("DumpLayers", context)
-            session, arrays, formats = await self._receive_inputs(call, request_iterator)
+            _, session, frame = await self._receive_frame(call, request_iterator)
             async with session.lock:
                 # Some runtimes start their capture when asked for the iterator: that call blocks too.
-                dump = await self._blocking(session.runtime.dump_layers, arrays, formats)
+                dump = await self._blocking(session.runtime.dump_layers, frame.inputs(), frame.formats())
                 async with aclosing(self._step(dump)) as layers:
                     async for layer in layers:
                         wire = codec.wire_array(layer.array)
@@ -500,6 +443,32 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         start = time.perf_counter()
         outputs = await self._in_session(session, session.runtime.run, arrays, formats)
         return outputs, int((time.perf_counter() - start) * 1e6)
+
+    async def InferencePipeline(
+        self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
+        call = None
+        traffic = Traffic()
+        try:
+            call = _Call("InferencePipeline", context)
+            async with contextlib.aclosing(self.pipeline.stream(request_iterator, traffic)) as responses:
+                async for response in responses:
+                    yield response
+        except (
+            asyncio.CancelledError,
+            GeneratorExit,
+        ):  # the client cancelled: the task or the generator ends
+            if call is not None:
+                _account(call, traffic)
+                call.done("CANCELLED")
+            raise
+        except Exception as exc:
+            if call is not None:
+                _account(call, traffic)
+            await _fail(call, context, exc)
+        else:
+            _account(call, traffic)
+            call.done("OK")
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext
@@ -608,12 +577,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         return await self._unary("ReleaseReservation", context, body)
 
 
-def _check_chunk(size: int, limits: codec.TensorLimits) -> None:
-    if size > limits.max_chunk_bytes:
-        raise ResourceExhausted(
-            f"a chunk of {size} bytes arrived, over the limit max_chunk_bytes={limits.max_chunk_bytes}; "
-            "send smaller chunks"
-        )
+def _account(call: _Call, traffic: Traffic) -> None:
+    call.session = traffic.session
+    call.bytes_in = traffic.bytes_in
+    call.bytes_out = traffic.bytes_out
 
 
 async def _first(iterator: AsyncIterator[T], what: str) -> T:
@@ -623,4 +590,4 @@ async def _first(iterator: AsyncIterator[T], what: str) -> T:
         raise InvalidInput(f"the request stream was empty; expected {what} first") from None
 
 
-__all__ = ["RknnService", "ServiceConfig", "check_inputs", "tensor_attr"]
+__all__ = ["RknnService", "ServiceConfig", "tensor_attr"]

@@ -29,6 +29,7 @@ from rknn_client.compat.core_masks import NpuCoreMasks
 from rknn_client.compat.onnx_build import BuildError, prepare_model
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.errors import RknnError
+from rknn_client.pipeline import Pipeline
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
 from rknn_client.transport.base import TransportError
 
@@ -82,6 +83,9 @@ class RKNN(NpuCoreMasks):
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self._device: Device | None = None
         self._session: Session | None = None
+        self._pipeline: Pipeline | None = None
+        self._previous: tuple[int, list[np.ndarray]] | None = None
+        self._frames = 0
         self._target = ""
         atexit.register(self.release)
 
@@ -292,7 +296,8 @@ class RKNN(NpuCoreMasks):
             on_reconnect=lambda note: self.log.w("init_runtime", note),
         )
         if async_mode:
-            self.log.w("init_runtime", "async_mode runs synchronously in this version")
+            # This frame travels and runs while the previous frame's outputs are returned.
+            self._pipeline = self._session.pipeline(depth=2)
         return 0
 
     def _require_session(self) -> Session:
@@ -313,12 +318,29 @@ class RKNN(NpuCoreMasks):
         prepared = input_rules.prepare(inputs, session.inputs, data_format, inputs_pass_through)
         for note in prepared.notes:
             self.log.w("inference", note)
-        outputs: list[Any] = session.run(
-            prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False
-        )
+        if self._pipeline is not None:
+            frame_id, result = self._infer_async(self._pipeline, prepared)
+        else:
+            result = session.run(
+                prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False
+            )
+            self._frames += 1
+            frame_id = self._frames
+        outputs: list[Any] = list(result)
         if get_frame_id:
-            outputs.append(0)
+            outputs.append(frame_id)
         return outputs
+
+    def _infer_async(
+        self, pipeline: Pipeline, prepared: input_rules.PreparedInputs
+    ) -> tuple[int, list[np.ndarray]]:
+        """async_mode as the toolkit documents it: this frame is sent and run while the previous
+        frame's result is returned. The first call has no previous frame and returns its own
+        result, so the first two calls both return frame 1 (the frame id tells them apart)."""
+        pipeline.submit(prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False)
+        if self._previous is None or pipeline.in_flight > 1:
+            self._previous = pipeline.result()
+        return self._previous
 
     @_toolkit_call("eval_perf", None)
     def eval_perf(self, is_print: bool = True, fix_freq: bool = True) -> str | None:
@@ -422,8 +444,12 @@ class RKNN(NpuCoreMasks):
             return [(layer, layer.array) for layer in dump_runtime_layers(device, model, feeds, target)]
 
     def _close_runtime(self) -> None:
-        session, device = self._session, self._device
-        self._session = self._device = None
+        session, device, pipeline = self._session, self._device, self._pipeline
+        self._session = self._device = self._pipeline = None
+        self._previous = None
+        self._frames = 0
+        if pipeline is not None:
+            pipeline.close()
         if session is not None:
             try:
                 session.release()

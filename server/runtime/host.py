@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -35,10 +36,12 @@ from rknn_server.runtime.base import (
     ModelFormatError,
     ModelRuntime,
     PerfResult,
+    QuantInfo,
     RuntimeOptions,
     TensorSpec,
     VersionInfo,
 )
+from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
 
 # ONNX Runtime's type strings for the element types that travel on the wire.
 _ORT_TYPES = {
@@ -123,12 +126,35 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def _spec(index: int, arg: ort.NodeArg) -> TensorSpec:
+def concurrent_runs(threads: int) -> int:
+    """How many sessions may compute at once: as many as fill the cores with `threads` each.
+
+    More would oversubscribe: ONNX Runtime splits each operator into `threads` equal parts, and
+    when one part's thread is descheduled the whole operator waits for it, so N sessions each
+    running on all cores at once are slower together than taking turns.
+    """
+    return max(1, default_threads() // threads)
+
+
+def _spec(index: int, arg: ort.NodeArg, quant: QuantInfo | None = None) -> TensorSpec:
     dtype = _ORT_TYPES.get(arg.type)
     if dtype is None:
         raise ModelFormatError(f"tensor {arg.name!r} has type {arg.type}, which the wire cannot carry")
     shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
-    return TensorSpec(index, arg.name, shape, np.dtype(dtype), "NCHW" if len(shape) == 4 else "UNDEFINED")
+    layout = "NCHW" if len(shape) == 4 else "UNDEFINED"
+    return TensorSpec(index, arg.name, shape, np.dtype(dtype), layout, quant or QuantInfo())
+
+
+def _runnable(path: Path, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, QuantInfo]]:
+    """What ONNX Runtime loads: the file itself, or, for a QDQ model whose outputs end in
+    DequantizeLinear, the rewritten graph that returns them quantized (see qdq_outputs).
+    Models with external data are loaded as they are (their bytes cannot move without the data)."""
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
+        return str(path), {}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(graph)
+    exposed = expose_quantized_outputs(rewritten)
+    return (rewritten.SerializeToString(), exposed) if exposed else (str(path), {})
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -177,25 +203,29 @@ def parse_profile(events: list[dict], runs: int) -> list[LayerTiming]:
 
 
 class HostModel(ModelRuntime):
-    def __init__(self, path: Path, options: RuntimeOptions, threads: int) -> None:
+    def __init__(
+        self, path: Path, options: RuntimeOptions, threads: int, gate: threading.Semaphore | None = None
+    ) -> None:
         self._path = path
         self._options = options
         self._threads = threads
+        self._gate = gate or threading.Semaphore(concurrent_runs(threads))
         try:
             self._graph = onnx.load(str(path), load_external_data=False)
         except Exception as exc:
             raise ModelFormatError(f"{path.name} is not a loadable ONNX model: {exc}") from exc
         process = psutil.Process()
         rss_before = process.memory_info().rss
+        self._source, quantized = _runnable(path, self._graph)
         try:
             self._session = ort.InferenceSession(
-                str(path), session_options(threads), providers=["CPUExecutionProvider"]
+                self._source, session_options(threads), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
             raise ModelFormatError(f"ONNX Runtime cannot load {path.name}: {exc}") from exc
         self._load_growth = max(0, process.memory_info().rss - rss_before)
         self.inputs = [_spec(i, a) for i, a in enumerate(self._session.get_inputs())]
-        self.outputs = [_spec(i, a) for i, a in enumerate(self._session.get_outputs())]
+        self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self._session.get_outputs())]
         self._input_names = [s.name for s in self.inputs]
 
     def run(
@@ -206,7 +236,8 @@ class HostModel(ModelRuntime):
 
     def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:
-            return list(session.run(None, dict(zip(self._input_names, inputs, strict=True))))
+            with self._gate:
+                return list(session.run(None, dict(zip(self._input_names, inputs, strict=True))))
         except Exception as exc:
             raise ExecutionError(f"ONNX Runtime failed to run the model: {exc}") from exc
 
@@ -236,7 +267,7 @@ class HostModel(ModelRuntime):
             opts = session_options(self._threads)
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(tmp) / "profile")
-            session = ort.InferenceSession(str(self._path), opts, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(self._source, opts, providers=["CPUExecutionProvider"])
             for _ in range(PROFILE_RUNS + 1):
                 self._run(session, feed)
             profile = Path(session.end_profiling())
@@ -329,6 +360,16 @@ class HostBackend(Backend):
         self._soc = soc.lower()
         self.threads = threads or default_threads()
         self._sysfs_root = sysfs_root
+        # Shared by all sessions: at most concurrent_runs(threads) compute at once.
+        self.gate = threading.Semaphore(concurrent_runs(self.threads))
+
+    def __getstate__(self) -> dict[str, object]:
+        """Picklable for worker processes (--isolation process), each of which gets its own gate."""
+        return {k: v for k, v in self.__dict__.items() if k != "gate"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.gate = threading.Semaphore(concurrent_runs(self.threads))
 
     def version(self) -> VersionInfo:
         return VersionInfo(api=f"onnxruntime {ort.__version__}", driver=f"host CPU (onnx {onnx.__version__})")
@@ -347,7 +388,7 @@ class HostBackend(Backend):
                 "which cannot execute RKNN models. Run the daemon on the board with librknnrt "
                 "(rknn_server --runtime rknnrt), or load the original model with load_onnx() to use the host runtime."
             )
-        return HostModel(model_path, options, self.threads)
+        return HostModel(model_path, options, self.threads, self.gate)
 
 
 def _looks_like_rknn(path: Path) -> bool:

@@ -1,0 +1,138 @@
+"""Pipelined inference on one session: frames in flight on an InferencePipeline stream.
+
+The request stream is fed from a queue by gRPC's own sending thread, so `submit()` returns at once
+and a frame's chunks are built and sent while the caller waits for an earlier frame's outputs;
+`result()` reads the outputs of the oldest frame not yet answered. The daemon answers in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, cast
+
+import grpc
+import numpy as np
+
+from rknn_client.errors import InvalidInput, RknnError, from_rpc_error
+from rknn_proto import rknn_pb2
+
+if TYPE_CHECKING:
+    from rknn_client.api import Session
+
+_END = object()
+
+
+class Pipeline:
+    """One stream of frames. Frame ids count from 1. Not thread-safe: one caller drives it."""
+
+    def __init__(self, session: Session, depth: int) -> None:
+        if depth < 1:
+            raise InvalidInput(f"depth must be at least 1 frame; {depth} was given")
+        self.session = session
+        self.depth = depth
+        self._where = f"InferencePipeline on {session.device.endpoint.description}"
+        self._outbox: queue.Queue[Iterator[rknn_pb2.InferenceRequest] | None] = queue.Queue()
+        self._pending: collections.deque[int] = collections.deque()
+        self._last_id = 0
+        self._closed = False
+        self._call = session.device._stub.InferencePipeline(
+            self._requests(), metadata=session.device.metadata
+        )
+        self._responses = cast(Iterator[rknn_pb2.InferenceResponse], self._call)
+
+    def _requests(self) -> Iterator[rknn_pb2.InferenceRequest]:
+        while (frame := self._outbox.get()) is not None:
+            yield from frame
+
+    @property
+    def accepting(self) -> bool:
+        """Whether submit() still takes frames (not after finish() or close())."""
+        return not self._closed
+
+    @property
+    def in_flight(self) -> int:
+        """Frames submitted whose outputs have not been read yet."""
+        return len(self._pending)
+
+    def submit(
+        self,
+        inputs: Sequence[np.ndarray],
+        layouts: Sequence[str] | None = None,
+        *,
+        pass_through: Sequence[bool] | None = None,
+        strict: bool = True,
+    ) -> int:
+        """Queue a frame for sending and return its id at once (inputs are checked here)."""
+        if self._closed:
+            raise RknnError(f"{self._where}: the pipeline is closed")
+        frame_id = self._last_id + 1
+        messages = self.session.frame_requests(
+            inputs, layouts, pass_through=pass_through, strict=strict, frame_id=frame_id
+        )
+        self._last_id = frame_id
+        self._pending.append(frame_id)
+        self._outbox.put(messages)
+        return frame_id
+
+    def result(self) -> tuple[int, list[np.ndarray]]:
+        """The oldest unanswered frame's id and outputs (float32 where they came quantized)."""
+        if not self._pending:
+            raise RknnError(f"{self._where}: no frame is in flight")
+        expected = self._pending.popleft()
+        try:
+            first = next(self._responses)
+            if first.WhichOneof("part") != "header":
+                raise RknnError(f"{self._where}: the daemon sent a chunk before frame {expected}'s header")
+            header = first.header
+            if header.frame_id != expected:
+                raise RknnError(
+                    f"{self._where}: the daemon answered frame {header.frame_id}; expected {expected}"
+                )
+            assembler = self.session.new_output_assembler(header)
+            while not assembler.complete:
+                assembler.add(next(self._responses).chunk)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self._where) from None
+        except StopIteration:
+            raise RknnError(f"{self._where}: the daemon closed the stream before frame {expected}") from None
+        self.session.last_run_time_us = header.run_time_us
+        return expected, self.session.real_outputs(assembler.arrays())
+
+    def finish(self) -> None:
+        """Send no more frames (the frames in flight are still answered)."""
+        if not self._closed:
+            self._closed = True
+            self._outbox.put(None)
+
+    def close(self) -> None:
+        """End the stream; frames still in flight are cancelled and their outputs dropped."""
+        self.finish()
+        if self._pending:
+            self._call.cancel()
+            self._pending.clear()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def ordered_map(
+    pipeline: Pipeline, inputs: Iterable[Sequence[np.ndarray]], layouts: Sequence[str] | None = None
+) -> Iterator[list[np.ndarray]]:
+    """Each input list's outputs in order, keeping up to `pipeline.depth` frames in flight."""
+    source = iter(inputs)
+    with pipeline:
+        while True:
+            while pipeline.accepting and pipeline.in_flight < pipeline.depth:
+                item = next(source, _END)
+                if item is _END:
+                    pipeline.finish()
+                else:
+                    pipeline.submit(cast(Sequence[np.ndarray], item), layouts)
+            if not pipeline.in_flight:
+                return
+            yield pipeline.result()[1]

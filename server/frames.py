@@ -1,0 +1,129 @@
+"""One inference frame on the wire: its header and input chunks in, its outputs out.
+
+Shared by the one-shot Inference RPC and the pipelined InferencePipeline RPC, so both check inputs,
+convert layouts and choose the outputs' wire form the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rknn_proto import codec, rknn_pb2
+from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.runtime.base import InputFormat, TensorSpec
+from rknn_server.sessions import Session
+
+# QuantInfo.kind -> the contract's QuantType.
+QUANT_CODES = {
+    "none": rknn_pb2.QUANT_TYPE_NONE,
+    "affine": rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC,
+    "dfp": rknn_pb2.QUANT_TYPE_DFP,
+}
+
+
+def _shape_fits(expected: Sequence[int], actual: Sequence[int]) -> bool:
+    return len(expected) == len(actual) and all(
+        e <= 0 or e == a for e, a in zip(expected, actual, strict=True)
+    )
+
+
+# Axis orders that turn data laid out as the first layout into the second.
+PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """How one received input reaches the runtime: the axis permutation that brings it into the
+    model's layout (None: as is), and the format the runtime is told."""
+
+    permutation: tuple[int, ...] | None
+    format: InputFormat
+
+
+def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
+    """Check the declared inputs against the model before any byte is received."""
+    if len(metas) != len(specs):
+        raise InvalidInput(
+            f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {len(metas)} were sent"
+        )
+    plans: list[InputPlan] = []
+    for spec, meta in zip(specs, metas, strict=True):
+        dtype = codec.dtype_from_wire(meta.dtype)
+        shape = tuple(meta.shape)
+        if not spec.accepts(dtype, meta.pass_through):
+            raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
+        layout = codec.layout_name(meta.layout)
+        permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
+        effective = tuple(shape[i] for i in permutation) if permutation else shape
+        if not _shape_fits(spec.shape, effective):
+            raise InvalidInput(
+                f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
+                f"{list(spec.shape)} ({spec.layout})"
+            )
+        layout = spec.layout if permutation else layout
+        plans.append(InputPlan(permutation, InputFormat(layout=layout, pass_through=meta.pass_through)))
+    return plans
+
+
+def check_chunk(size: int, limits: codec.TensorLimits) -> None:
+    if size > limits.max_chunk_bytes:
+        raise ResourceExhausted(
+            f"a chunk of {size} bytes arrived, over the limit max_chunk_bytes={limits.max_chunk_bytes}; "
+            "send smaller chunks"
+        )
+
+
+@dataclass
+class IncomingFrame:
+    """A frame whose header arrived and whose input chunks are being collected."""
+
+    header: rknn_pb2.InferenceHeader
+    session: Session
+    plans: list[InputPlan]
+    assembler: codec.TensorAssembler
+    limits: codec.TensorLimits
+
+    @classmethod
+    def start(
+        cls, header: rknn_pb2.InferenceHeader, session: Session, limits: codec.TensorLimits
+    ) -> IncomingFrame:
+        """Check the declared inputs against the limits and the model before any byte arrives."""
+        codec.check_metas(header.inputs, limits, "input")
+        plans = check_inputs(session.runtime.inputs, header.inputs)
+        return cls(header, session, plans, codec.TensorAssembler(header.inputs, limits, "input"), limits)
+
+    def add(self, chunk: rknn_pb2.TensorChunk) -> int:
+        """Take one chunk; returns its size."""
+        size = self.assembler.add(chunk)
+        check_chunk(size, self.limits)
+        return size
+
+    def inputs(self) -> list[np.ndarray]:
+        """The received inputs in the model's layout (raises if bytes are missing)."""
+        return [
+            np.ascontiguousarray(a.transpose(plan.permutation)) if plan.permutation else a
+            for a, plan in zip(self.assembler.arrays(), self.plans, strict=True)
+        ]
+
+    def formats(self) -> list[InputFormat]:
+        """What the runtime is told of each input (layout, pass-through)."""
+        return [plan.format for plan in self.plans]
+
+
+def wire_outputs(
+    outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], native: bool
+) -> tuple[list[rknn_pb2.TensorMeta], list[np.ndarray]]:
+    """Metas and wire-ready arrays of a run's outputs. A quantized output the runtime returned as
+    stored integers travels as such when the client asked for native outputs (it dequantizes, a
+    quarter of the bytes for int8), else it is dequantized to float32 here."""
+    wire = []
+    for array, spec in zip(outputs, specs, strict=True):
+        code = QUANT_CODES[spec.quant.kind]
+        if not native and codec.is_native_quantized(array, code):
+            array = codec.dequantize(array, code, spec.quant.zero_point, spec.quant.scale, spec.quant.fl)
+        wire.append(codec.wire_array(array))
+    metas = [codec.meta_of(a, s.name, s.layout) for a, s in zip(wire, specs, strict=True)]
+    return metas, wire

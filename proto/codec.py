@@ -116,8 +116,20 @@ def meta_of(
     )
 
 
+# Python gRPC moves a transfer of a few MiB faster in ~256 KiB messages (measured here: 600 KB in
+# 1.4 ms vs 2.1 ms as one 1 MiB chunk; 2 MB in 2.7-3.1 ms vs 4.6-4.9 ms), and large ones faster in
+# 1 MiB messages (the best sustained throughput).
+SMALL_TRANSFER_BYTES = 4 << 20
+SMALL_CHUNK_BYTES = 256 << 10
+
+
+def chunk_bytes_for(total: int) -> int:
+    """The chunk size that moves `total` bytes fastest."""
+    return SMALL_CHUNK_BYTES if total < SMALL_TRANSFER_BYTES else CHUNK_BYTES
+
+
 def iter_chunk_fields(
-    arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES
+    arrays: Sequence[np.ndarray], chunk_bytes: int | None = None
 ) -> Iterator[dict[str, Any]]:
     """The fields of each TensorChunk of wire-ready arrays (see wire_array), in order; an empty
     tensor sends no chunk.
@@ -127,6 +139,8 @@ def iter_chunk_fields(
     deep-copies a sub-message handed to a constructor, which costs several times the copy itself,
     while building the sub-message from a dict inside the outer message does not.
     """
+    if chunk_bytes is None:
+        chunk_bytes = chunk_bytes_for(sum(a.nbytes for a in arrays))
     for index, array in enumerate(arrays):
         view = array.reshape(-1).view(np.uint8).data
         for offset in range(0, array.nbytes, chunk_bytes):
@@ -138,7 +152,7 @@ def iter_chunk_fields(
 
 
 def iter_chunks(
-    arrays: Sequence[np.ndarray], chunk_bytes: int = CHUNK_BYTES
+    arrays: Sequence[np.ndarray], chunk_bytes: int | None = None
 ) -> Iterator[rknn_pb2.TensorChunk]:
     """TensorChunk messages of wire-ready arrays (see iter_chunk_fields)."""
     for fields in iter_chunk_fields(arrays, chunk_bytes):

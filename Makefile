@@ -50,6 +50,7 @@ unit: install
 test: lint typecheck proto-check unit
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.run
 
 clean:

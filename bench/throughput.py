@@ -226,7 +226,7 @@ def bench_peer(work: Path, results: Path) -> dict[str, Any]:
 
         peer = f"Apache TVM {tvm.__version__} RPC server (tvm.rpc.Server), tensor upload + download"
     except ImportError as exc:
-        return {"skipped": f"apache-tvm is not installed ({exc}); install the dev extra to compare"}
+        return {"skipped": f"apache-tvm is not installed ({exc}); install the bench extra to compare"}
     model = big_identity(work / "identity_peer.onnx", x.size)
     daemon = _daemon(work, results, "peer", default_threads())
     try:

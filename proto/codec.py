@@ -239,8 +239,10 @@ class TensorAssembler:
     def add(self, chunk: rknn_pb2.TensorChunk) -> int:
         """Copy a chunk into place; returns its size. Reads `chunk.data` once: protobuf makes a new
         `bytes` object (a full copy of the chunk) on every access of a bytes field."""
-        data = chunk.data
-        i = chunk.tensor_index
+        return self.add_bytes(chunk.tensor_index, chunk.offset, chunk.data)
+
+    def add_bytes(self, i: int, offset: int, data: bytes) -> int:
+        """Copy bytes of tensor `i` at `offset` into place (chunks, or a whole tensor at once)."""
         while (
             self._current < len(self._metas)
             and self._filled[self._current] == self._metas[self._current].byte_length
@@ -250,9 +252,9 @@ class TensorAssembler:
             raise CodecError(
                 f"chunk for {self._what} {i} arrived out of order; expected a chunk of {self._what} {self._current}"
             )
-        if chunk.offset != self._filled[i]:
+        if offset != self._filled[i]:
             raise CodecError(
-                f"chunk of {self._what} {i} at offset {chunk.offset}; expected offset {self._filled[i]}"
+                f"chunk of {self._what} {i} at offset {offset}; expected offset {self._filled[i]}"
             )
         end = self._filled[i] + len(data)
         if end > self._metas[i].byte_length:

@@ -932,6 +932,62 @@ class InferenceResponse(_message.Message):
 Global___InferenceResponse: _TypeAlias = InferenceResponse  # noqa: Y015
 
 @_typing.final
+class RunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___InferenceHeader:
+        """As in Inference: the session, one meta per model input, frame id and output form."""
+
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Each input's raw little-endian bytes, in the order of header.inputs."""
+
+    def __init__(
+        self,
+        *,
+        header: Global___InferenceHeader | None = ...,
+        inputs: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "inputs", b"inputs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRequest: _TypeAlias = RunRequest  # noqa: Y015
+
+@_typing.final
+class RunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___OutputsHeader:
+        """As in Inference: one meta per model output and the runtime's time."""
+
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Each output's raw little-endian bytes, in the order of header.outputs."""
+
+    def __init__(
+        self,
+        *,
+        header: Global___OutputsHeader | None = ...,
+        outputs: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "outputs", b"outputs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunResponse: _TypeAlias = RunResponse  # noqa: Y015
+
+@_typing.final
 class LayerDumpHeader(_message.Message):
     """Describes one captured layer tensor; its bytes follow in TensorChunk messages."""
 

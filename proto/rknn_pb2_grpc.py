@@ -60,6 +60,11 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
                 _registered_method=True)
+        self.Run = channel.unary_unary(
+                '/rknn.v1.RknnServer/Run',
+                request_serializer=rknn__proto_dot_rknn__pb2.RunRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.RunResponse.FromString,
+                _registered_method=True)
         self.DumpLayers = channel.stream_stream(
                 '/rknn.v1.RknnServer/DumpLayers',
                 request_serializer=rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
@@ -146,6 +151,16 @@ class RknnServerServicer:
     def Inference(self, request_iterator, context):
         """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
         chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Run(self, request, context):
+        """Run one inference whose inputs and outputs each fit in one message (a few MiB): the same
+        semantics as Inference in a single unary call, which costs Python gRPC about half the per-call
+        overhead of a stream. Outputs too large for one message give RESOURCE_EXHAUSTED; clients use
+        Inference when a model's output sizes are unknown or large.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -255,6 +270,11 @@ def add_RknnServerServicer_to_server(servicer, server):
                     servicer.Inference,
                     request_deserializer=rknn__proto_dot_rknn__pb2.InferenceRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.InferenceResponse.SerializeToString,
+            ),
+            'Run': grpc.unary_unary_rpc_method_handler(
+                    servicer.Run,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.RunRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.RunResponse.SerializeToString,
             ),
             'DumpLayers': grpc.stream_stream_rpc_method_handler(
                     servicer.DumpLayers,
@@ -438,6 +458,33 @@ class RknnServer:
             '/rknn.v1.RknnServer/Inference',
             rknn__proto_dot_rknn__pb2.InferenceRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.InferenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Run(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/Run',
+            rknn__proto_dot_rknn__pb2.RunRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.RunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,12 @@ class RknnServerStub:
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
     """
+    Run: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.RunRequest, _rknn_pb2.RunResponse]
+    """Run one inference whose inputs and outputs each fit in one message (a few MiB): the same
+    semantics as Inference in a single unary call, which costs Python gRPC about half the per-call
+    overhead of a stream. Outputs too large for one message give RESOURCE_EXHAUSTED; clients use
+    Inference when a model's output sizes are unknown or large.
+    """
     DumpLayers: _grpc.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.DumpLayersResponse]
     """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
     analysis. The request stream is framed as for Inference (one InferenceHeader, then the input
@@ -120,6 +126,12 @@ class RknnServerAsyncStub(RknnServerStub):
     Inference: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.InferenceResponse]  # type: ignore[assignment]
     """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
     chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
+    """
+    Run: _aio.UnaryUnaryMultiCallable[_rknn_pb2.RunRequest, _rknn_pb2.RunResponse]  # type: ignore[assignment]
+    """Run one inference whose inputs and outputs each fit in one message (a few MiB): the same
+    semantics as Inference in a single unary call, which costs Python gRPC about half the per-call
+    overhead of a stream. Outputs too large for one message give RESOURCE_EXHAUSTED; clients use
+    Inference when a model's output sizes are unknown or large.
     """
     DumpLayers: _aio.StreamStreamMultiCallable[_rknn_pb2.InferenceRequest, _rknn_pb2.DumpLayersResponse]  # type: ignore[assignment]
     """Run one inference with per-layer capture and stream every captured tensor back, for accuracy
@@ -206,6 +218,18 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_rknn_pb2.InferenceResponse], _abc.AsyncIterator[_rknn_pb2.InferenceResponse]]:
         """Run one inference. The request stream is one InferenceHeader followed by the input tensors'
         chunks; the response stream is one OutputsHeader followed by the output tensors' chunks.
+        """
+
+    @_abc_1.abstractmethod
+    def Run(
+        self,
+        request: _rknn_pb2.RunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.RunResponse, _abc.Awaitable[_rknn_pb2.RunResponse]]:
+        """Run one inference whose inputs and outputs each fit in one message (a few MiB): the same
+        semantics as Inference in a single unary call, which costs Python gRPC about half the per-call
+        overhead of a stream. Outputs too large for one message give RESOURCE_EXHAUSTED; clients use
+        Inference when a model's output sizes are unknown or large.
         """
 
     @_abc_1.abstractmethod

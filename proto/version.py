@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 # Minor version of the rknn.v1 contract: bumped each time a field or RPC is added.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
+# First protocol version with the unary Run RPC.
+RUN_RPC_VERSION = 6
 # Oldest peer version this code still talks to.
 MIN_PROTOCOL_VERSION = 1
 # gRPC metadata key carrying the sender's PROTOCOL_VERSION on every call.

@@ -101,6 +101,14 @@ class IncomingFrame:
         check_chunk(size, self.limits)
         return size
 
+    def add_whole(self, tensors: Sequence[bytes]) -> int:
+        """Take every input's bytes at once (the unary Run); returns their total size."""
+        if len(tensors) != len(self.header.inputs):
+            raise InvalidInput(
+                f"{len(tensors)} input byte strings were sent for {len(self.header.inputs)} declared input(s)"
+            )
+        return sum(self.assembler.add_bytes(i, 0, data) for i, data in enumerate(tensors))
+
     def inputs(self) -> list[np.ndarray]:
         """The received inputs in the model's layout (raises if bytes are missing)."""
         return [

@@ -30,7 +30,7 @@ from rknn_proto.version import (
     RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
-from rknn_server.errors import FailedPrecondition, InvalidInput, status_of
+from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
 from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
 from rknn_server.model_cache import ModelCache
@@ -357,6 +357,30 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             await _fail(call, context, exc)
         else:
             call.done("OK")
+
+    async def Run(
+        self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.RunResponse:
+        async def body(call: _Call) -> rknn_pb2.RunResponse:
+            header = request.header
+            session = self.registry.get(header.session_id, client_identity())
+            call.session = session.id
+            frame = IncomingFrame.start(header, session, self.config.tensor_limits)
+            call.bytes_in = frame.add_whole(request.inputs)
+            outputs, run_us = await self._run(session, frame.inputs(), frame.formats())
+            metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
+            call.bytes_out = sum(a.nbytes for a in wire)
+            if call.bytes_out > self.config.max_message_bytes // 2:
+                raise ResourceExhausted(
+                    f"the outputs are {call.bytes_out} bytes, too large for one Run message "
+                    f"(max_message_bytes={self.config.max_message_bytes}); use the streaming Inference"
+                )
+            return rknn_pb2.RunResponse(
+                header=rknn_pb2.OutputsHeader(outputs=metas, run_time_us=run_us, frame_id=header.frame_id),
+                outputs=[a.tobytes() for a in wire],
+            )
+
+        return await self._unary("Run", context, body)
 
     async def _in_session(self, session: Session, fn: Callable[..., T], *args: Any) -> T:
         """Run one runtime call of a session, alone; a lost worker marks the session broken."""

@@ -19,6 +19,7 @@ from demo.daemon_process import DaemonProcess
 from rknn_client import connect
 from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
+from tests import models
 
 META = ((PROTOCOL_VERSION_METADATA_KEY, "1"),)
 
@@ -291,3 +292,31 @@ def test_a_client_that_disconnects_mid_stream(
         stub, [header(session_id, codec.meta_of(a)), rknn_pb2.InferenceRequest(chunk=chunk)]
     )
     assert responses[0].header.outputs[0].shape == [1, 10]
+
+
+def test_unary_run_checks_like_the_stream(stub, session_id: str) -> None:
+    a = good_input()
+    head = rknn_pb2.InferenceHeader(session_id=session_id, inputs=[codec.meta_of(a)])
+    reply = stub.Run(rknn_pb2.RunRequest(header=head, inputs=[a.tobytes()]), metadata=META)
+    assert list(reply.header.outputs[0].shape) == [1, 10] and len(reply.outputs[0]) == 40
+    with expect(grpc.StatusCode.INVALID_ARGUMENT, "2 input byte strings", "1 declared"):
+        stub.Run(rknn_pb2.RunRequest(header=head, inputs=[a.tobytes(), b""]), metadata=META)
+    with expect(grpc.StatusCode.INVALID_ARGUMENT, "stream ended", "100 of 3072"):
+        stub.Run(rknn_pb2.RunRequest(header=head, inputs=[a.tobytes()[:100]]), metadata=META)
+    with expect(grpc.StatusCode.INVALID_ARGUMENT, "declared 3072"):
+        stub.Run(rknn_pb2.RunRequest(header=head, inputs=[a.tobytes() + b"\0"]), metadata=META)
+
+
+def test_unary_run_refuses_outputs_too_large_for_one_message(
+    host_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    model = models.big_identity(tmp_path / "five_mib.onnx", 5 * (1 << 20) // 4)
+    with connect(host_daemon.url) as device, device.load(model) as session:
+        x = np.zeros((1, 5 * (1 << 20) // 4), dtype=np.float32)
+        head = rknn_pb2.InferenceHeader(session_id=session.id, inputs=[codec.meta_of(x)])
+        with grpc.insecure_channel(
+            host_daemon.address, options=[("grpc.max_send_message_length", 8 << 20)]
+        ) as ch:
+            raw = rknn_pb2_grpc.RknnServerStub(ch)
+            with expect(grpc.StatusCode.RESOURCE_EXHAUSTED, "too large for one Run message", "Inference"):
+                raw.Run(rknn_pb2.RunRequest(header=head, inputs=[x.tobytes()]), metadata=META)

@@ -127,7 +127,7 @@ def test_one_log_event_per_rpc(make_daemon: DaemonFactory, cnn_model: Path) -> N
 
     events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
     rpcs = [e for e in events if e.get("event") == "rpc"]
-    inference = next(e for e in rpcs if e["method"] == "Inference")
+    inference = next(e for e in rpcs if e["method"] == "Run")
     assert inference["outcome"] == "OK" and inference["bytes_in"] == 3 * 16 * 16 * 4
     assert inference["bytes_out"] == 40 and inference["session"] and inference["duration_ms"] > 0
     assert {e["method"] for e in rpcs} >= {

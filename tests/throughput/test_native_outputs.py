@@ -72,7 +72,7 @@ def test_native_outputs_send_a_quarter_of_the_bytes(make_daemon: DaemonFactory, 
         floats.run([images[0]])
     daemon.stop()
     events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
-    sent = [e["bytes_out"] for e in events if e.get("method") == "Inference"]
+    sent = [e["bytes_out"] for e in events if e.get("method") in ("Run", "Inference")]
     assert sent == [elements, 4 * elements]
 
 

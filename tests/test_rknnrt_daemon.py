@@ -3,6 +3,7 @@ versions, core masks, dynamic shapes, int8 (de)quantization, the zero-copy path 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -167,6 +168,36 @@ def test_int8_inputs_take_real_values_and_outputs_are_dequantized_exactly(
     assert outputs is not None
     nchw = image.transpose(2, 0, 1)[np.newaxis].astype(np.float32)
     np.testing.assert_array_equal(outputs[0], image_reference([nchw])[0])
+
+
+def test_int8_outputs_cross_the_wire_as_int8_and_equal_the_float_path(
+    start: Starter, stub_lib: Path, tmp_path: Path
+) -> None:
+    daemon = start(
+        [
+            "--runtime",
+            "rknnrt",
+            "--runtime-lib",
+            str(stub_lib),
+            "--sysfs-root",
+            str(rk3588_board(tmp_path / "b")),
+        ]
+    )
+    model = int8_image_model(tmp_path / "int8.rknn")
+    real = np.random.default_rng(5).uniform(-200, 300, IMAGE_NHWC).astype(np.float32)
+    with (
+        rknn_client.connect(daemon.url) as device,
+        device.load(model) as native,
+        device.load(model, native_outputs=False) as floats,
+    ):
+        (a,) = native.run([real], strict=False)
+        (b,) = floats.run([real], strict=False)
+    assert a.dtype == b.dtype == np.float32
+    np.testing.assert_array_equal(a, b)
+    daemon.stop()
+    events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    sent = [e["bytes_out"] for e in events if e.get("method") == "Run"]
+    assert sent == [int(np.prod(IMAGE_NHWC)), 4 * int(np.prod(IMAGE_NHWC))]
 
 
 def test_the_host_runtime_stays_strict_about_input_dtypes(

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rknn_proto import codec, rknn_pb2
 from rknn_server.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.base import (
     ExecutionError,
@@ -63,13 +64,35 @@ def test_nchw_input_and_quantized_output(backend: RknnrtBackend, tmp_path: Path)
     try:
         assert model.outputs[0].quant.kind == "affine" and model.outputs[0].quant.zero_point == -3
         x_nchw = np.linspace(-50, 60, 12, dtype=np.float32).reshape(1, 3, 2, 2)
-        (y,) = model.run([x_nchw], [InputFormat(layout="NCHW")])
+        (q,) = model.run([x_nchw], [InputFormat(layout="NCHW")])
+        assert q.dtype == np.int8 and q.shape == (1, 3, 2, 2), (
+            "affine int8 outputs come as stored (want_float=0)"
+        )
+        y = codec.dequantize(q, rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC, -3, 0.5, 0)
         nhwc = x_nchw.transpose(0, 2, 3, 1).reshape(-1) * np.float32(1.3)
         expected = (np.clip(np.round(nhwc / 0.5) - 3, -128, 127) + 3) * 0.5
         np.testing.assert_allclose(y.reshape(-1), expected, rtol=0, atol=1e-6)
-        assert y.shape == (1, 3, 2, 2)
+        np.testing.assert_array_max_ulp(y, runtime_float_output(model), maxulp=1)
     finally:
         model.close()
+
+
+def runtime_float_output(model: object) -> np.ndarray:
+    """The runtime's own float conversion (want_float=1) of the last frame's output 0, fetched
+    through the context the model holds, to compare the daemon/client dequantization with it."""
+    import ctypes
+
+    from rknn_server.runtime.rknnrt import abi
+
+    lib, ctx = model._lib, model._ctx  # type: ignore[attr-defined]
+    outputs = (abi.NATIVE.output * 1)()
+    outputs[0].index, outputs[0].want_float = 0, 1
+    assert lib.rknn_outputs_get(ctx, 1, outputs, None) == 0
+    try:
+        values = np.frombuffer(ctypes.string_at(outputs[0].buf, outputs[0].size), dtype=np.float32).copy()
+    finally:
+        lib.rknn_outputs_release(ctx, 1, outputs)
+    return values.reshape(1, 3, 2, 2)
 
 
 def test_uint8_float16_and_pass_through_inputs(backend: RknnrtBackend, tmp_path: Path) -> None:

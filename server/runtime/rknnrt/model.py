@@ -294,18 +294,20 @@ class RknnrtModel(ModelRuntime):
         )
         self._timed_run()
         outputs = (abi.NATIVE.output * len(self._out_attrs))()
+        raw = [tensors.travels_quantized(attr) for attr in self._out_attrs]
         for i in range(len(self._out_attrs)):
             outputs[i].index = i
-            outputs[i].want_float = 1
+            outputs[i].want_float = int(not raw[i])
         self._check(
             self._lib.rknn_outputs_get(self._ctx, len(self._out_attrs), outputs, None), "rknn_outputs_get"
         )
         try:
             return [
-                np.frombuffer(ctypes.string_at(out.buf, out.size), dtype=np.float32).reshape(
-                    tensors.attr_dims(self._out_attrs[i])
-                )
-                for i, out in enumerate(outputs)
+                np.frombuffer(
+                    ctypes.string_at(out.buf, out.size),
+                    dtype=tensors.numpy_dtype(attr.type) if is_raw else np.float32,
+                ).reshape(tensors.attr_dims(attr))
+                for out, attr, is_raw in zip(outputs, self._out_attrs, raw, strict=True)
             ]
         finally:
             self._lib.rknn_outputs_release(self._ctx, len(self._out_attrs), outputs)

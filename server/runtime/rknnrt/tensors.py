@@ -109,6 +109,12 @@ def quantize(array: np.ndarray, attr: ctypes.Structure) -> np.ndarray:
     return array.astype(dtype)
 
 
+def travels_quantized(attr: ctypes.Structure) -> bool:
+    """An affine 8-bit output: fetched as its stored integers (want_float=0) so that it can cross
+    the wire at a quarter of the bytes; the daemon or the client dequantizes it."""
+    return attr.qnt_type == QuantType.AFFINE_ASYMMETRIC and attr.type in (TensorType.INT8, TensorType.UINT8)
+
+
 def dequantize(array: np.ndarray, attr: ctypes.Structure) -> np.ndarray:
     """Stored values to float32, as the runtime's want_float does."""
     if attr.qnt_type == QuantType.AFFINE_ASYMMETRIC and array.dtype.kind in "iu":

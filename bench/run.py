@@ -30,6 +30,7 @@ from onnx import helper
 
 from bench import throughput
 from bench.adb_forward import measure_adb
+from bench.grpc_ceiling import measure_ceiling
 from bench.raw_socket import transfer_seconds
 from demo.daemon_process import DaemonProcess, start_daemon
 from demo.models import save_mobilenet_v2
@@ -185,6 +186,9 @@ def main() -> int:
                 print(json.dumps(results[name], indent=2), flush=True)
         finally:
             daemon.stop()
+        print("measuring grpc_ceiling ...", flush=True)
+        results["grpc_ceiling"] = measure_ceiling()
+        print(json.dumps(results["grpc_ceiling"], indent=2), flush=True)
         print("measuring adb_forward ...", flush=True)
         measure_adb(results, work / "adb")
         print(json.dumps(results["adb_forward"], indent=2), flush=True)

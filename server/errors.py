@@ -44,20 +44,8 @@ class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-class Unimplemented(ServiceError):
-    code = grpc.StatusCode.UNIMPLEMENTED
-
-
-class RuntimeFailure(ServiceError):
-    code = grpc.StatusCode.INTERNAL
-
-
 class DataLoss(ServiceError):
     code = grpc.StatusCode.DATA_LOSS
-
-
-class Cancelled(ServiceError):
-    code = grpc.StatusCode.CANCELLED
 
 
 _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {

@@ -340,9 +340,6 @@ class ModelCache:
             if self._pins[digest] <= 0:
                 del self._pins[digest]
 
-    def used_bytes(self) -> int:
-        return sum(_dir_size(d) for d in (self.root / "models").iterdir() if d.is_dir())
-
     def make_room(self, incoming: int) -> None:
         """Evict least recently used, unpinned models until `incoming` bytes fit the quota."""
         with self._lock:

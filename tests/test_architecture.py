@@ -1,0 +1,66 @@
+"""The rooms and their doors: who may import whom, and what a board-side install pulls in."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the suite runs on 3.11, boards may not
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+PC_ONLY = {"adbutils", "onnxruntime", "onnx", "matplotlib", "pillow", "tqdm", "tomli"}
+
+
+def imported_modules(folder: Path) -> dict[Path, set[str]]:
+    found: dict[Path, set[str]] = {}
+    for path in folder.rglob("*.py"):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+        found[path] = names
+    return found
+
+
+def offenders(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path, names in imported_modules(ROOT / folder).items()
+        for name in sorted(names)
+        if name.split(".")[0] in forbidden or name.startswith(forbidden)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("folder", "forbidden"),
+    [
+        ("server", ("rknn_client",)),
+        ("client", ("rknn_server",)),
+        ("proto", ("rknn_server", "rknn_client")),
+        ("server/runtime", ("grpc", "rknn_server.service", "rknn_server.daemon", "rknn_server.sessions")),
+    ],
+)
+def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: tuple[str, ...]) -> None:
+    assert offenders(folder, forbidden) == []
+
+
+def test_a_board_install_pulls_in_nothing_pc_only() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    board = [*project["dependencies"], *project["optional-dependencies"]["server"]]
+    names = {
+        req.split(";")[0].split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower()
+        for req in board
+    }
+    assert not names & PC_ONLY, names & PC_ONLY
+    uvloop = next(req for req in board if req.startswith("uvloop"))
+    assert "armv7l" in uvloop, "uvloop has no armv7 wheels: it must be optional there"

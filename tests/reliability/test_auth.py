@@ -46,6 +46,16 @@ def _rpcs(stub: rknn_pb2_grpc.RknnServerStub) -> dict[str, object]:
         "KeepAlive": lambda md: stub.KeepAlive(
             rknn_pb2.KeepAliveRequest(session_id="x"), metadata=md, timeout=30
         ),
+        "Run": lambda md: stub.Run(rknn_pb2.RunRequest(header=infer.header), metadata=md, timeout=30),
+        "DumpLayers": lambda md: list(stub.DumpLayers(iter([infer]), metadata=md, timeout=30)),
+        "InferencePipeline": lambda md: list(stub.InferencePipeline(iter([infer]), metadata=md, timeout=30)),
+        "Reserve": lambda md: stub.Reserve(rknn_pb2.ReserveRequest(token="short"), metadata=md, timeout=30),
+        "RenewReservation": lambda md: stub.RenewReservation(
+            rknn_pb2.RenewReservationRequest(token="x"), metadata=md, timeout=30
+        ),
+        "ReleaseReservation": lambda md: stub.ReleaseReservation(
+            rknn_pb2.ReleaseReservationRequest(token="x"), metadata=md, timeout=30
+        ),
     }
 
 
@@ -74,6 +84,8 @@ def test_every_rpc_needs_the_token_streaming_ones_included(daemons: StartDaemon,
     daemon = daemons("--auth-token-file", str(token_file), "--auth-loopback")
     with grpc.insecure_channel(daemon.address) as channel:
         calls = _rpcs(rknn_pb2_grpc.RknnServerStub(channel))
+        service = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"]
+        assert set(calls) == set(service.methods_by_name), "every RPC of the contract is covered"
         for metadata in (
             (),
             (("authorization", "Bearer wrong-token-000000000000"),),

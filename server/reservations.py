@@ -83,7 +83,7 @@ class ReservationBook:
     def admit(self, token: str | None) -> None:
         """Let a new session open unless the device is reserved by someone else."""
         current = self._current
-        if current is None or (token and secrets.compare_digest(token, current.token)):
+        if current is None or (token and _same_token(token, current.token)):
             return
         raise FailedPrecondition(f"{self._busy_text(current)}; no new sessions are accepted from others")
 
@@ -137,7 +137,7 @@ class ReservationBook:
 
     def _holding(self, token: str) -> Reservation:
         current = self._current
-        if current is None or not token or not secrets.compare_digest(token, current.token):
+        if current is None or not token or not _same_token(token, current.token):
             raise NotFound(
                 "this reservation does not exist: it was released, or it expired because it was not "
                 "renewed within its TTL; reserve the device again"
@@ -197,3 +197,8 @@ class ReservationBook:
 
 
 __all__ = ["DEFAULT_TTL_S", "MAX_TTL_S", "MIN_TTL_S", "Reservation", "ReservationBook"]
+
+
+def _same_token(offered: str, held: str) -> bool:
+    """Constant-time comparison; as bytes, since a client may send any text (non-ASCII included)."""
+    return secrets.compare_digest(offered.encode(), held.encode())

@@ -82,9 +82,12 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
         metas = st.one_of(METAS, st.just(good_meta))
         opened: list[str] = []
 
-        def inference(data: st.DataObject) -> Any:
+        def frame(data: st.DataObject) -> list[rknn_pb2.InferenceRequest]:
             header = rknn_pb2.InferenceHeader(
-                session_id=data.draw(session_ids), inputs=data.draw(st.lists(metas, max_size=4))
+                session_id=data.draw(session_ids),
+                inputs=data.draw(st.lists(metas, max_size=4)),
+                frame_id=data.draw(U64),
+                native_outputs=data.draw(st.booleans()),
             )
             chunks = data.draw(st.lists(TENSOR_CHUNKS, max_size=4))
             if data.draw(st.booleans()):
@@ -95,7 +98,28 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
                 ]
             messages = [rknn_pb2.InferenceRequest(header=header)] * data.draw(st.integers(0, 2))
             messages += [rknn_pb2.InferenceRequest(chunk=c) for c in chunks]
-            return list(stub.Inference(iter(messages), timeout=30))
+            return messages
+
+        def reserve(data: st.DataObject) -> Any:
+            """A granted reservation is given back at once, so it does not shut InitRuntime out."""
+            reply = stub.Reserve(
+                rknn_pb2.ReserveRequest(
+                    holder=data.draw(TEXT),
+                    ttl_s=data.draw(st.one_of(st.floats(-10, 2), st.floats(allow_nan=True))),
+                    wait_s=data.draw(st.floats(0, 0.2)),
+                    token=data.draw(TEXT),
+                ),
+                timeout=30,
+            )
+            stub.ReleaseReservation(rknn_pb2.ReleaseReservationRequest(token=reply.token), timeout=30)
+            return reply
+
+        def run(data: st.DataObject) -> Any:
+            header = rknn_pb2.InferenceHeader(
+                session_id=data.draw(session_ids), inputs=data.draw(st.lists(metas, max_size=4))
+            )
+            inputs = data.draw(st.one_of(st.lists(BLOB, max_size=4), st.just([bytes(3072)])))
+            return stub.Run(rknn_pb2.RunRequest(header=header, inputs=inputs), timeout=30)
 
         def upload(data: st.DataObject) -> Any:
             if data.draw(st.booleans()):
@@ -142,7 +166,7 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
             ),
             "UploadModel": upload,
             "InitRuntime": init_runtime,
-            "Inference": inference,
+            "Inference": lambda d: list(stub.Inference(iter(frame(d)), timeout=30)),
             "EvalPerf": lambda d: stub.EvalPerf(
                 rknn_pb2.EvalPerfRequest(session_id=d.draw(session_ids)), timeout=60
             ),
@@ -153,7 +177,20 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
                 rknn_pb2.KeepAliveRequest(session_id=d.draw(session_ids)), timeout=30
             ),
             "Release": lambda d: stub.Release(rknn_pb2.ReleaseRequest(session_id=d.draw(TEXT)), timeout=30),
+            "Run": run,
+            "DumpLayers": lambda d: list(stub.DumpLayers(iter(frame(d)), timeout=60)),
+            "InferencePipeline": lambda d: list(
+                stub.InferencePipeline(iter(frame(d) * d.draw(st.integers(1, 3))), timeout=30)
+            ),
+            "Reserve": reserve,
+            "RenewReservation": lambda d: stub.RenewReservation(
+                rknn_pb2.RenewReservationRequest(token=d.draw(TEXT)), timeout=30
+            ),
+            "ReleaseReservation": lambda d: stub.ReleaseReservation(
+                rknn_pb2.ReleaseReservationRequest(token=d.draw(TEXT)), timeout=30
+            ),
         }
+        assert set(rpcs) == set(rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].methods_by_name)
         outcomes: dict[str, set[str]] = {name: set() for name in rpcs}
 
         @settings(

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
+def save_graph(graph: onnx.GraphProto, path: Path) -> Path:
+    """A checked model of `graph` at opset 17, IR 8 (what ONNX Runtime here loads), saved to `path`."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -41,7 +42,7 @@ def small_cnn(path: Path, seed: int = 0, channels: int = 3, size: int = 16) -> P
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
         [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (fc, "fc"))],
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 # Element types the wire carries, with the ONNX type of each.
@@ -66,7 +67,7 @@ def identity_of(path: Path, dtype: str, shape: tuple[int, ...] = (2, 3)) -> Path
         [helper.make_tensor_value_info("x", elem, list(shape))],
         [helper.make_tensor_value_info("y", elem, list(shape))],
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def two_inputs(path: Path) -> Path:
@@ -88,7 +89,7 @@ def two_inputs(path: Path) -> Path:
         ],
         [numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")],
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def big_identity(path: Path, elements: int) -> Path:
@@ -99,7 +100,7 @@ def big_identity(path: Path, elements: int) -> Path:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, elements])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, elements])],
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def external_data_model(folder: Path) -> Path:

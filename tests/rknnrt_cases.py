@@ -41,10 +41,11 @@ def image_reference(inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [int8_roundtrip(np.float32(A) * x + np.float32(B), OUT_ZP, OUT_SCALE)]
 
 
+def rknnrt_args(library: Path, board_root: Path, *args: str) -> list[str]:
+    """Daemon arguments forcing the rknnrt runtime with `library`, probing the fake board at `board_root`."""
+    return ["--runtime", "rknnrt", "--runtime-lib", str(library), "--sysfs-root", str(board_root), *args]
+
+
 def start_rknnrt_daemon(workdir: Path, library: Path, board_root: Path, *args: str) -> DaemonProcess:
-    """A daemon forced onto the rknnrt runtime with `library`, probing the fake board at `board_root`."""
-    return start_daemon(
-        workdir / "cache",
-        workdir / "daemon.log",
-        ["--runtime", "rknnrt", "--runtime-lib", str(library), "--sysfs-root", str(board_root), *args],
-    )
+    """A daemon forced onto the rknnrt runtime (see rknnrt_args)."""
+    return start_daemon(workdir / "cache", workdir / "daemon.log", rknnrt_args(library, board_root, *args))

@@ -28,6 +28,7 @@ from tests.rknnrt_cases import (
     B,
     image_reference,
     int8_roundtrip,
+    rknnrt_args,
     start_rknnrt_daemon,
 )
 
@@ -110,18 +111,7 @@ def test_core_masks_the_soc_lacks_are_refused_with_the_allowed_ones(
 ) -> None:
     board = npu_board(tmp_path / "board", board_soc)
     soc = board_soc or declared_soc
-    daemon = start(
-        [
-            "--runtime",
-            "rknnrt",
-            "--runtime-lib",
-            str(stub_lib),
-            "--sysfs-root",
-            str(board),
-            "--soc",
-            declared_soc,
-        ]
-    )
+    daemon = start(rknnrt_args(stub_lib, board, "--soc", declared_soc))
     with rknn_client.connect(daemon.url) as device:
         assert device.info().soc == soc
         with pytest.raises(Unsupported) as refused:
@@ -173,16 +163,7 @@ def test_int8_inputs_take_real_values_and_outputs_are_dequantized_exactly(
 def test_int8_outputs_cross_the_wire_as_int8_and_equal_the_float_path(
     start: Starter, stub_lib: Path, tmp_path: Path
 ) -> None:
-    daemon = start(
-        [
-            "--runtime",
-            "rknnrt",
-            "--runtime-lib",
-            str(stub_lib),
-            "--sysfs-root",
-            str(rk3588_board(tmp_path / "b")),
-        ]
-    )
+    daemon = start(rknnrt_args(stub_lib, rk3588_board(tmp_path / "b")))
     model = int8_image_model(tmp_path / "int8.rknn")
     real = np.random.default_rng(5).uniform(-200, 300, IMAGE_NHWC).astype(np.float32)
     with (
@@ -285,18 +266,7 @@ def test_sessions_in_worker_processes_run_on_the_rknnrt_runtime(
     start: Starter, tmp_path: Path, stub_lib: Path, stub_image_model: Path
 ) -> None:
     board = rk3588_board(tmp_path / "board")
-    daemon = start(
-        [
-            "--runtime",
-            "rknnrt",
-            "--runtime-lib",
-            str(stub_lib),
-            "--sysfs-root",
-            str(board),
-            "--isolation",
-            "process",
-        ]
-    )
+    daemon = start(rknnrt_args(stub_lib, board, "--isolation", "process"))
     nchw = np.random.default_rng(6).integers(0, 256, (1, 3, 16, 16), dtype=np.uint8)
     with rknn_client.connect(daemon.url) as device, device.load(stub_image_model) as session:
         (y,) = session.run([nchw], ["NCHW"], strict=False)

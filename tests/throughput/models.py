@@ -10,7 +10,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-OPSET = 17
+from tests.models import save_graph
+
 # A YOLO-style head: 3 anchors x (80 classes + 5) channels at strides 8, 16 and 32.
 HEAD_CHANNELS = 255
 
@@ -55,14 +56,6 @@ def _uint8_stem(nodes: list[onnx.NodeProto], weights: list[onnx.TensorProto]) ->
     return "scaled"
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
-
-
 def camera_cnn(
     path: Path,
     size: int = 640,
@@ -94,7 +87,7 @@ def camera_cnn(
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 10])],
         weights,
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def detector(path: Path, size: int = 640, seed: int = 0) -> Path:
@@ -123,7 +116,7 @@ def detector(path: Path, size: int = 640, seed: int = 0) -> Path:
         outputs,
         weights,
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 class _Calibration(CalibrationDataReader):

@@ -90,10 +90,11 @@ class IncomingFrame:
     def start(
         cls, header: rknn_pb2.InferenceHeader, session: Session, limits: codec.TensorLimits
     ) -> IncomingFrame:
-        """Check the declared inputs against the limits and the model before any byte arrives."""
-        codec.check_metas(header.inputs, limits, "input")
+        """Check the declared inputs against the limits (the assembler does, before its buffers,
+        which np.empty only reserves) and then the model, before any byte arrives."""
+        assembler = codec.TensorAssembler(header.inputs, limits, "input")
         plans = check_inputs(session.runtime.inputs, header.inputs)
-        return cls(header, session, plans, codec.TensorAssembler(header.inputs, limits, "input"), limits)
+        return cls(header, session, plans, assembler, limits)
 
     def add(self, chunk: rknn_pb2.TensorChunk) -> int:
         """Take one chunk; returns its size."""

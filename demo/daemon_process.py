@@ -50,7 +50,11 @@ class DaemonProcess:
 
 
 def start_daemon(
-    cache_dir: Path, log_path: Path, extra_args: Sequence[str] = (), listen_tcp: bool = True
+    cache_dir: Path,
+    log_path: Path,
+    extra_args: Sequence[str] = (),
+    listen_tcp: bool = True,
+    cwd: Path | None = None,
 ) -> DaemonProcess:
     cmd = [
         sys.executable,
@@ -67,7 +71,12 @@ def start_daemon(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("w")
     process = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=cwd,
     )
     log.close()
     found: list[str] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 
 import grpc
+import structlog
 
 from rknn_proto.codec import CodecError, LimitExceeded
 from rknn_server.runtime.base import (
@@ -14,6 +15,9 @@ from rknn_server.runtime.base import (
     ModelFormatError,
     UnsupportedError,
 )
+from rknn_server.runtime.redact import without_paths
+
+log = structlog.get_logger("rknn_server.errors")
 
 
 class ServiceError(Exception):
@@ -57,7 +61,8 @@ _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and message an exception travels as; unknown exceptions are INTERNAL with their text."""
+    """The status and message an exception travels as; unknown exceptions are INTERNAL with their
+    text, less the server paths in it (the full text goes to the log)."""
     if isinstance(exc, ServiceError):
         return exc.code, str(exc)
     if isinstance(exc, LimitExceeded):
@@ -73,4 +78,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
             if isinstance(exc, kind):
                 return code, str(exc)
         return grpc.StatusCode.INTERNAL, str(exc)
-    return grpc.StatusCode.INTERNAL, f"internal error in the daemon: {type(exc).__name__}: {exc}"
+    log.error("internal error", error=f"{type(exc).__name__}: {exc}")
+    return (
+        grpc.StatusCode.INTERNAL,
+        f"internal error in the daemon: {type(exc).__name__}: {without_paths(str(exc))}",
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -41,7 +42,11 @@ from rknn_server.runtime.base import (
     TensorSpec,
     VersionInfo,
 )
+from rknn_server.runtime.external_data import check_external_data
 from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
+from rknn_server.runtime.redact import without_paths
+
+log = logging.getLogger(__name__)
 
 # ONNX Runtime's type strings for the element types that travel on the wire.
 _ORT_TYPES = {
@@ -77,8 +82,11 @@ DUMP_BATCH_BYTES = 32 << 20
 _DUMP_ELEM_TYPES = frozenset(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in _ORT_TYPES.values())
 
 
-def session_options(threads: int) -> ort.SessionOptions:
-    """The options every host session uses; benchmarks build their baseline with the same."""
+def session_options(threads: int, model_dir: Path | None = None) -> ort.SessionOptions:
+    """The options every host session uses; benchmarks build their baseline with the same.
+
+    With `model_dir`, external data resolves there even when the model is loaded from bytes (a
+    rewritten graph), never against the working directory."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -86,6 +94,8 @@ def session_options(threads: int) -> ort.SessionOptions:
     # Idle worker threads must not spin: on a small board (or a 2-core PC) spinning threads of one
     # session steal the cores another session, or the daemon's own I/O, needs.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if model_dir is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
     return opts
 
 
@@ -96,10 +106,9 @@ def dump_session_options(threads: int, model_dir: Path) -> ort.SessionOptions:
     the same in every batch (fusions would change with the set of exposed outputs). No memory arena:
     what a batch allocated goes back when its session ends. External weights are found beside the model.
     """
-    opts = session_options(threads)
+    opts = session_options(threads, model_dir)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.enable_cpu_mem_arena = False
-    opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
     return opts
 
 
@@ -134,6 +143,13 @@ def concurrent_runs(threads: int) -> int:
     running on all cores at once are slower together than taking turns.
     """
     return max(1, default_threads() // threads)
+
+
+def runtime_failure(what: str, exc: Exception) -> str:
+    """`what` with ONNX Runtime's reason, for the client: the raw text (which names server paths) goes
+    to the log only."""
+    log.warning("%s: %s", what, exc)
+    return f"{what}: {without_paths(str(exc))}"
 
 
 def _spec(index: int, arg: ort.NodeArg, quant: QuantInfo | None = None) -> TensorSpec:
@@ -213,16 +229,17 @@ class HostModel(ModelRuntime):
         try:
             self._graph = onnx.load(str(path), load_external_data=False)
         except Exception as exc:
-            raise ModelFormatError(f"{path.name} is not a loadable ONNX model: {exc}") from exc
+            raise ModelFormatError(runtime_failure(f"{path.name} is not a loadable ONNX model", exc)) from exc
+        check_external_data(self._graph, path.parent)
         process = psutil.Process()
         rss_before = process.memory_info().rss
         self._source, quantized = _runnable(path, self._graph)
         try:
             self._session = ort.InferenceSession(
-                self._source, session_options(threads), providers=["CPUExecutionProvider"]
+                self._source, session_options(threads, path.parent), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
-            raise ModelFormatError(f"ONNX Runtime cannot load {path.name}: {exc}") from exc
+            raise ModelFormatError(runtime_failure(f"ONNX Runtime cannot load {path.name}", exc)) from exc
         self._load_growth = max(0, process.memory_info().rss - rss_before)
         self.inputs = [_spec(i, a) for i, a in enumerate(self._session.get_inputs())]
         self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self._session.get_outputs())]
@@ -239,7 +256,7 @@ class HostModel(ModelRuntime):
             with self._gate:
                 return list(session.run(None, dict(zip(self._input_names, inputs, strict=True))))
         except Exception as exc:
-            raise ExecutionError(f"ONNX Runtime failed to run the model: {exc}") from exc
+            raise ExecutionError(runtime_failure("ONNX Runtime failed to run the model", exc)) from exc
 
     def sample_inputs(self) -> list[np.ndarray]:
         """Zeros of each input's shape (dynamic dimensions as 1), for timing without user data."""
@@ -264,7 +281,7 @@ class HostModel(ModelRuntime):
 
     def _profile(self, feed: Sequence[np.ndarray]) -> list[LayerTiming]:
         with tempfile.TemporaryDirectory(prefix="rknn-profile-") as tmp:
-            opts = session_options(self._threads)
+            opts = session_options(self._threads, self._path.parent)
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(tmp) / "profile")
             session = ort.InferenceSession(self._source, opts, providers=["CPUExecutionProvider"])
@@ -336,13 +353,15 @@ class HostModel(ModelRuntime):
                 model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
-            raise ExecutionError(f"ONNX Runtime cannot expose the model's layers: {exc}") from exc
+            raise ExecutionError(
+                runtime_failure("ONNX Runtime cannot expose the model's layers", exc)
+            ) from exc
         del model
         try:
             ort_feeds = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
             return list(session.run_with_ort_values(names, ort_feeds))
         except Exception as exc:
-            raise ExecutionError(f"ONNX Runtime failed while dumping layers: {exc}") from exc
+            raise ExecutionError(runtime_failure("ONNX Runtime failed while dumping layers", exc)) from exc
 
     def close(self) -> None:
         self.__dict__.pop("_session", None)

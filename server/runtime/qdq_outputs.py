@@ -14,13 +14,15 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rknn_server.runtime.base import QuantInfo
+from rknn_server.runtime.external_data import uses_external_data
 
 _PASS_THROUGH_OPS = ("Identity",)
 
 
 def _scalar(initializers: dict[str, onnx.TensorProto], name: str) -> np.ndarray | None:
     tensor = initializers.get(name)
-    if tensor is None:
+    # numpy_helper would read external data against the working directory: a scale is never that big.
+    if tensor is None or uses_external_data(tensor):
         return None
     value = numpy_helper.to_array(tensor)
     return value if value.size == 1 else None

@@ -41,9 +41,11 @@ def daemons(tmp_path: Path) -> Iterator[StartDaemon]:
     """Start daemons (stopped by PID at the end); `cache` defaults to one folder per test."""
     started: list[DaemonProcess] = []
 
-    def start(*args: str, cache: Path | None = None, listen_tcp: bool = True) -> DaemonProcess:
+    def start(
+        *args: str, cache: Path | None = None, listen_tcp: bool = True, cwd: Path | None = None
+    ) -> DaemonProcess:
         log = tmp_path / f"daemon-{len(started)}.log"
-        daemon = start_daemon(cache or tmp_path / "cache", log, ["--runtime", "host", *args], listen_tcp)
+        daemon = start_daemon(cache or tmp_path / "cache", log, ["--runtime", "host", *args], listen_tcp, cwd)
         started.append(daemon)
         return daemon
 

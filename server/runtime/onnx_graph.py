@@ -23,6 +23,11 @@ class TensorInfo:
         return math.prod(max(d, 1) for d in self.shape) * itemsize
 
 
+def weight_names(graph: onnx.GraphProto) -> set[str]:
+    """Names of the graph's weights: dense and sparse initializers."""
+    return {i.name for i in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+
+
 def initializer_bytes(model: onnx.ModelProto) -> int:
     """Bytes of all weights, counting external data by its declared length (or its dims)."""
     total = 0
@@ -59,7 +64,7 @@ def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInf
     and weights are not intermediates, graph outputs live until the end.
     """
     graph = model.graph
-    weights = {i.name for i in graph.initializer}
+    weights = weight_names(graph)
     outputs = {o.name for o in graph.output}
     last_use: dict[str, int] = {}
     for step, node in enumerate(graph.node):
@@ -94,7 +99,7 @@ INPUT_OP_TYPE = "InputOperator"  # the board's name for the layer that holds a m
 
 def graph_inputs(model: onnx.ModelProto) -> list[str]:
     """Names of the real inputs (old models also list their weights as graph inputs)."""
-    weights = {i.name for i in model.graph.initializer}
+    weights = weight_names(model.graph)
     return [i.name for i in model.graph.input if i.name not in weights]
 
 
@@ -126,7 +131,7 @@ def dump_tensors(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> list
     Outputs computed from weights alone (constant folding material, e.g. a QDQ model's dequantized
     weights) are not layers: they do not depend on the input and a board's dump has none of them.
     """
-    constant = {i.name for i in model.graph.initializer}
+    constant = weight_names(model.graph)
     found = [(INPUT_OP_TYPE, name, name) for name in graph_inputs(model)]
     for node in model.graph.node:
         if all(not name or name in constant for name in node.input):
@@ -184,9 +189,10 @@ def model_for_outputs(
     subgraph = helper.make_graph(
         [graph.node[i] for i in sorted(needed)],
         graph.name,
-        [v for v in graph.input if v.name not in {w.name for w in graph.initializer}],
+        [v for v in graph.input if v.name not in weight_names(graph)],
         outputs,
         [w for w in graph.initializer if w.name in reads],
+        sparse_initializer=[s for s in graph.sparse_initializer if s.values.name in reads],
     )
     sub = helper.make_model(subgraph, opset_imports=list(model.opset_import))
     sub.ir_version = model.ir_version

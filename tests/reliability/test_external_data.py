@@ -39,6 +39,13 @@ def _leaked(daemon: object, digest: str) -> bytes:
     return bytes(np.asarray(out).astype(np.uint8))
 
 
+def _dumped_sum(daemon: object, digest: str) -> bytes:
+    """The `Add` layer of a per-layer dump with zeros in (the dump loads a rewritten model of its own)."""
+    with device(daemon) as dev, dev.open_session(digest) as session:  # type: ignore[arg-type]
+        layers = {layer.tensor_name: layer.array for layer in session.dump_layers([np.zeros(SIZE, np.uint8)])}
+    return bytes(np.asarray(layers["sum"]).astype(np.uint8))
+
+
 def _assert_refused_cleanly(
     daemon: object, channel: grpc.Channel, location: str, place: str, tmp_path: Path
 ) -> None:
@@ -83,6 +90,7 @@ def test_external_data_outside_the_model_folder_is_refused(
             digest = upload_raw(channel, [("m.onnx", reader_model("w.bin", place)), ("w.bin", weights)])
             _open(channel, digest)
             assert _leaked(daemon, digest) == weights, place
+            assert _dumped_sum(daemon, digest) == weights, place
     assert daemon.process.poll() is None
 
 

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rknn_client.errors import RknnError
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
 from tests.reliability.conftest import StartDaemon, cnn_input, device, info
+from tests.reliability.hostile_models import PLACES, SIZE, reader_model, upload_raw
 
 EXAMPLES = int(os.environ.get("RKNN_FUZZ_EXAMPLES", "600"))
 U32, U64 = st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)
@@ -224,3 +227,52 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
             f"\n[fuzz] {EXAMPLES} examples; outcomes per RPC: { {k: sorted(v) for k, v in outcomes.items()} }"
         )
         assert info(daemon).open_sessions == 1
+
+
+# Pieces the external-data locations are built from: names of the model's own files, of files in the
+# daemon's working directory, and path syntax.
+LOCATION_PARTS = st.sampled_from(
+    ["w.bin", "m.onnx", ".main", "trap.bin", "..", ".", "", "models", "\\", "\0"]
+)
+LOCATIONS = st.one_of(
+    st.text(max_size=60),
+    st.lists(LOCATION_PARTS, min_size=1, max_size=6).map("/".join),
+    st.sampled_from(["/etc/passwd", "/proc/self/environ", "*/_ORT_MEM_ADDR_/*", "./w.bin", "w.bin/"]),
+)
+
+
+def test_external_data_locations_load_the_models_own_file_or_are_refused(
+    daemons: StartDaemon, tmp_path: Path
+) -> None:
+    """For any location string, the model reads one of its own uploaded files or is refused cleanly; the daemon's
+    working directory holds a `w.bin` and a `trap.bin` of secret bytes that must never come back."""
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    for name in ("w.bin", "trap.bin"):
+        (workdir / name).write_bytes(b"SECRET-2" * 4)
+    daemon = daemons(cwd=workdir)
+    weights = bytes(range(30, 30 + SIZE))
+    outcomes: set[str] = set()
+    with device(daemon) as dev, grpc.insecure_channel(daemon.address) as channel:
+
+        @settings(max_examples=max(EXAMPLES // 6, 50), deadline=None, database=None)
+        @given(LOCATIONS, st.sampled_from(PLACES))
+        def one_model(location: str, place: str) -> None:
+            model = reader_model(location, place)
+            digest = upload_raw(channel, [("m.onnx", model), ("w.bin", weights)])
+            try:
+                with dev.open_session(digest) as session:
+                    (out,) = session.run([np.zeros(SIZE, np.uint8)])
+            except RknnError as exc:
+                message = str(exc)
+                assert "FAILED_PRECONDITION" in message or "INVALID_ARGUMENT" in message, message
+                assert "SECRET" not in message and str(tmp_path) not in message.replace(location, ""), message
+                outcomes.add("refused")
+                return
+            own_files = (weights[:SIZE], model[:SIZE])
+            assert bytes(np.asarray(out).astype(np.uint8)) in own_files, (location, place)
+            outcomes.add("loaded")
+
+        one_model()
+    print(f"\n[fuzz] external-data locations: {sorted(outcomes)}")
+    assert daemon.process.poll() is None and info(daemon).open_sessions == 0

@@ -284,7 +284,10 @@ class HostModel(ModelRuntime):
             opts = session_options(self._threads, self._path.parent)
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(tmp) / "profile")
-            session = ort.InferenceSession(self._source, opts, providers=["CPUExecutionProvider"])
+            try:
+                session = ort.InferenceSession(self._source, opts, providers=["CPUExecutionProvider"])
+            except Exception as exc:
+                raise ExecutionError(runtime_failure("ONNX Runtime cannot profile the model", exc)) from exc
             for _ in range(PROFILE_RUNS + 1):
                 self._run(session, feed)
             profile = Path(session.end_profiling())

@@ -39,6 +39,12 @@ def _leaked(daemon: object, digest: str) -> bytes:
     return bytes(np.asarray(out).astype(np.uint8))
 
 
+def _profiled_layers(daemon: object, digest: str) -> int:
+    """Rows of a per-layer profile (ONNX Runtime's profiler loads the model once more)."""
+    with device(daemon) as dev, dev.open_session(digest, perf_debug=True) as session:  # type: ignore[arg-type]
+        return len(session.perf(fix_freq=False).layers)
+
+
 def _dumped_sum(daemon: object, digest: str) -> bytes:
     """The `Add` layer of a per-layer dump with zeros in (the dump loads a rewritten model of its own)."""
     with device(daemon) as dev, dev.open_session(digest) as session:  # type: ignore[arg-type]
@@ -85,12 +91,14 @@ def test_external_data_outside_the_model_folder_is_refused(
         for place in PLACES:
             for location in locations:
                 _assert_refused_cleanly(daemon, channel, location, place, tmp_path)
-            # The same model naming a file of its own upload still loads and reads that file.
+            # The same model naming a file of its own upload still loads and reads that file, in runs,
+            # layer dumps and profiles, whatever the working directory.
             weights = bytes(range(10, 10 + SIZE))
             digest = upload_raw(channel, [("m.onnx", reader_model("w.bin", place)), ("w.bin", weights)])
             _open(channel, digest)
             assert _leaked(daemon, digest) == weights, place
             assert _dumped_sum(daemon, digest) == weights, place
+            assert _profiled_layers(daemon, digest) > 0, place
     assert daemon.process.poll() is None
 
 

@@ -27,11 +27,13 @@ from rknn_client.api import Device, DumpedLayer, PerfReport, Session, connect
 from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.core_masks import NpuCoreMasks
 from rknn_client.compat.onnx_build import BuildError, prepare_model
+from rknn_client.compat.rknn_file import ModelFileKind, inspect
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.errors import RknnError
 from rknn_client.pipeline import Pipeline
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
 from rknn_client.transport.base import TransportError
+from rknn_proto import model_container
 
 R = TypeVar("R")
 TARGETS = (
@@ -76,7 +78,9 @@ class RKNN(NpuCoreMasks):
         self.log = ToolkitLog(verbose, verbose_file)
         self._onnx: dict[str, Any] | None = None
         self._rknn_path: Path | None = None
+        self._loaded = ModelFileKind()
         self._built: Path | None = None
+        self._build_settings: dict[str, Any] = {}
         self._quant = QuantConfig()
         self._models: BuiltModels | None = None
         self.last_accuracy: AnalysisResult | None = None
@@ -189,10 +193,16 @@ class RKNN(NpuCoreMasks):
     def load_darknet(self, model: str, weight: str) -> int:
         return self._unsupported_loader("load_darknet")
 
+    @_toolkit_call("load_rknn", -1)
     def load_rknn(self, path: str) -> int:
         if not Path(path).is_file():
             self.log.e("load_rknn", f"rknn model file {path} does not exist")
             return -1
+        self._loaded = inspect(Path(path))
+        if self._loaded.rknn is not None:
+            self.log.i("load_rknn", f"{path}: {self._loaded.rknn.summary()}")
+        elif self._loaded.virtual is not None:
+            self.log.i("load_rknn", f"{path} is a virtual-board model: {model_container.VIRTUAL_ONLY}")
         self._rknn_path = Path(path)
         self._onnx = None
         self._built = None
@@ -228,15 +238,31 @@ class RKNN(NpuCoreMasks):
         )
         # The daemon runs what was built: the int8 QDQ model, or the float model without quantization.
         self._built = self._models.quant_model
+        self._build_settings = {
+            "do_quantization": bool(do_quantization),
+            "quantized_algorithm": self._quant.quantized_algorithm,
+            "quantized_method": self._quant.quantized_method,
+        }
         return 0
 
+    @_toolkit_call("export_rknn", -1)
     def export_rknn(self, export_path: str, **kwargs: Any) -> int:
-        self.log.e(
-            "export_rknn",
-            "RKNN models are produced by Rockchip's RKNN-Toolkit2; rknn_client runs ONNX models on the host "
-            "runtime and .rknn models on boards, but does not convert models",
+        """Without RKNN-Toolkit2: the built model in a virtual-board container (rknn_proto.model_container)."""
+        if self._models is None:
+            self.log.e("export_rknn", "no built model to export: call load_onnx() and build() first")
+            return -1
+        header = {
+            "producer": f"rknn_client {__version__}",
+            "target_platform": self._quant.target_platform,
+            "note": model_container.VIRTUAL_ONLY,
+            **self._build_settings,
+        }
+        data = model_container.pack(self._models.quant_model.read_bytes(), header)
+        Path(export_path).write_bytes(data)
+        self.log.w(
+            "export_rknn", f"{export_path} is for the virtual board only: {model_container.VIRTUAL_ONLY}"
         )
-        return -1
+        return 0
 
     # -- runtime -----------------------------------------------------------------------------
 
@@ -285,6 +311,7 @@ class RKNN(NpuCoreMasks):
                 f"target mismatch: init_runtime(target='{self._target}') but the board at "
                 f"{self._device.endpoint.description} is {info.soc}"
             )
+        self._check_runnable(info.model_formats, info.soc, self._device.endpoint.description)
         self._session = self._device.load(
             model,
             target=self._target,
@@ -299,6 +326,27 @@ class RKNN(NpuCoreMasks):
             # This frame travels and runs while the previous frame's outputs are returned.
             self._pipeline = self._session.pipeline(depth=2)
         return 0
+
+    def _check_runnable(self, formats: Sequence[str], soc: str, where: str) -> None:
+        """A loaded .rknn file the selected daemon cannot run is refused here, before any upload."""
+        if self._rknn_path is None:
+            return
+        header, virtual = self._loaded.rknn, self._loaded.virtual
+        if header is not None and ".rknn" not in formats:
+            raise RknnError(
+                f"{self._rknn_path.name} is a real RKNN model ({header.summary()}); the daemon at {where} "
+                f"runs models of type {', '.join(formats)} (the host runtime cannot run RKNN models): "
+                "connect to a board's daemon, or load the original model with load_onnx()"
+            )
+        if header is not None and soc and header.target_platforms and soc not in header.target_platforms:
+            raise RknnError(
+                f"{self._rknn_path.name} was built for {', '.join(header.target_platforms)}, "
+                f"but the board at {where} is {soc}: convert the model again with target_platform='{soc}'"
+            )
+        if virtual is not None and ".onnx" not in formats:
+            raise RknnError(
+                f"{self._rknn_path.name} cannot run on the board at {where}: {model_container.VIRTUAL_ONLY}"
+            )
 
     def _require_session(self) -> Session:
         if self._session is None:

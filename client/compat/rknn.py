@@ -25,6 +25,7 @@ from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
 from rknn_client.api import Device, DumpedLayer, PerfReport, Session, connect
 from rknn_client.compat import inputs as input_rules
+from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
 from rknn_client.compat.onnx_build import BuildError, prepare_model
 from rknn_client.compat.rknn_file import ModelFileKind, inspect
@@ -50,7 +51,15 @@ TARGETS = (
 )
 # Set to 0 to make a daemon restart fail the next call instead of re-initializing the runtime.
 ENV_AUTO_RECONNECT = "RKNN_CLIENT_AUTO_RECONNECT"
-_EXPECTED = (RknnError, TransportError, BuildError, input_rules.InputRuleError, OSError, ValueError)
+_EXPECTED = (
+    RknnError,
+    TransportError,
+    BuildError,
+    input_rules.InputRuleError,
+    OSError,
+    ValueError,
+    ConfigError,
+)
 
 
 def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -95,10 +104,11 @@ class RKNN(NpuCoreMasks):
 
     # -- model preparation -------------------------------------------------------------------
 
+    @_toolkit_call("config", -1)
     def config(
         self,
-        mean_values: Sequence[Sequence[float]] | None = None,
-        std_values: Sequence[Sequence[float]] | None = None,
+        mean_values: Sequence[Sequence[float]] | Sequence[float] | None = None,
+        std_values: Sequence[Sequence[float]] | Sequence[float] | None = None,
         quantized_dtype: str = "w8a8",
         quantized_algorithm: str = "normal",
         quantized_method: str = "channel",
@@ -128,9 +138,10 @@ class RKNN(NpuCoreMasks):
                 "config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}"
             )
             return -1
+        means, stds = normalization(mean_values, std_values)
         self._quant = QuantConfig(
-            mean_values=mean_values,
-            std_values=std_values,
+            mean_values=means,
+            std_values=stds,
             quantized_dtype=quantized_dtype,
             quantized_algorithm=quantized_algorithm,
             quantized_method=quantized_method,

@@ -68,11 +68,12 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
     def decorate(fn: Callable[..., R]) -> Callable[..., R]:
         @functools.wraps(fn)
         def wrapper(self: RKNN, *args: Any, **kwargs: Any) -> R:
-            try:
-                return fn(self, *args, **kwargs)
-            except _EXPECTED as exc:
-                self.log.e(api, str(exc))
-                return failure
+            with self.log.captured(api):
+                try:
+                    return fn(self, *args, **kwargs)
+                except _EXPECTED as exc:
+                    self.log.e(api, str(exc))
+                    return failure
 
         return wrapper
 
@@ -146,9 +147,8 @@ class RKNN(NpuCoreMasks):
             quantized_algorithm=quantized_algorithm,
             quantized_method=quantized_method,
             target_platform=target_platform,
+            quant_img_RGB2BGR=bool(quant_img_RGB2BGR),
         )
-        if quant_img_RGB2BGR:
-            self.log.w("config", "quant_img_RGB2BGR is not emulated: calibration images are read as RGB")
         for key in kwargs:
             self.log.w("config", f"unknown argument {key!r} ignored")
         return 0
@@ -475,7 +475,8 @@ class RKNN(NpuCoreMasks):
             )
             return -1
         models = self._models
-        feeds = load_inputs(list(inputs), input_specs(load_model(models.float_model)))
+        specs = input_specs(load_model(models.float_model))
+        feeds = load_inputs(list(inputs), specs, self._quant.quant_img_RGB2BGR)
         out = Path(output_dir)
         prepare_output_dir(out)
         runtime_layers: list[tuple[DumpedLayer, np.ndarray]] | None = None

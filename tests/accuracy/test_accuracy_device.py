@@ -10,7 +10,6 @@ from pathlib import Path
 import onnx
 import pytest
 from device_models import MEAN, PHOTO, SIZE, STD, calibration_set, small_mobilenet
-from PIL import Image
 from qdq_edit import negate_conv_weights
 
 from demo.calibration import photo_crops
@@ -142,7 +141,7 @@ def test_single_sim_points_at_the_one_layer_that_differs_on_the_runtime(
     assert all(known(row.runtime_entire).cos < known(row.entire).cos for row in with_runtime[at : at + 3])
 
 
-@pytest.mark.parametrize("case", ["missing input", "wrong size", "output_dir under a file", "load_rknn"])
+@pytest.mark.parametrize("case", ["missing input", "corrupt image", "output_dir under a file", "load_rknn"])
 def test_bad_input_gives_minus_one_and_says_why(
     case: str,
     quantized: RKNN,
@@ -154,9 +153,9 @@ def test_bad_input_gives_minus_one_and_says_why(
     rknn, image, out = quantized, str(files.image), tmp_path / "snap"
     if case == "missing input":
         image, reason = str(tmp_path / "nope.png"), "does not exist"
-    elif case == "wrong size":
-        image, reason = str(tmp_path / "big.png"), "resize it first"
-        Image.new("RGB", (SIZE * 2, SIZE)).save(image)
+    elif case == "corrupt image":
+        image, reason = str(tmp_path / "broken.png"), f"cannot read image {tmp_path / 'broken.png'}"
+        Path(image).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
     elif case == "output_dir under a file":
         (tmp_path / "file").write_text("")
         out, reason = tmp_path / "file" / "snap", "not writable"

@@ -51,6 +51,10 @@ TARGETS = (
 )
 # Set to 0 to make a daemon restart fail the next call instead of re-initializing the runtime.
 ENV_AUTO_RECONNECT = "RKNN_CLIENT_AUTO_RECONNECT"
+TOOLKIT_ONLY = (
+    "needs Rockchip's RKNN-Toolkit2 (its closed compiler), which rknn_client runs in its own interpreter: "
+    "install it with `rknn-client toolkit install`"
+)
 _EXPECTED = (
     RknnError,
     TransportError,
@@ -274,6 +278,48 @@ class RKNN(NpuCoreMasks):
             "export_rknn", f"{export_path} is for the virtual board only: {model_container.VIRTUAL_ONLY}"
         )
         return 0
+
+    # -- what only RKNN-Toolkit2 itself can do ----------------------------------------------------
+
+    def _needs_toolkit(self, api: str, what: str) -> int:
+        self.log.e(api, f"{what} {TOOLKIT_ONLY}")
+        return -1
+
+    def hybrid_quantization_step1(
+        self,
+        dataset: str = "dataset.txt",
+        rknn_batch_size: int | None = None,
+        proposal: bool = False,
+        proposal_dataset_size: int = 1,
+        custom_hybrid: Any = None,
+    ) -> int:
+        return self._needs_toolkit("hybrid_quantization_step1", "hybrid quantization")
+
+    def hybrid_quantization_step2(
+        self, model_input: str, data_input: str, model_quantization_cfg: str
+    ) -> int:
+        return self._needs_toolkit("hybrid_quantization_step2", "hybrid quantization")
+
+    def export_encrypted_rknn_model(
+        self, input_model: str, output_model: str | None = None, crypt_level: int = 1
+    ) -> int:
+        return self._needs_toolkit("export_encrypted_rknn_model", "encrypting an RKNN model")
+
+    def reg_custom_op(self, custom_op: Any) -> int:
+        name = getattr(custom_op, "op_type", type(custom_op).__name__)
+        return self._needs_toolkit("reg_custom_op", f"registering the custom operator {name!r}")
+
+    def codegen(self, output_path: str, inputs: Any = None, overwrite: bool = False) -> int:
+        return self._needs_toolkit("codegen", "generating the C++ deployment example")
+
+    def optimize_onnx(
+        self,
+        model: str,
+        optimized_path: str | None = None,
+        passes_enable: Any = None,
+        inputs_for_dump: Any = None,
+    ) -> int:
+        return self._needs_toolkit("optimize_onnx", "the toolkit's ONNX graph optimizer")
 
     # -- runtime -----------------------------------------------------------------------------
 

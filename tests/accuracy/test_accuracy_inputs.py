@@ -126,7 +126,9 @@ def test_a_rerun_replaces_the_report_only_at_the_end(
     with pytest.raises(AccuracyError):
         analyse(float_model, quant_model, [tmp_path / "corrupt.png"], out)
     assert (out / REPORT_FILE).exists()  # bad input is refused before anything is touched
-    (out / "golden" / "999_Stale_x_shape_1_float.npy").write_bytes(b"")
+    (out / "golden" / "stale_tensor.txt").write_bytes(b"")
+    (out / "golden" / "npy" / "stale_tensor.npy").write_bytes(b"")
     analyse(float_model, quant_model, [test_image], out)
-    assert not (out / "golden" / "999_Stale_x_shape_1_float.npy").exists()
+    assert not (out / "golden" / "stale_tensor.txt").exists()
+    assert not (out / "golden" / "npy" / "stale_tensor.npy").exists()
     assert not list(out.glob(".*"))

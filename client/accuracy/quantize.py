@@ -92,5 +92,5 @@ def quantize_model(
             calibrate_method=ALGORITHMS[algorithm],
             extra_options=extra_options,
         )
-    except (ValueError, RuntimeError) as exc:
+    except Exception as exc:  # ONNX Runtime's own exception types (Fail, InvalidArgument) included
         raise AccuracyError(f"quantization failed: {exc}") from exc

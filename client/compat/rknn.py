@@ -11,6 +11,7 @@ import atexit
 import functools
 import os
 import tempfile
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,6 +78,10 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
                     return fn(self, *args, **kwargs)
                 except _EXPECTED as exc:
                     self.log.e(api, str(exc))
+                    return failure
+                except Exception as exc:  # the toolkit's contract: -1/None and the reason, never a raise
+                    self.log.e(api, f"{type(exc).__name__}: {exc}")
+                    self.log.d(api, traceback.format_exc())
                     return failure
 
         return wrapper
@@ -157,6 +162,7 @@ class RKNN(NpuCoreMasks):
             self.log.w("config", f"unknown argument {key!r} ignored")
         return 0
 
+    @_toolkit_call("load_onnx", -1)
     def load_onnx(
         self,
         model: str,

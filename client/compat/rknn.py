@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import onnx
 
 from rknn_client import __version__
 from rknn_client.accuracy.analysis import AnalysisResult, analyse, prepare_output_dir
@@ -28,8 +29,9 @@ from rknn_client.api import Device, DumpedLayer, PerfReport, Session, connect
 from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
-from rknn_client.compat.onnx_build import BuildError, prepare_model
+from rknn_client.compat.onnx_build import BuildError, prepare_model, set_input_shapes
 from rknn_client.compat.rknn_file import ModelFileKind, inspect
+from rknn_client.compat.shapes import batched, check_dynamic, dynamic_sets, nchw_shape, with_free_dims
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.errors import RknnError
 from rknn_client.pipeline import Pipeline
@@ -100,6 +102,8 @@ class RKNN(NpuCoreMasks):
         self._loaded = ModelFileKind()
         self._built: Path | None = None
         self._build_settings: dict[str, Any] = {}
+        self._dynamic_input: Any = None
+        self._dynamic_sets: list[list[tuple[int, ...]]] | None = None
         self._quant = QuantConfig()
         self._models: BuiltModels | None = None
         self.last_accuracy: AnalysisResult | None = None
@@ -149,6 +153,10 @@ class RKNN(NpuCoreMasks):
             )
             return -1
         means, stds = normalization(mean_values, std_values)
+        if dynamic_input is not None:
+            first = dynamic_input[0] if isinstance(dynamic_input, Sequence) and dynamic_input else None
+            dynamic_sets(dynamic_input, len(first) if isinstance(first, Sequence) else 0)
+        self._dynamic_input = dynamic_input
         self._quant = QuantConfig(
             mean_values=means,
             std_values=stds,
@@ -183,6 +191,7 @@ class RKNN(NpuCoreMasks):
         self._rknn_path = None
         self._built = None
         self._models = None
+        self._dynamic_sets = None
         self.log.i("load_onnx", f"loading model {model}")
         return 0
 
@@ -224,6 +233,8 @@ class RKNN(NpuCoreMasks):
             self.log.i("load_rknn", f"{path}: {self._loaded.rknn.summary()}")
         elif self._loaded.virtual is not None:
             self.log.i("load_rknn", f"{path} is a virtual-board model: {model_container.VIRTUAL_ONLY}")
+        sets = self._loaded.virtual.header.get("dynamic_input") if self._loaded.virtual else None
+        self._dynamic_sets = [[tuple(shape) for shape in shape_set] for shape_set in sets] if sets else None
         self._rknn_path = Path(path)
         self._onnx = None
         self._built = None
@@ -241,10 +252,10 @@ class RKNN(NpuCoreMasks):
         if self._onnx is None:
             self.log.e("build", "no model loaded: call load_onnx() first")
             return -1
-        if rknn_batch_size not in (None, 1):
-            self.log.w(
-                "build", f"rknn_batch_size={rknn_batch_size} is not emulated on the host runtime; using 1"
-            )
+        batch = 1 if rknn_batch_size is None else int(rknn_batch_size)
+        if batch < 1:
+            self.log.e("build", f"rknn_batch_size must be 1 or more, not {rknn_batch_size}")
+            return -1
         self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
         prepared = prepare_model(
             self._onnx["path"],
@@ -252,17 +263,32 @@ class RKNN(NpuCoreMasks):
             input_size_list=self._onnx["input_size_list"],
             outputs=self._onnx["outputs"],
         )
+        sets = None
+        if self._dynamic_input is not None:
+            if batch > 1:
+                self.log.e("build", "rknn_batch_size and dynamic_input cannot be combined")
+                return -1
+            sets = dynamic_sets(self._dynamic_input, len(input_specs(prepared)))
+            set_input_shapes(prepared, self._onnx["inputs"], sets[0])  # calibrate on the first set
         if do_quantization:
             self.log.i("build", f"quantizing to int8 ({self._quant.quantized_algorithm}) with {dataset}")
-        self._models = build_models(
-            prepared, Path(self._workdir.name) / "build", self._quant, do_quantization, dataset
-        )
-        # The daemon runs what was built: the int8 QDQ model, or the float model without quantization.
+        folder = Path(self._workdir.name) / "build"
+        self._models = build_models(prepared, folder, self._quant, do_quantization, dataset)
+        # The daemon runs what was built: the int8 QDQ model, or the float model without quantization,
+        # with the batch or the dynamic shapes asked for.
         self._built = self._models.quant_model
+        if sets is not None or batch > 1:
+            model = load_model(self._models.quant_model)
+            model = with_free_dims(model, sets) if sets is not None else batched(model, batch)
+            self._built = folder / "runtime.onnx"
+            onnx.save(model, self._built)
+        self._dynamic_sets = sets
         self._build_settings = {
             "do_quantization": bool(do_quantization),
             "quantized_algorithm": self._quant.quantized_algorithm,
             "quantized_method": self._quant.quantized_method,
+            "rknn_batch_size": batch,
+            "dynamic_input": sets,
         }
         return 0
 
@@ -278,7 +304,8 @@ class RKNN(NpuCoreMasks):
             "note": model_container.VIRTUAL_ONLY,
             **self._build_settings,
         }
-        data = model_container.pack(self._models.quant_model.read_bytes(), header)
+        assert self._built is not None
+        data = model_container.pack(self._built.read_bytes(), header)
         Path(export_path).write_bytes(data)
         self.log.w(
             "export_rknn", f"{export_path} is for the virtual board only: {model_container.VIRTUAL_ONLY}"
@@ -429,6 +456,11 @@ class RKNN(NpuCoreMasks):
         prepared = input_rules.prepare(inputs, session.inputs, data_format, inputs_pass_through)
         for note in prepared.notes:
             self.log.w("inference", note)
+        if self._dynamic_sets is not None:
+            shapes = [
+                nchw_shape(a, layout) for a, layout in zip(prepared.arrays, prepared.layouts, strict=True)
+            ]
+            check_dynamic(shapes, self._dynamic_sets)
         if self._pipeline is not None:
             frame_id, result = self._infer_async(self._pipeline, prepared)
         else:

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from tests import models
 
@@ -31,8 +33,9 @@ if __name__ == '__main__':
     if ret != 0:
         print('Load model failed!')
         exit(ret)
-    ret = rknn.build(do_quantization=False)
+    ret = rknn.build(do_quantization=True, dataset='./dataset.txt')
     if ret != 0:
+        print('Build model failed!')
         exit(ret)
     ret = rknn.export_rknn(EXPORT)
     if ret != 0:
@@ -56,6 +59,9 @@ def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("how", ["cli", "module"])
 def test_exec_runs_an_unmodified_toolkit_script_to_the_end(tmp_path: Path, how: str) -> None:
     (tmp_path / "convert.py").write_text(SCRIPT)
+    for index, size in enumerate((16, 30)):
+        Image.fromarray(np.full((size, size, 3), 40 * index + 20, np.uint8)).save(tmp_path / f"c{index}.jpg")
+    (tmp_path / "dataset.txt").write_text("c0.jpg\nc1.jpg\n")
     model = models.small_cnn(tmp_path / "cnn.onnx")
     exported = tmp_path / "cnn.rknn"
     head = (
@@ -67,6 +73,8 @@ def test_exec_runs_an_unmodified_toolkit_script_to_the_end(tmp_path: Path, how: 
     assert result.returncode == 0, result.stderr
     assert "outputs (1, 10) rknn_client.compat.rknn" in result.stdout
     assert exported.is_file()
+    assert "W build: " in result.stdout and "resized to the input size 16x16" in result.stdout
+    assert "WARNING:root" not in result.stdout + result.stderr
 
 
 def test_the_exit_status_is_the_scripts(tmp_path: Path) -> None:

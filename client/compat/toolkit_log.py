@@ -60,8 +60,7 @@ class ToolkitLog:
         saved = root.handlers[:]
         handler = _RecordsToLog(self, api)
         root.handlers = [handler]
-        with warnings.catch_warnings():
-            warnings.simplefilter("default")
+        with warnings.catch_warnings():  # the filters stay as the user set them; only the output moves
             warnings.showwarning = self._show_warning(api)
             try:
                 yield

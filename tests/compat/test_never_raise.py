@@ -70,13 +70,13 @@ def test_library_logging_and_warnings_land_in_the_toolkit_log_at_their_level(
         logging.warning("Please consider to run pre-processing before quantization.")
         logging.getLogger("onnxruntime.quantization").error("calibration failed")
         logging.getLogger("some.lib").info("loaded")
-        warnings.warn("deprecated thing", DeprecationWarning, stacklevel=1)
+        warnings.warn("calibration set is small", UserWarning, stacklevel=1)
     assert root.handlers == before
     said = capsys.readouterr()
     # The info record stays below the root logger's WARNING threshold, as it would without the toolkit.
     assert said.out.splitlines() == [
         "W build: Please consider to run pre-processing before quantization.",
-        "W build: DeprecationWarning: deprecated thing",
+        "W build: UserWarning: calibration set is small",
     ]
     assert said.err.splitlines() == ["E build: calibration failed"]
     assert "WARNING:root" not in said.out + said.err

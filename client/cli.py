@@ -7,6 +7,7 @@ rknn-client mem MODEL
 rknn-client devices | doctor [--device ID] | deploy --device ID   (board commands: rknn_client.board_commands)
 rknn-client accuracy MODEL --input IMG [IMG...] --dataset dataset.txt --output-dir DIR [--mean M,M,M] [--std S,S,S]
 rknn-client farm devices|run ...   (see rknn_client.farm.cli)
+rknn-client exec script.py [args]   (an unmodified toolkit script; see rknn_client.exec)
 """
 
 from __future__ import annotations
@@ -193,6 +194,9 @@ def parser() -> argparse.ArgumentParser:
     )
     acc.set_defaults(func=None)
     add_farm_commands(sub)
+    ex = sub.add_parser("exec", help="run an unmodified RKNN-Toolkit2/RKNNLite script on rknn_client")
+    ex.add_argument("script", help="the script; `rknn.api` and `rknnlite.api` resolve to rknn_client")
+    ex.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
 
 
@@ -207,6 +211,10 @@ def run_standalone(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "exec":
+        from rknn_client.exec import run_script
+
+        return run_script(args.script, args.args)
     if args.command == "accuracy":
         return cmd_accuracy(args)
     if getattr(args, "standalone", None) is not None:

@@ -5,8 +5,10 @@ captured; runtime = per-layer tensors the daemon sent back (optional). Layers ar
 (see `layers` for what a layer is in a QDQ model). A runtime tensor is looked up first under the
 simulator's value tensor name (a daemon running the same QDQ model dumps that), then under the layer
 name (a board names tensors after the original model), and is compared in NCHW even if delivered NHWC.
-Layers that exist on one side only are listed, not fatal. Written under output_dir: golden/,
-simulator/, runtime/ (with a runtime) and, last, error_analysis.txt: a folder with that file is complete.
+Layers that exist on one side only are listed with empty columns, not fatal. Written under output_dir
+in the toolkit's layout (see `report`): golden/, simulator/, runtime/ (with a runtime; matched tensors
+in the golden layout, unmatched ones as delivered), map_name_to_file.txt and, last,
+error_analysis.txt: a folder with that file is complete.
 """
 
 from __future__ import annotations
@@ -24,22 +26,19 @@ from rknn_client.accuracy.errors import AccuracyError
 from rknn_client.accuracy.layers import ModelLayer, model_layers
 from rknn_client.accuracy.preprocess import input_specs, load_input
 from rknn_client.accuracy.report import (
-    RUNTIME_TABLE,
-    SIMULATOR_TABLE,
     LayerLike,
     TableRow,
     format_table,
-    remove_layers,
-    write_layers,
+    remove_side,
+    tensor_file_names,
+    write_name_map,
+    write_side,
     write_text_atomically,
 )
 from rknn_client.accuracy.single import SingleLayerRunner
 
 REPORT_FILE = "error_analysis.txt"
-FORMULAS = (
-    "# cos = sum(a*b) / (||a|| * ||b||), euc = ||a - b|| = sqrt(sum((a - b)^2)),",
-    "# over the flattened tensors in float64 (cos is 1.0 when both are all zero).",
-)
+MAP_FILE = "map_name_to_file.txt"
 
 ModelSource = onnx.ModelProto | str | Path
 InputSource = str | Path | np.ndarray
@@ -170,24 +169,6 @@ def _rows(layers: Sequence[ModelLayer], sides: _Sides) -> tuple[LayerRow, ...]:
     return tuple(rows)
 
 
-def _notes(rows: Sequence[LayerRow], only_runtime: Sequence[str], has_runtime: bool) -> str:
-    """Formulas and one-sided layers, for error_analysis.txt."""
-    lines = ["", *FORMULAS]
-    golden_only = [row.name for row in rows if "golden" in row.sides and "simulator" not in row.sides]
-    simulator_only = [row.name for row in rows if "golden" not in row.sides]
-    if golden_only:
-        lines.append("# only in golden (fused or removed in the quantized model): " + ", ".join(golden_only))
-    if simulator_only:
-        lines.append("# only in simulator: " + ", ".join(simulator_only))
-    if has_runtime:
-        missing = [row.name for row in rows if "runtime" not in row.sides]
-        if missing:
-            lines.append("# not matched in runtime: " + ", ".join(missing))
-        if only_runtime:
-            lines.append("# only in runtime: " + ", ".join(only_runtime))
-    return "\n".join(lines) + "\n"
-
-
 def analyse(
     float_model: ModelSource,
     quant_model: ModelSource,
@@ -204,36 +185,39 @@ def analyse(
     golden_layers, sim_layers = model_layers(golden_model), model_layers(sim_model)
     golden = {info.tensor_name: array for info, array in run_capture(golden_model, feeds)}
     simulator = {info.tensor_name: array for info, array in run_capture(sim_model, feeds)}
-    write_layers(out / "golden", [(layer.info, golden[layer.value]) for layer in golden_layers])
-    write_layers(out / "simulator", [(layer.info, simulator[layer.value]) for layer in sim_layers])
     delivered = None if runtime_layers is None else list(runtime_layers)
-    if delivered is None:
-        remove_layers(out / "runtime")
-    else:
-        write_layers(out / "runtime", delivered)
 
     golden_by_name = {layer.info.tensor_name: golden[layer.value] for layer in golden_layers}
+    sim_by_name = {layer.info.tensor_name: simulator[layer.value] for layer in sim_layers}
     runner = SingleLayerRunner(sim_model, sim_layers)
     runtime: dict[str, np.ndarray] = {}
-    only_runtime: tuple[str, ...] = ()
+    only_runtime: dict[str, np.ndarray] = {}
     if delivered is not None:
         by_name = {info.tensor_name: np.asarray(array) for info, array in delivered}
         runtime = _runtime_values(sim_layers, simulator, golden_by_name, by_name)
         known = {*golden, *simulator, *(name for node in sim_model.graph.node for name in node.output)}
-        only_runtime = tuple(name for name in by_name if name not in known)
+        only_runtime = {name: array for name, array in by_name.items() if name not in known}
     sides = _Sides(
         golden=golden_by_name,
-        simulator={layer.info.tensor_name: simulator[layer.value] for layer in sim_layers},
+        simulator=sim_by_name,
         single=runner.run(golden_by_name).values,
         runtime=runtime,
         single_runtime=runner.run(runtime).values if delivered is not None else {},
     )
     sim_only = [layer for layer in sim_layers if layer.info.tensor_name not in golden_by_name]
-    row_layers = [*golden_layers, *sim_only]
-    rows = _rows(row_layers, sides)
-    report = format_table(SIMULATOR_TABLE, [TableRow(row.label, row.entire, row.single) for row in rows])
-    if delivered is not None:
-        runtime_rows = [TableRow(row.label, row.runtime_entire, row.single_sim) for row in rows]
-        report += "\n" + format_table(RUNTIME_TABLE, runtime_rows)
-    write_text_atomically(out / REPORT_FILE, report + _notes(rows, only_runtime, delivered is not None))
-    return AnalysisResult(out, rows, delivered is not None, only_runtime, report)
+    rows = _rows([*golden_layers, *sim_only], sides)
+
+    files = tensor_file_names([*(row.name for row in rows), *only_runtime])
+    write_side(out / "golden", golden_by_name, files)
+    write_side(out / "simulator", sim_by_name, files)
+    if delivered is None:
+        remove_side(out / "runtime")
+    else:
+        write_side(out / "runtime", {**runtime, **only_runtime}, files)
+    write_name_map(out / MAP_FILE, files)
+    table_rows = [
+        TableRow(row.label, row.entire, row.single, row.runtime_entire, row.single_sim) for row in rows
+    ]
+    report = format_table(table_rows, with_runtime=delivered is not None)
+    write_text_atomically(out / REPORT_FILE, report)
+    return AnalysisResult(out, rows, delivered is not None, tuple(only_runtime), report)

@@ -32,6 +32,7 @@ class QuantConfig:
     quantized_algorithm: str = "normal"
     quantized_method: str = "channel"
     target_platform: str | None = None
+    quant_img_RGB2BGR: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,5 +65,12 @@ def build_models(
     if not do_quantization or dataset is None:
         return BuiltModels(float_path, float_path)
     quant_path = folder / "quant.onnx"
-    quantize_model(float_path, quant_path, dataset, config.quantized_algorithm, config.quantized_method)
+    quantize_model(
+        float_path,
+        quant_path,
+        dataset,
+        config.quantized_algorithm,
+        config.quantized_method,
+        config.quant_img_RGB2BGR,
+    )
     return BuiltModels(float_path, quant_path)

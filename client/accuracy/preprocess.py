@@ -3,13 +3,15 @@
 `config(mean_values, std_values)` means: subtract the mean, then divide by the std, per channel, no
 channel swap. Baking that into the ONNX model as `Sub` and `Div` at the front makes the model's input the
 raw image (NCHW float32 for ONNX models), so golden, simulator and runtime all take the same data.
-Image files (jpg/png/bmp) must already have the model's height and width (the toolkit does not resize);
-they are read as HWC uint8 and handed to the model as NCHW float32 with a batch axis. `.npy` files are
-used as they are.
+Image files (jpg/png/bmp) are read as the toolkit reads them with OpenCV: RGB (OpenCV's BGR read, then
+converted), or BGR with `quant_img_RGB2BGR`; one of another size is resized to the input's height and
+width with OpenCV's INTER_LINEAR mapping (see `resize_linear`) and a warning on the `rknn_client`
+logger. They are handed to the model as NCHW with a batch axis. `.npy` files are used as they are.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from PIL import Image
 from rknn_client.accuracy.capture import graph_inputs
 from rknn_client.accuracy.errors import AccuracyError
 
+LOG = logging.getLogger("rknn_client.accuracy")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
 PIL_MODES: dict[int | None, str] = {1: "L", 3: "RGB", 4: "RGBA"}
 Channels = Sequence[float]
@@ -99,8 +102,33 @@ def bake_normalization(
     return baked
 
 
-def _read_image(path: Path, spec: InputSpec) -> np.ndarray:
-    """An image file as a 1xCxHxW array of the model's dtype; the size must match the model."""
+def _axis_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """OpenCV's INTER_LINEAR sampling along one axis: pixel centres aligned (src = (dst + 0.5) * in / out
+    - 0.5), clamped at the borders; the lower neighbour, the upper one and the upper one's weight."""
+    position = (np.arange(size_out, dtype=np.float64) + 0.5) * (size_in / size_out) - 0.5
+    position = np.clip(position, 0.0, size_in - 1)
+    low = np.floor(position).astype(np.intp)
+    high = np.minimum(low + 1, size_in - 1)
+    return low, high, (position - low)
+
+
+def resize_linear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """An HWC uint8 image resized as cv2.resize(..., interpolation=INTER_LINEAR) maps pixels.
+
+    Pillow's BILINEAR filter widens its support when shrinking (an antialiasing filter), so it gives
+    other values than OpenCV on downscaled images; this is the plain two-tap interpolation OpenCV does.
+    OpenCV computes uint8 images in 11-bit fixed point, so its values may differ from these by one level.
+    """
+    rows_low, rows_high, row_weight = _axis_weights(pixels.shape[0], height)
+    cols_low, cols_high, col_weight = _axis_weights(pixels.shape[1], width)
+    data = pixels.astype(np.float64)
+    top = data[rows_low] * (1 - row_weight)[:, None, None] + data[rows_high] * row_weight[:, None, None]
+    both = top[:, cols_low] * (1 - col_weight)[None, :, None] + top[:, cols_high] * col_weight[None, :, None]
+    return np.clip(np.rint(both), 0, 255).astype(np.uint8)
+
+
+def _read_image(path: Path, spec: InputSpec, rgb2bgr: bool = False) -> np.ndarray:
+    """An image file as a 1xCxHxW array of the model's dtype, resized to the model's size if needed."""
     mode = PIL_MODES.get(spec.shape[1]) if len(spec.shape) == 4 else None
     if mode is None:
         raise AccuracyError(f"input {spec.name} (shape {spec.shape}) is not an NCHW image input; use .npy")
@@ -108,14 +136,23 @@ def _read_image(path: Path, spec: InputSpec) -> np.ndarray:
     try:
         with Image.open(path) as image:
             pixels = np.asarray(image.convert(mode))
-    except OSError as exc:
+    except Exception as exc:  # Pillow raises OSError, SyntaxError or its DecompressionBombError
         raise AccuracyError(f"cannot read image {path}: {exc}") from exc
     pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
-    if (height is not None and pixels.shape[0] != height) or (width is not None and pixels.shape[1] != width):
-        raise AccuracyError(
-            f"image {path} is {pixels.shape[1]}x{pixels.shape[0]} (WxH), input {spec.name} needs "
-            f"{width}x{height}; resize it first"
+    want_h, want_w = height or pixels.shape[0], width or pixels.shape[1]
+    if (want_h, want_w) != pixels.shape[:2]:
+        LOG.warning(
+            "%s is %dx%d (WxH), resized to the input size %dx%d of %s",
+            path,
+            pixels.shape[1],
+            pixels.shape[0],
+            want_w,
+            want_h,
+            spec.name,
         )
+        pixels = resize_linear(pixels, want_h, want_w)
+    if rgb2bgr and pixels.shape[2] >= 3:
+        pixels = pixels[:, :, [2, 1, 0, *range(3, pixels.shape[2])]]
     return pixels.transpose(2, 0, 1)[np.newaxis].astype(spec.dtype)
 
 
@@ -133,8 +170,8 @@ def _read_npy(path: Path, spec: InputSpec) -> np.ndarray:
     return array
 
 
-def load_input(path: str | Path, spec: InputSpec) -> np.ndarray:
-    """Read one input file for one model input."""
+def load_input(path: str | Path, spec: InputSpec, rgb2bgr: bool = False) -> np.ndarray:
+    """Read one input file for one model input; `rgb2bgr` is config(quant_img_RGB2BGR=True)."""
     file = Path(path)
     if not file.is_file():
         raise AccuracyError(f"input file {file} does not exist")
@@ -142,15 +179,17 @@ def load_input(path: str | Path, spec: InputSpec) -> np.ndarray:
     if suffix == ".npy":
         return _read_npy(file, spec)
     if suffix in IMAGE_SUFFIXES:
-        return _read_image(file, spec)
+        return _read_image(file, spec, rgb2bgr)
     raise AccuracyError(f"{file}: unsupported input file type (use jpg, png, bmp or npy)")
 
 
-def load_inputs(paths: Sequence[str | Path], specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
+def load_inputs(
+    paths: Sequence[str | Path], specs: Sequence[InputSpec], rgb2bgr: bool = False
+) -> dict[str, np.ndarray]:
     """One file per model input, in the model's input order."""
     if len(paths) != len(specs):
         raise AccuracyError(f"{len(paths)} input file(s) given, the model has {len(specs)} input(s)")
-    return {spec.name: load_input(path, spec) for path, spec in zip(paths, specs, strict=True)}
+    return {spec.name: load_input(path, spec, rgb2bgr) for path, spec in zip(paths, specs, strict=True)}
 
 
 def read_dataset(dataset_txt: str | Path) -> list[list[Path]]:

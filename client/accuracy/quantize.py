@@ -51,10 +51,12 @@ class _Samples(CalibrationDataReader):
         return None if sample is None else dict(sample)
 
 
-def load_dataset(model: onnx.ModelProto, dataset_txt: str | Path) -> list[dict[str, np.ndarray]]:
+def load_dataset(
+    model: onnx.ModelProto, dataset_txt: str | Path, rgb2bgr: bool = False
+) -> list[dict[str, np.ndarray]]:
     """Every sample listed in dataset.txt, read for the model's inputs."""
     specs = input_specs(model)
-    return [load_inputs(paths, specs) for paths in read_dataset(dataset_txt)]
+    return [load_inputs(paths, specs, rgb2bgr) for paths in read_dataset(dataset_txt)]
 
 
 def quantize_model(
@@ -63,6 +65,7 @@ def quantize_model(
     dataset_txt: str | Path,
     algorithm: str = "normal",
     method: str = "channel",
+    rgb2bgr: bool = False,
 ) -> None:
     """Write the int8 QDQ model of `float_model_path` to `out_path`, calibrated on dataset.txt."""
     if algorithm not in ALGORITHMS:
@@ -70,7 +73,7 @@ def quantize_model(
     if method not in METHODS:
         raise AccuracyError(f"quantized_method {method!r} is not one of {', '.join(METHODS)}")
     model = load_model(float_model_path)
-    samples = load_dataset(model, dataset_txt)
+    samples = load_dataset(model, dataset_txt, rgb2bgr)
     extra_options: dict[str, object] = {}
     if algorithm == "mmse":
         extra_options["TensorQuantOverrides"] = {
@@ -89,5 +92,5 @@ def quantize_model(
             calibrate_method=ALGORITHMS[algorithm],
             extra_options=extra_options,
         )
-    except (ValueError, RuntimeError) as exc:
+    except Exception as exc:  # ONNX Runtime's own exception types (Fail, InvalidArgument) included
         raise AccuracyError(f"quantization failed: {exc}") from exc

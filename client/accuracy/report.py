@@ -1,19 +1,24 @@
-"""What accuracy analysis leaves on disk and prints: per-layer .npy files and the toolkit's error table.
+"""What accuracy analysis leaves on disk and prints, in RKNN-Toolkit2 2.5.0's layout.
 
-File names follow the board's dumps: `{index:03d}_{OpType}_{tensor}_shape_{d0_d1_...}_{dtype}.npy`
-(`float` for float32, numpy's name otherwise). Names that come from models or from a daemon are cut
-down to [A-Za-z0-9._-] (anything else becomes `_`, long names are shortened with a hash), so a file
-always lands directly inside its folder. Table layout: a `#` legend, then one row per layer,
-`[OpType] tensor  cos | euc  cos | euc`, cos with 5 decimals, euc with 5 significant digits; a row
-without values shows only its name.
+Per side (`golden/`, `simulator/`, `runtime/`): `<file>.txt`, the tensor flattened with one value per
+line (what the official example reads with `np.genfromtxt`), and `npy/<file>.npy`, the tensor itself.
+`map_name_to_file.txt` maps each tensor name to its file: `.` and `/` become `_` as in the toolkit,
+anything else outside [A-Za-z0-9_-] too, long names are shortened with a hash and a clash gets a
+numeric suffix, so every file lands directly inside its folder and no two tensors share one.
+Table (`error_analysis.txt`): the legend, a blank line, a three-line header (`layer_name`, then
+`simulator_error` and, with a runtime, `runtime_error`; their `entire`/`single` and `entire`/`single_sim`
+groups; `cos euc` under each), a rule, then one row per layer: `[OpType] tensor` and `cos | euc` cells,
+cos with 5 decimals, euc with 5 significant digits (at most 4 decimals); a layer without values (fused
+away on one side) shows only its name.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -25,7 +30,9 @@ from rknn_client.accuracy.errors import AccuracyError
 
 MAX_NAME = 96
 PAIR_WIDTH = 20
+GROUP_GAP = 4
 NAME_MIN_WIDTH = 24
+CELL_TITLES = ((0, "cos"), (9, "euc"), (PAIR_WIDTH, "cos"), (PAIR_WIDTH + 9, "euc"))
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -57,9 +64,9 @@ SIMULATOR_TABLE = TableSpec(
     (
         "# simulator_error: calculate the output error of each layer of the simulator "
         "(compared to the 'golden' value).",
-        "# entire: output error of each layer between 'golden' and 'simulator', "
+        "#              entire: output error of each layer between 'golden' and 'simulator', "
         "these errors will accumulate layer by layer.",
-        "# single: single-layer output error between 'golden' and 'simulator', "
+        "#              single: single-layer output error between 'golden' and 'simulator', "
         "can better reflect the single-layer accuracy of the simulator.",
     ),
     "entire",
@@ -69,9 +76,9 @@ RUNTIME_TABLE = TableSpec(
     "runtime_error",
     (
         "# runtime_error: calculate the output error of each layer of the runtime.",
-        "# entire: output error of each layer between 'golden' and 'runtime', "
+        "#              entire: output error of each layer between 'golden' and 'runtime', "
         "these errors will accumulate layer by layer.",
-        "# single_sim: single-layer output error between 'simulator' and 'runtime', "
+        "#              single_sim: single-layer output error between 'simulator' and 'runtime', "
         "can better reflect the single-layer accuracy of runtime.",
     ),
     "entire",
@@ -81,11 +88,14 @@ RUNTIME_TABLE = TableSpec(
 
 @dataclass(frozen=True)
 class TableRow:
-    """One printed row: `[OpType] name` and the two cell pairs (None prints blank)."""
+    """One printed row: `[OpType] name` and its cell pairs (None prints blank); third and fourth are
+    the runtime's."""
 
     label: str
     first: ErrorPair | None
     second: ErrorPair | None
+    third: ErrorPair | None = None
+    fourth: ErrorPair | None = None
 
 
 def safe_name(text: str) -> str:
@@ -97,37 +107,61 @@ def safe_name(text: str) -> str:
     return f"{cleaned[: MAX_NAME - 9]}_{digest}"
 
 
-def layer_file_name(layer: LayerLike, array: np.ndarray) -> str:
-    """The dump name of one layer's tensor."""
-    shape = "_".join(str(dim) for dim in array.shape) or "scalar"
-    dtype = "float" if array.dtype == np.float32 else safe_name(array.dtype.name)
-    op_type, tensor = safe_name(layer.op_type), safe_name(layer.tensor_name)
-    return f"{layer.index:03d}_{op_type}_{tensor}_shape_{shape}_{dtype}.npy"
+def tensor_file_names(names: Iterable[str]) -> dict[str, str]:
+    """Each tensor name's file name (`.txt`), unique among `names`."""
+    files: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in names:
+        if name in files:
+            continue
+        stem = safe_name(name.replace(".", "_"))
+        candidate, number = stem, 1
+        while candidate.lower() in taken:
+            number += 1
+            candidate = f"{stem}_{number}"
+        taken.add(candidate.lower())
+        files[name] = f"{candidate}.txt"
+    return files
 
 
-def remove_layers(directory: Path) -> None:
-    """Delete an earlier run's dumps from `directory`, and the folder if that empties it."""
+def remove_side(directory: Path) -> None:
+    """Delete an earlier run's tensors from `directory`, and the folders if that empties them."""
     if not directory.is_dir():
         return
     try:
-        for stale in directory.glob("*.npy"):
+        for stale in [*directory.glob("*.txt"), *directory.glob("npy/*.npy"), *directory.glob("*.npy")]:
             stale.unlink()
-        if not any(directory.iterdir()):
-            directory.rmdir()
+        for folder in (directory / "npy", directory):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
     except OSError as exc:
-        raise AccuracyError(f"cannot remove earlier layer dumps from {directory}: {exc}") from exc
+        raise AccuracyError(f"cannot remove earlier tensors from {directory}: {exc}") from exc
 
 
-def write_layers(directory: Path, layers: Iterable[tuple[LayerLike, np.ndarray]]) -> None:
-    """Create `directory` (emptied of earlier dumps) and save one .npy per layer in it."""
-    remove_layers(directory)
+def write_side(directory: Path, tensors: Mapping[str, np.ndarray], files: Mapping[str, str]) -> None:
+    """Create `directory` (emptied of an earlier run) with `<file>.txt` and `npy/<file>.npy` per tensor."""
+    remove_side(directory)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        for layer, array in layers:
+        (directory / "npy").mkdir(parents=True, exist_ok=True)
+        for name, array in tensors.items():
             value = np.asarray(array)
-            np.save(directory / layer_file_name(layer, value), value, allow_pickle=False)
+            stem = files[name].removesuffix(".txt")
+            np.savetxt(directory / f"{stem}.txt", value.reshape(-1), fmt=_text_format(value))
+            np.save(directory / "npy" / f"{stem}.npy", value, allow_pickle=False)
     except OSError as exc:
-        raise AccuracyError(f"cannot write layer dumps to {directory}: {exc}") from exc
+        raise AccuracyError(f"cannot write tensors to {directory}: {exc}") from exc
+
+
+def _text_format(value: np.ndarray) -> str:
+    """Enough digits that a float32 reads back exactly; integers as integers."""
+    return "%.9g" if np.issubdtype(value.dtype, np.floating) else "%d"
+
+
+def write_name_map(path: Path, files: Mapping[str, str]) -> None:
+    """map_name_to_file.txt: a `layer_name file_name` table."""
+    width = max([len("layer_name"), *(len(name) for name in files)]) + 4
+    lines = [f"{'layer_name':<{width}}file_name", *(f"{name:<{width}}{file}" for name, file in files.items())]
+    write_text_atomically(path, "\n".join(lines) + "\n")
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -141,8 +175,11 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 
 def format_euc(value: float) -> str:
-    """Euclidean distance as the toolkit prints it: 5 significant digits, `0.0` for zero."""
-    return "0.0" if value == 0 else f"{value:.5g}"
+    """Euclidean distance as the toolkit prints it: 5 significant digits, at most 4 decimals, `0.0` for zero."""
+    if value == 0:
+        return "0.0"
+    digits = max(0, 4 - max(0, math.floor(math.log10(abs(value)))))
+    return f"{value:.{digits}f}"
 
 
 def format_pair(pair: ErrorPair | None) -> str:
@@ -150,17 +187,40 @@ def format_pair(pair: ErrorPair | None) -> str:
     return "" if pair is None else f"{pair.cos:.5f} | {format_euc(pair.euc)}"
 
 
-def format_table(spec: TableSpec, rows: Sequence[TableRow]) -> str:
-    """The legend and table as the toolkit prints them."""
+def format_table(rows: Sequence[TableRow], with_runtime: bool) -> str:
+    """The legend and table as the toolkit prints them; the runtime columns sit beside the simulator's."""
+    specs = (SIMULATOR_TABLE, RUNTIME_TABLE) if with_runtime else (SIMULATOR_TABLE,)
     width = max([NAME_MIN_WIDTH, *(len(row.label) + 2 for row in rows)])
-    lines = [
-        *spec.legend,
-        f"{'layer_name':<{width}}{spec.title}",
-        f"{'':<{width}}{spec.first:<{PAIR_WIDTH}}{spec.second}",
-        f"{'':<{width}}{'cos':<10}{'euc':<{PAIR_WIDTH - 10}}{'cos':<10}euc",
-        "-" * (width + 2 * PAIR_WIDTH),
+    group = 2 * PAIR_WIDTH + GROUP_GAP
+
+    def line(cells: Sequence[tuple[int, str]]) -> str:
+        text = ""
+        for column, cell in cells:
+            text = f"{text:<{column}}{cell}"
+        return text.rstrip()
+
+    starts = [width + index * group for index in range(len(specs))]
+    header = [
+        line([(0, "layer_name"), *((start, spec.title) for start, spec in zip(starts, specs, strict=True))]),
+        line(
+            [
+                cell
+                for start, spec in zip(starts, specs, strict=True)
+                for cell in ((start, spec.first), (start + PAIR_WIDTH, spec.second))
+            ]
+        ),
+        line([(start + offset, name) for start in starts for offset, name in CELL_TITLES]),
+        "-" * (width + len(specs) * group),
     ]
+    body = []
     for row in rows:
-        cells = f"{format_pair(row.first):<{PAIR_WIDTH}}{format_pair(row.second)}"
-        lines.append(f"{row.label:<{width}}{cells}".rstrip())
-    return "\n".join(lines) + "\n"
+        cells = [
+            (0, row.label),
+            (width, format_pair(row.first)),
+            (width + PAIR_WIDTH, format_pair(row.second)),
+        ]
+        if with_runtime:
+            cells += [(starts[1], format_pair(row.third)), (starts[1] + PAIR_WIDTH, format_pair(row.fourth))]
+        body.append(line(cells))
+    legend = [text for spec in specs for text in spec.legend]
+    return "\n".join([*legend, "", *header, *body]) + "\n"

@@ -11,11 +11,13 @@ import atexit
 import functools
 import os
 import tempfile
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import onnx
 
 from rknn_client import __version__
 from rknn_client.accuracy.analysis import AnalysisResult, analyse, prepare_output_dir
@@ -25,13 +27,17 @@ from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
 from rknn_client.api import Device, DumpedLayer, PerfReport, Session, connect
 from rknn_client.compat import inputs as input_rules
+from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
-from rknn_client.compat.onnx_build import BuildError, prepare_model
+from rknn_client.compat.onnx_build import BuildError, prepare_model, set_input_shapes
+from rknn_client.compat.rknn_file import ModelFileKind, inspect
+from rknn_client.compat.shapes import batched, check_dynamic, dynamic_sets, nchw_shape, with_free_dims
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.errors import RknnError
 from rknn_client.pipeline import Pipeline
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
 from rknn_client.transport.base import TransportError
+from rknn_proto import model_container
 
 R = TypeVar("R")
 TARGETS = (
@@ -48,7 +54,19 @@ TARGETS = (
 )
 # Set to 0 to make a daemon restart fail the next call instead of re-initializing the runtime.
 ENV_AUTO_RECONNECT = "RKNN_CLIENT_AUTO_RECONNECT"
-_EXPECTED = (RknnError, TransportError, BuildError, input_rules.InputRuleError, OSError, ValueError)
+TOOLKIT_ONLY = (
+    "needs Rockchip's RKNN-Toolkit2 (its closed compiler), which rknn_client runs in its own interpreter: "
+    "install it with `rknn-client toolkit install`"
+)
+_EXPECTED = (
+    RknnError,
+    TransportError,
+    BuildError,
+    input_rules.InputRuleError,
+    OSError,
+    ValueError,
+    ConfigError,
+)
 
 
 def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -57,11 +75,16 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
     def decorate(fn: Callable[..., R]) -> Callable[..., R]:
         @functools.wraps(fn)
         def wrapper(self: RKNN, *args: Any, **kwargs: Any) -> R:
-            try:
-                return fn(self, *args, **kwargs)
-            except _EXPECTED as exc:
-                self.log.e(api, str(exc))
-                return failure
+            with self.log.captured(api):
+                try:
+                    return fn(self, *args, **kwargs)
+                except _EXPECTED as exc:
+                    self.log.e(api, str(exc))
+                    return failure
+                except Exception as exc:  # the toolkit's contract: -1/None and the reason, never a raise
+                    self.log.e(api, f"{type(exc).__name__}: {exc}")
+                    self.log.d(api, traceback.format_exc())
+                    return failure
 
         return wrapper
 
@@ -76,7 +99,11 @@ class RKNN(NpuCoreMasks):
         self.log = ToolkitLog(verbose, verbose_file)
         self._onnx: dict[str, Any] | None = None
         self._rknn_path: Path | None = None
+        self._loaded = ModelFileKind()
         self._built: Path | None = None
+        self._build_settings: dict[str, Any] = {}
+        self._dynamic_input: Any = None
+        self._dynamic_sets: list[list[tuple[int, ...]]] | None = None
         self._quant = QuantConfig()
         self._models: BuiltModels | None = None
         self.last_accuracy: AnalysisResult | None = None
@@ -91,10 +118,11 @@ class RKNN(NpuCoreMasks):
 
     # -- model preparation -------------------------------------------------------------------
 
+    @_toolkit_call("config", -1)
     def config(
         self,
-        mean_values: Sequence[Sequence[float]] | None = None,
-        std_values: Sequence[Sequence[float]] | None = None,
+        mean_values: Sequence[Sequence[float]] | Sequence[float] | None = None,
+        std_values: Sequence[Sequence[float]] | Sequence[float] | None = None,
         quantized_dtype: str = "w8a8",
         quantized_algorithm: str = "normal",
         quantized_method: str = "channel",
@@ -124,20 +152,25 @@ class RKNN(NpuCoreMasks):
                 "config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}"
             )
             return -1
+        means, stds = normalization(mean_values, std_values)
+        if dynamic_input is not None:
+            first = dynamic_input[0] if isinstance(dynamic_input, Sequence) and dynamic_input else None
+            dynamic_sets(dynamic_input, len(first) if isinstance(first, Sequence) else 0)
+        self._dynamic_input = dynamic_input
         self._quant = QuantConfig(
-            mean_values=mean_values,
-            std_values=std_values,
+            mean_values=means,
+            std_values=stds,
             quantized_dtype=quantized_dtype,
             quantized_algorithm=quantized_algorithm,
             quantized_method=quantized_method,
             target_platform=target_platform,
+            quant_img_RGB2BGR=bool(quant_img_RGB2BGR),
         )
-        if quant_img_RGB2BGR:
-            self.log.w("config", "quant_img_RGB2BGR is not emulated: calibration images are read as RGB")
         for key in kwargs:
             self.log.w("config", f"unknown argument {key!r} ignored")
         return 0
 
+    @_toolkit_call("load_onnx", -1)
     def load_onnx(
         self,
         model: str,
@@ -158,6 +191,7 @@ class RKNN(NpuCoreMasks):
         self._rknn_path = None
         self._built = None
         self._models = None
+        self._dynamic_sets = None
         self.log.i("load_onnx", f"loading model {model}")
         return 0
 
@@ -189,10 +223,18 @@ class RKNN(NpuCoreMasks):
     def load_darknet(self, model: str, weight: str) -> int:
         return self._unsupported_loader("load_darknet")
 
+    @_toolkit_call("load_rknn", -1)
     def load_rknn(self, path: str) -> int:
         if not Path(path).is_file():
             self.log.e("load_rknn", f"rknn model file {path} does not exist")
             return -1
+        self._loaded = inspect(Path(path))
+        if self._loaded.rknn is not None:
+            self.log.i("load_rknn", f"{path}: {self._loaded.rknn.summary()}")
+        elif self._loaded.virtual is not None:
+            self.log.i("load_rknn", f"{path} is a virtual-board model: {model_container.VIRTUAL_ONLY}")
+        sets = self._loaded.virtual.header.get("dynamic_input") if self._loaded.virtual else None
+        self._dynamic_sets = [[tuple(shape) for shape in shape_set] for shape_set in sets] if sets else None
         self._rknn_path = Path(path)
         self._onnx = None
         self._built = None
@@ -210,10 +252,10 @@ class RKNN(NpuCoreMasks):
         if self._onnx is None:
             self.log.e("build", "no model loaded: call load_onnx() first")
             return -1
-        if rknn_batch_size not in (None, 1):
-            self.log.w(
-                "build", f"rknn_batch_size={rknn_batch_size} is not emulated on the host runtime; using 1"
-            )
+        batch = 1 if rknn_batch_size is None else int(rknn_batch_size)
+        if batch < 1:
+            self.log.e("build", f"rknn_batch_size must be 1 or more, not {rknn_batch_size}")
+            return -1
         self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
         prepared = prepare_model(
             self._onnx["path"],
@@ -221,22 +263,96 @@ class RKNN(NpuCoreMasks):
             input_size_list=self._onnx["input_size_list"],
             outputs=self._onnx["outputs"],
         )
+        sets = None
+        if self._dynamic_input is not None:
+            if batch > 1:
+                self.log.e("build", "rknn_batch_size and dynamic_input cannot be combined")
+                return -1
+            sets = dynamic_sets(self._dynamic_input, len(input_specs(prepared)))
+            set_input_shapes(prepared, self._onnx["inputs"], sets[0])  # calibrate on the first set
         if do_quantization:
             self.log.i("build", f"quantizing to int8 ({self._quant.quantized_algorithm}) with {dataset}")
-        self._models = build_models(
-            prepared, Path(self._workdir.name) / "build", self._quant, do_quantization, dataset
-        )
-        # The daemon runs what was built: the int8 QDQ model, or the float model without quantization.
+        folder = Path(self._workdir.name) / "build"
+        self._models = build_models(prepared, folder, self._quant, do_quantization, dataset)
+        # The daemon runs what was built: the int8 QDQ model, or the float model without quantization,
+        # with the batch or the dynamic shapes asked for.
         self._built = self._models.quant_model
+        if sets is not None or batch > 1:
+            model = load_model(self._models.quant_model)
+            model = with_free_dims(model, sets) if sets is not None else batched(model, batch)
+            self._built = folder / "runtime.onnx"
+            onnx.save(model, self._built)
+        self._dynamic_sets = sets
+        self._build_settings = {
+            "do_quantization": bool(do_quantization),
+            "quantized_algorithm": self._quant.quantized_algorithm,
+            "quantized_method": self._quant.quantized_method,
+            "rknn_batch_size": batch,
+            "dynamic_input": sets,
+        }
         return 0
 
+    @_toolkit_call("export_rknn", -1)
     def export_rknn(self, export_path: str, **kwargs: Any) -> int:
-        self.log.e(
-            "export_rknn",
-            "RKNN models are produced by Rockchip's RKNN-Toolkit2; rknn_client runs ONNX models on the host "
-            "runtime and .rknn models on boards, but does not convert models",
+        """Without RKNN-Toolkit2: the built model in a virtual-board container (rknn_proto.model_container)."""
+        if self._models is None:
+            self.log.e("export_rknn", "no built model to export: call load_onnx() and build() first")
+            return -1
+        header = {
+            "producer": f"rknn_client {__version__}",
+            "target_platform": self._quant.target_platform,
+            "note": model_container.VIRTUAL_ONLY,
+            **self._build_settings,
+        }
+        assert self._built is not None
+        data = model_container.pack(self._built.read_bytes(), header)
+        Path(export_path).write_bytes(data)
+        self.log.w(
+            "export_rknn", f"{export_path} is for the virtual board only: {model_container.VIRTUAL_ONLY}"
         )
+        return 0
+
+    # -- what only RKNN-Toolkit2 itself can do ----------------------------------------------------
+
+    def _needs_toolkit(self, api: str, what: str) -> int:
+        self.log.e(api, f"{what} {TOOLKIT_ONLY}")
         return -1
+
+    def hybrid_quantization_step1(
+        self,
+        dataset: str = "dataset.txt",
+        rknn_batch_size: int | None = None,
+        proposal: bool = False,
+        proposal_dataset_size: int = 1,
+        custom_hybrid: Any = None,
+    ) -> int:
+        return self._needs_toolkit("hybrid_quantization_step1", "hybrid quantization")
+
+    def hybrid_quantization_step2(
+        self, model_input: str, data_input: str, model_quantization_cfg: str
+    ) -> int:
+        return self._needs_toolkit("hybrid_quantization_step2", "hybrid quantization")
+
+    def export_encrypted_rknn_model(
+        self, input_model: str, output_model: str | None = None, crypt_level: int = 1
+    ) -> int:
+        return self._needs_toolkit("export_encrypted_rknn_model", "encrypting an RKNN model")
+
+    def reg_custom_op(self, custom_op: Any) -> int:
+        name = getattr(custom_op, "op_type", type(custom_op).__name__)
+        return self._needs_toolkit("reg_custom_op", f"registering the custom operator {name!r}")
+
+    def codegen(self, output_path: str, inputs: Any = None, overwrite: bool = False) -> int:
+        return self._needs_toolkit("codegen", "generating the C++ deployment example")
+
+    def optimize_onnx(
+        self,
+        model: str,
+        optimized_path: str | None = None,
+        passes_enable: Any = None,
+        inputs_for_dump: Any = None,
+    ) -> int:
+        return self._needs_toolkit("optimize_onnx", "the toolkit's ONNX graph optimizer")
 
     # -- runtime -----------------------------------------------------------------------------
 
@@ -285,6 +401,7 @@ class RKNN(NpuCoreMasks):
                 f"target mismatch: init_runtime(target='{self._target}') but the board at "
                 f"{self._device.endpoint.description} is {info.soc}"
             )
+        self._check_runnable(info.model_formats, info.soc, self._device.endpoint.description)
         self._session = self._device.load(
             model,
             target=self._target,
@@ -299,6 +416,27 @@ class RKNN(NpuCoreMasks):
             # This frame travels and runs while the previous frame's outputs are returned.
             self._pipeline = self._session.pipeline(depth=2)
         return 0
+
+    def _check_runnable(self, formats: Sequence[str], soc: str, where: str) -> None:
+        """A loaded .rknn file the selected daemon cannot run is refused here, before any upload."""
+        if self._rknn_path is None:
+            return
+        header, virtual = self._loaded.rknn, self._loaded.virtual
+        if header is not None and ".rknn" not in formats:
+            raise RknnError(
+                f"{self._rknn_path.name} is a real RKNN model ({header.summary()}); the daemon at {where} "
+                f"runs models of type {', '.join(formats)} (the host runtime cannot run RKNN models): "
+                "connect to a board's daemon, or load the original model with load_onnx()"
+            )
+        if header is not None and soc and header.target_platforms and soc not in header.target_platforms:
+            raise RknnError(
+                f"{self._rknn_path.name} was built for {', '.join(header.target_platforms)}, "
+                f"but the board at {where} is {soc}: convert the model again with target_platform='{soc}'"
+            )
+        if virtual is not None and ".onnx" not in formats:
+            raise RknnError(
+                f"{self._rknn_path.name} cannot run on the board at {where}: {model_container.VIRTUAL_ONLY}"
+            )
 
     def _require_session(self) -> Session:
         if self._session is None:
@@ -318,6 +456,11 @@ class RKNN(NpuCoreMasks):
         prepared = input_rules.prepare(inputs, session.inputs, data_format, inputs_pass_through)
         for note in prepared.notes:
             self.log.w("inference", note)
+        if self._dynamic_sets is not None:
+            shapes = [
+                nchw_shape(a, layout) for a, layout in zip(prepared.arrays, prepared.layouts, strict=True)
+            ]
+            check_dynamic(shapes, self._dynamic_sets)
         if self._pipeline is not None:
             frame_id, result = self._infer_async(self._pipeline, prepared)
         else:
@@ -416,7 +559,8 @@ class RKNN(NpuCoreMasks):
             )
             return -1
         models = self._models
-        feeds = load_inputs(list(inputs), input_specs(load_model(models.float_model)))
+        specs = input_specs(load_model(models.float_model))
+        feeds = load_inputs(list(inputs), specs, self._quant.quant_img_RGB2BGR)
         out = Path(output_dir)
         prepare_output_dir(out)
         runtime_layers: list[tuple[DumpedLayer, np.ndarray]] | None = None

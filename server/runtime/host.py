@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 import psutil
 
+from rknn_proto import model_container
 from rknn_server.platform import read_frequencies
 from rknn_server.runtime import onnx_graph
 from rknn_server.runtime.base import (
@@ -161,16 +162,28 @@ def _spec(index: int, arg: ort.NodeArg, quant: QuantInfo | None = None) -> Tenso
     return TensorSpec(index, arg.name, shape, np.dtype(dtype), layout, quant or QuantInfo())
 
 
-def _runnable(path: Path, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, QuantInfo]]:
-    """What ONNX Runtime loads: the file itself, or, for a QDQ model whose outputs end in
-    DequantizeLinear, the rewritten graph that returns them quantized (see qdq_outputs).
+def _runnable(path: Path | None, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, QuantInfo]]:
+    """What ONNX Runtime loads: the file itself (its bytes when `path` is None: the graph came from a
+    virtual-board container), or, for a QDQ model whose outputs end in DequantizeLinear, the rewritten
+    graph that returns them quantized (see qdq_outputs).
     Models with external data are loaded as they are (their bytes cannot move without the data)."""
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
+    if path is not None and any(
+        t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer
+    ):
         return str(path), {}
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(graph)
     exposed = expose_quantized_outputs(rewritten)
-    return (rewritten.SerializeToString(), exposed) if exposed else (str(path), {})
+    if exposed or path is None:
+        return rewritten.SerializeToString(), exposed
+    return str(path), {}
+
+
+def _load_graph(path: Path) -> tuple[onnx.ModelProto, bool]:
+    """The model's graph, and whether it came out of a virtual-board container (export_rknn's file)."""
+    if model_container.file_is_virtual(path):
+        return onnx.load_from_string(model_container.read(path).onnx), True
+    return onnx.load(str(path), load_external_data=False), False
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -227,13 +240,13 @@ class HostModel(ModelRuntime):
         self._threads = threads
         self._gate = gate or threading.Semaphore(concurrent_runs(threads))
         try:
-            self._graph = onnx.load(str(path), load_external_data=False)
+            self._graph, virtual = _load_graph(path)
         except Exception as exc:
             raise ModelFormatError(runtime_failure(f"{path.name} is not a loadable ONNX model", exc)) from exc
         check_external_data(self._graph, path.parent)
         process = psutil.Process()
         rss_before = process.memory_info().rss
-        self._source, quantized = _runnable(path, self._graph)
+        self._source, quantized = _runnable(None if virtual else path, self._graph)
         try:
             self._session = ort.InferenceSession(
                 self._source, session_options(threads, path.parent), providers=["CPUExecutionProvider"]
@@ -404,6 +417,8 @@ class HostBackend(Backend):
         return tuple(reading for reading in read_frequencies(self._sysfs_root) if reading.kind == "CPU")
 
     def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
+        if model_container.file_is_virtual(model_path):
+            return HostModel(model_path, options, self.threads, self.gate)
         if model_path.suffix.lower() == ".rknn" or _looks_like_rknn(model_path):
             raise ModelFormatError(
                 f"{model_path.name} is an RKNN model, and this daemon runs the host runtime (ONNX Runtime), "

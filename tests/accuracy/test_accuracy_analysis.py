@@ -10,7 +10,7 @@ import onnx
 import pytest
 from qdq_edit import negate_conv_weights
 
-from rknn_client.accuracy.analysis import REPORT_FILE, analyse
+from rknn_client.accuracy.analysis import MAP_FILE, REPORT_FILE, analyse
 from rknn_client.accuracy.capture import LayerInfo, run_capture
 from rknn_client.accuracy.compare import ErrorPair
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
@@ -22,7 +22,7 @@ def known(pair: ErrorPair | None) -> ErrorPair:
     return pair
 
 
-FILE_NAME = re.compile(r"^\d{3}_[A-Za-z]+_[A-Za-z0-9._-]+_shape_[0-9_]+_[a-z0-9]+\.npy$")
+FILE_NAME = re.compile(r"^[A-Za-z0-9_-]+\.txt$")
 
 
 def test_int8_errors_grow_towards_the_output(
@@ -44,20 +44,27 @@ def test_int8_errors_grow_towards_the_output(
     assert result.row("conv1").sides == {"golden"}
     assert result.row("relu1").op_type == "Relu" and result.row("relu1").sides == {"golden", "simulator"}
 
+    snap = tmp_path / "snap"
     for side in ("golden", "simulator"):
-        names = sorted(p.name for p in (tmp_path / "snap" / side).iterdir())
+        names = sorted(p.name for p in (snap / side).glob("*.txt"))
         assert names and all(FILE_NAME.match(name) for name in names), names
-    assert "000_InputOperator_input_shape_1_3_32_32_float.npy" in names
-    assert not (tmp_path / "snap" / "runtime").exists()
-    golden_prob = next((tmp_path / "snap" / "golden").glob("*_Softmax_prob_*.npy"))
-    assert np.load(golden_prob).shape == (1, 10)
+        assert sorted(p.name for p in (snap / side / "npy").iterdir()) == [n[:-4] + ".npy" for n in names]
+    assert "input.txt" in names and "input_mean_sub.txt" in names
+    assert not (snap / "runtime").exists()
+    # As the official example reads it: one value per line, flattened.
+    golden_prob = np.genfromtxt(snap / "golden" / "prob.txt")
+    assert golden_prob.shape == (10,)
+    np.testing.assert_allclose(golden_prob, np.load(snap / "golden" / "npy" / "prob.npy").ravel(), rtol=1e-7)
+    assert np.load(snap / "golden" / "npy" / "prob.npy").shape == (1, 10)
+    mapping = (snap / "map_name_to_file.txt").read_text().splitlines()
+    assert mapping[0].split() == ["layer_name", "file_name"]
+    assert ["relu1", "relu1.txt"] in [line.split() for line in mapping]
 
-    text = (tmp_path / "snap" / REPORT_FILE).read_text()
-    assert text.startswith(result.report)
+    text = (snap / REPORT_FILE).read_text()
+    assert text == result.report
     assert "runtime_error" not in text
-    assert re.search(r"^\[Softmax\] prob +\d\.\d{5} \| [0-9.e+-]+ +\d\.\d{5} \| [0-9.e+-]+$", text, re.M)
+    assert re.search(r"^\[Softmax\] prob +\d\.\d{5} \| [0-9.]+ +\d\.\d{5} \| [0-9.]+$", text, re.M)
     assert re.search(r"^\[Conv\] conv1$", text, re.M)
-    assert "only in golden" in text and "conv1" in text.split("only in golden")[1]
 
 
 def test_without_quantization_every_cosine_is_one(
@@ -101,9 +108,17 @@ def test_runtime_single_sim_points_at_the_broken_layer(
         row = result.row(name)
         assert known(row.runtime_entire).cos < known(row.entire).cos - 1e-3
     assert result.only_runtime == ()
-    assert len(list((tmp_path / "snap" / "runtime").glob("*.npy"))) == len(runtime_layers)
+    runtime_files = {p.name for p in (tmp_path / "snap" / "runtime").glob("*.txt")}
+    assert runtime_files == {f"{row.name}.txt" for row in result.rows if "runtime" in row.sides}
+    np.testing.assert_allclose(
+        np.genfromtxt(tmp_path / "snap" / "runtime" / "project.txt"),
+        np.load(tmp_path / "snap" / "runtime" / "npy" / "project.npy").ravel(),
+        rtol=1e-7,
+    )
     text = (tmp_path / "snap" / REPORT_FILE).read_text()
     assert "# runtime_error:" in text and "single_sim" in text
+    header = next(line for line in text.splitlines() if line.startswith("layer_name"))
+    assert header.split() == ["layer_name", "simulator_error", "runtime_error"]
 
 
 def test_runtime_layers_matched_by_name_nhwc_and_unknown(
@@ -128,11 +143,13 @@ def test_runtime_layers_matched_by_name_nhwc_and_unknown(
     assert result.row("prob").runtime_entire == result.row("prob").entire
     assert result.row("add1").runtime_entire is None and result.row("add1").single_sim is None
     assert result.only_runtime == ("../../../escape/x",)
-    written = sorted(p.name for p in (tmp_path / "snap" / "runtime").iterdir())
-    assert len(written) == 3 and all("/" not in name for name in written)
+    written = sorted(p.name for p in (tmp_path / "snap" / "runtime").glob("*.txt"))
+    assert written == sorted(["clip1.txt", "prob.txt", "_________escape_x.txt"])
+    # Matched tensors are stored in the golden layout (NCHW), as the toolkit's runtime/ folder is.
+    assert np.load(tmp_path / "snap" / "runtime" / "npy" / "clip1.npy").shape == simulator["clip1"].shape
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
     assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == sorted(
-        ["golden", "simulator", "runtime", REPORT_FILE]
+        ["golden", "simulator", "runtime", REPORT_FILE, MAP_FILE]
     )
 
 

@@ -81,10 +81,16 @@ def test_dataset_paths_are_relative_to_the_list(tmp_path: Path) -> None:
     ]
 
 
-def test_wrong_image_size_is_an_error(tmp_path: Path, float_model: Path, quant_model: Path) -> None:
-    Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(tmp_path / "small.jpg")
-    with pytest.raises(AccuracyError, match=r"30x20 \(WxH\).*needs 32x32"):
-        analyse(float_model, quant_model, [tmp_path / "small.jpg"], tmp_path / "snap")
+def test_an_image_of_another_size_is_resized_to_the_input(
+    tmp_path: Path, float_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The toolkit resizes with OpenCV (this used to be refused): same input shape, and a warning."""
+    Image.fromarray(np.full((20, 30, 3), 77, np.uint8)).save(tmp_path / "small.png")
+    spec = input_specs(onnx.load(str(float_model)))[0]
+    with caplog.at_level("WARNING", logger="rknn_client.accuracy"):
+        array = load_input(tmp_path / "small.png", spec)
+    assert array.shape[2:] == (32, 32) and np.all(array == 77)
+    assert "is 30x20 (WxH), resized to the input size 32x32" in caplog.text
 
 
 def test_missing_and_unsupported_inputs(
@@ -116,11 +122,13 @@ def test_a_rerun_replaces_the_report_only_at_the_end(
     out = tmp_path / "snap"
     analyse(float_model, quant_model, [test_image], out)
     assert (out / REPORT_FILE).exists()
-    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "tiny.png")
+    (tmp_path / "corrupt.png").write_bytes(b"not a png")
     with pytest.raises(AccuracyError):
-        analyse(float_model, quant_model, [tmp_path / "tiny.png"], out)
+        analyse(float_model, quant_model, [tmp_path / "corrupt.png"], out)
     assert (out / REPORT_FILE).exists()  # bad input is refused before anything is touched
-    (out / "golden" / "999_Stale_x_shape_1_float.npy").write_bytes(b"")
+    (out / "golden" / "stale_tensor.txt").write_bytes(b"")
+    (out / "golden" / "npy" / "stale_tensor.npy").write_bytes(b"")
     analyse(float_model, quant_model, [test_image], out)
-    assert not (out / "golden" / "999_Stale_x_shape_1_float.npy").exists()
+    assert not (out / "golden" / "stale_tensor.txt").exists()
+    assert not (out / "golden" / "npy" / "stale_tensor.npy").exists()
     assert not list(out.glob(".*"))

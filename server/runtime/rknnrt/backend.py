@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rknn_proto import model_container
 from rknn_server.freq_pin import pinned_frequencies
 from rknn_server.platform import PlatformInfo, read_frequencies
 from rknn_server.runtime.base import (
@@ -14,6 +15,7 @@ from rknn_server.runtime.base import (
     BackendCapabilities,
     FrequencyOutcome,
     FrequencyReading,
+    ModelFormatError,
     RuntimeOptions,
     VersionInfo,
 )
@@ -61,6 +63,10 @@ class RknnrtBackend(Backend):
         )
 
     def open(self, model_path: Path, options: RuntimeOptions) -> RknnrtModel:
+        if model_container.file_is_virtual(model_path):
+            raise ModelFormatError(
+                f"{model_path.name} is not a real RKNN model: {model_container.VIRTUAL_ONLY}"
+            )
         return RknnrtModel(self._library, model_path, options, self._probe, self._plugins, self._plugin_dir)
 
     def soc(self) -> str:

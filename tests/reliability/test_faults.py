@@ -132,7 +132,9 @@ def test_client_killed_mid_upload_resumes_and_never_uses_the_partial(
 def test_client_killed_mid_inference_frees_its_sessions_within_the_idle_timeout(
     daemons: StartDaemon, cnn: Path
 ) -> None:
-    idle = 2.0
+    # Long enough that the first session outlives the loading of the other two on a loaded machine
+    # (each spawns a worker), short enough that the test does not wait long for the reaper.
+    idle = 8.0
     daemon = daemons("--session-idle-timeout", str(idle), "--isolation", "process", *STALL_BACKEND)
     stall = Path(os.environ["RKNN_TEST_STALL_DIR"])
     code = f"""

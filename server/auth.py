@@ -11,13 +11,13 @@ import hmac
 import ssl
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
 from rknn_server.listen import ListenAddress
-from rknn_server.peers import anonymous_identity, parse_peer
+from rknn_server.peers import Listener, anonymous_identity, parse_peer
 
 log = structlog.get_logger("rknn_server.auth")
 BEARER_PREFIX = "bearer "
@@ -101,6 +101,8 @@ class AccessPolicy:
     tokens: TokenTable | None = None
     client_certificates: bool = False  # mutual TLS: grpc has already verified the certificate
     trust_loopback: bool = False
+    # The bound TCP listeners (host, port), added once bound: they complete a local caller's socket address.
+    listeners: list[Listener] = field(default_factory=list)
 
     @property
     def required(self) -> bool:
@@ -120,7 +122,7 @@ class AccessPolicy:
             return certificate_subject
         caller = parse_peer(peer)
         if not self.required or (self.trust_loopback and caller.is_local):
-            return anonymous_identity(caller)
+            return anonymous_identity(caller, self.listeners)
         wanted = ["a token in gRPC metadata 'authorization: Bearer <token>'"] if self.tokens else []
         wanted += ["a client certificate (mutual TLS)"] if self.client_certificates else []
         raise Unauthenticated(

@@ -200,7 +200,12 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
-    bound = [address.display(_add_port(server, address, credentials)) for address in config.listen]
+    bound = []
+    for address in config.listen:
+        port = _add_port(server, address, credentials)
+        bound.append(address.display(port))
+        if address.scheme == "tcp":
+            access.listeners.append((address.host, port))
     await server.start()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)

@@ -23,7 +23,7 @@ from rknn_client.api import Device
 from rknn_client.errors import AuthenticationFailed, ConnectionFailed
 from rknn_client.transport.private import start_private_daemon
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
-from rknn_server.peers import parse_peer
+from rknn_server.peers import anonymous_identity, parse_peer
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN, StartDaemon, cnn_input, device, info
 
 HEX = "0" * 64
@@ -176,10 +176,14 @@ def pki(tmp_path: Path) -> Path:
 
 
 def test_mutual_tls_names_the_client_by_its_certificate(daemons: StartDaemon, pki: Path, cnn: Path) -> None:
+    socket_name = _abstract_name()
     daemon = daemons(
         "--listen", "tcp://0.0.0.0:0", "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
-        "--tls-client-ca", str(pki / "ca.pem"), listen_tcp=False,
+        "--tls-client-ca", str(pki / "ca.pem"), "--listen", f"unix-abstract:{socket_name}", listen_tcp=False,
     )  # fmt: skip
+    assert _who(f"unix-abstract:{socket_name}") == "UNAUTHENTICATED", (
+        "a client CA closes the plaintext socket too"
+    )
     port = daemon.address.rsplit(":", 1)[1]
     url = f"tcp://127.0.0.1:{port}"
     daemon.address = f"127.0.0.1:{port}"
@@ -312,6 +316,13 @@ def test_peer_strings_of_a_live_grpc_server_parse_as_local_callers() -> None:
 def test_remote_and_odd_peer_strings_are_not_local(peer: str, local: bool, connection: str) -> None:
     assert parse_peer(peer).is_local is local
     assert parse_peer(peer).connection() == connection
+
+
+def test_a_local_caller_the_kernel_cannot_place_is_its_connection() -> None:
+    """Without a listener to complete its socket's address, the uid lookup finds nothing: one connection."""
+    assert anonymous_identity(parse_peer("ipv4:127.0.0.1:40000"), []) == "127.0.0.1:40000"
+    assert anonymous_identity(parse_peer("ipv6:%5B::1%5D:40000"), [("::1", 1)]) == "[::1]:40000"
+    assert anonymous_identity(parse_peer("ipv4:10.1.2.3:40000"), []) == "10.1.2.3"
 
 
 def test_ipv6_loopback_is_loopback(daemons: StartDaemon, token_file: Path) -> None:

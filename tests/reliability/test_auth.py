@@ -23,6 +23,7 @@ from rknn_client.api import Device
 from rknn_client.errors import AuthenticationFailed, ConnectionFailed
 from rknn_client.transport.private import start_private_daemon
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.manifest import describe_files
 from rknn_server.peers import anonymous_identity, parse_peer
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN, StartDaemon, cnn_input, device, info
 
@@ -408,6 +409,40 @@ def test_another_local_user_cannot_use_or_release_a_session(
             assert answers[f"theirs {rpc}"].startswith("NOT_FOUND "), (rpc, answers[f"theirs {rpc}"])
             assert answers[f"theirs {rpc}"] == answers[f"unknown {rpc}"], rpc
         assert session.run([cnn_input()])[0].shape == (1, 10)  # the owner's session is untouched
+
+
+_SLOT_TAKER = """
+import os, sys, grpc
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+os.setuid(int(sys.argv[3]))
+stub = rknn_pb2_grpc.RknnServerStub(grpc.insecure_channel(sys.argv[1]))
+for _ in range(3):
+    try:
+        stub.InitRuntime(rknn_pb2.InitRuntimeRequest(model_digest=sys.argv[2]), timeout=60)
+        print("OK")
+    except grpc.RpcError as exc:
+        print(exc.code().name, exc.details())
+"""
+
+
+def test_one_local_user_cannot_take_another_users_session_slots(daemons: StartDaemon, cnn: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("calling as a second local user needs root (the intruder drops to uid 65534)")
+    daemon = daemons("--max-sessions", "4", "--max-sessions-per-client", "2")
+    with device(daemon) as owner:
+        owner.load(cnn).release()  # the model is cached: the intruder opens sessions of it by digest
+        taker = subprocess.run(
+            [sys.executable, "-c", _SLOT_TAKER, daemon.address, describe_files([cnn]).digest, "65534"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        answers = taker.stdout.splitlines()
+        assert answers[:2] == ["OK", "OK"], taker.stdout + taker.stderr
+        assert answers[2].startswith("RESOURCE_EXHAUSTED") and "max_sessions_per_client=2" in answers[2]
+        assert info(daemon).open_sessions == 2  # the intruder's, still open
+        with owner.load(cnn) as first, owner.load(cnn) as second:  # the owner's share is whole
+            assert first.run([cnn_input()])[0].shape == second.run([cnn_input()])[0].shape == (1, 10)
 
 
 def test_the_private_daemon_serves_only_the_client_that_started_it(

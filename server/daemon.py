@@ -218,7 +218,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         reason=reason,
         listen=bound,
         soc=backend.soc(),
-        auth="token" if tokens else "none",
+        auth=[
+            kind for kind, on in (("token", tokens), ("client-certificate", access.client_certificates)) if on
+        ],
+        trust_loopback=config.trust_loopback,
         tls=credentials is not None,
         instance=service.config.instance_id,
     )

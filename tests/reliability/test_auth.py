@@ -156,13 +156,12 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
-@pytest.fixture
-def pki(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
-    d = tmp_path / "pki"
-    d.mkdir()
+    d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
              "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))  # fmt: skip
     for name, extra in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "")):

@@ -205,7 +205,7 @@ class Device:
         self.metadata = (*_METADATA, *metadata)
         self._channel = open_channel(
             endpoint,
-            Credentials.resolve(token, tls_ca, tls_cert, tls_key),
+            Credentials.resolve(endpoint.token or token, tls_ca, tls_cert, tls_key),
             [
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -8,15 +8,16 @@ so neither the match nor its position leaks through timing.
 from __future__ import annotations
 
 import hmac
-import ipaddress
+import ssl
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
 from rknn_server.listen import ListenAddress
+from rknn_server.peers import Listener, anonymous_identity, parse_peer
 
 log = structlog.get_logger("rknn_server.auth")
 BEARER_PREFIX = "bearer "
@@ -83,28 +84,51 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
     return None
 
 
-def peer_host(peer: str) -> str:
-    """The caller's address without the port: "ipv4:10.0.0.2:5555" -> "10.0.0.2"; unix peers -> "local"."""
-    if peer.startswith("unix"):
-        return "local"
-    _, _, rest = peer.partition(":")
-    if rest.startswith("["):
-        return rest[1:].partition("]")[0]
-    return rest.rpartition(":")[0] or rest
+class Unauthenticated(Exception):
+    """A call without credentials this daemon accepts; the message says what to send."""
 
 
-def is_local_peer(peer: str) -> bool:
-    """A caller on this machine: the abstract socket (adb forward ends there) or a loopback address."""
-    host = peer_host(peer)
-    if host == "local":
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
+@dataclass(frozen=True)
+class AccessPolicy:
+    """Who may call, and who each caller is.
+
+    Once a token file or a client CA is configured, every caller on every listener needs a valid token
+    or a client certificate, unless `trust_loopback` opens this machine's callers again. A token that
+    does not match is refused even then: a wrong token is a mistake or an attack, never anonymous access.
+    Without either, every caller is let in (non-loopback listeners then needed --insecure to start).
+    """
+
+    tokens: TokenTable | None = None
+    client_certificates: bool = False  # mutual TLS: grpc has already verified the certificate
+    trust_loopback: bool = False
+    # The bound TCP listeners (host, port), added once bound: they complete a local caller's socket address.
+    listeners: list[Listener] = field(default_factory=list)
+
+    @property
+    def required(self) -> bool:
+        return self.tokens is not None or self.client_certificates
+
+    def admit(self, peer: str, token: str | None, certificate_subject: str) -> str:
+        """The caller's identity: its token's name, its certificate's subject, else who its socket says."""
+        if token is not None and self.tokens is not None:
+            name = self.tokens.identify(token)
+            if name is None:
+                raise Unauthenticated(
+                    "the call carries a token this daemon does not accept; send gRPC metadata "
+                    "'authorization: Bearer <token>' (rknn_client: token= or RKNN_SERVER_TOKEN)"
+                )
+            return name
+        if certificate_subject and self.client_certificates:
+            return certificate_subject
+        caller = parse_peer(peer)
+        if not self.required or (self.trust_loopback and caller.is_local):
+            return anonymous_identity(caller, self.listeners)
+        wanted = ["a token in gRPC metadata 'authorization: Bearer <token>'"] if self.tokens else []
+        wanted += ["a client certificate (mutual TLS)"] if self.client_certificates else []
+        raise Unauthenticated(
+            f"the call carries no credentials; this daemon wants {' or '.join(wanted)} "
+            "(rknn_client: token= or RKNN_SERVER_TOKEN; tls_cert=/tls_key=)"
+        )
 
 
 @dataclass(frozen=True)
@@ -116,28 +140,58 @@ class TlsFiles:
     client_ca: Path | None = None
 
     def read(self) -> tuple[bytes, bytes, bytes | None]:
+        """The PEM bytes, checked first: grpc reports a bad file only as "failed to bind"."""
         try:
-            return (
-                self.cert.read_bytes(),
-                self.key.read_bytes(),
-                self.client_ca.read_bytes() if self.client_ca else None,
-            )
+            cert, key = self.cert.read_bytes(), self.key.read_bytes()
+            client_ca = self.client_ca.read_bytes() if self.client_ca else None
         except OSError as exc:
             raise SecurityConfigError(f"cannot read a TLS file: {exc}") from exc
+        _check_certificates(cert, f"--tls-cert {self.cert}")
+        if client_ca is not None:
+            _check_certificates(client_ca, f"--tls-client-ca {self.client_ca}")
+        try:
+            # An encrypted key gets an empty password (and fails) rather than a prompt: grpc cannot use one.
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert, self.key, password=lambda: b"")
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                raise SecurityConfigError(
+                    f"--tls-key {self.key} is not the private key of the certificate --tls-cert {self.cert}: "
+                    "give the key the certificate was made with"
+                ) from None
+            raise SecurityConfigError(
+                f"--tls-key {self.key} is not an unencrypted PEM private key ({exc.reason or exc})"
+            ) from None
+        return cert, key, client_ca
 
 
-def listen_policy(listen: Sequence[ListenAddress], authenticated: bool, insecure: bool) -> list[str]:
-    """Refuse an open non-loopback listener; returns the warnings to show when --insecure allowed one."""
+def _check_certificates(pem: bytes, option: str) -> None:
+    """Raise, naming `option`, unless `pem` holds at least one PEM certificate."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("ascii"))
+    except (ssl.SSLError, ValueError) as exc:  # ValueError: empty or not ASCII
+        raise SecurityConfigError(f"{option} is not a PEM certificate ({exc})") from None
+
+
+def listen_policy(
+    listen: Sequence[ListenAddress], authenticated: bool, insecure: bool, tls: bool = False
+) -> list[str]:
+    """Refuse an unauthenticated non-loopback listener; returns the warnings to show when --insecure allowed one.
+
+    Only a token file or a client CA authenticates: server-only TLS encrypts, but anyone may connect.
+    """
     exposed = [a.display() for a in listen if not a.is_loopback]
     if not exposed or authenticated:
         return []
+    what = (
+        "with server-only TLS, which encrypts but authenticates nobody" if tls else "without authentication"
+    )
     if not insecure:
         raise SecurityConfigError(
-            f"refusing to listen on {', '.join(exposed)} without authentication: anyone who reaches it could "
-            "run code on this board. Give --auth-token-file FILE (clients send the token), or --tls-cert and "
-            "--tls-key (with --tls-client-ca for mutual TLS), or --insecure to accept the risk"
+            f"refusing to listen on {', '.join(exposed)} {what}: anyone who reaches it could run code on "
+            "this board. Give --auth-token-file FILE (clients send the token), or --tls-client-ca PEM with "
+            "--tls-cert and --tls-key (mutual TLS), or --insecure to accept the risk"
         )
     return [
-        f"the daemon listens on {', '.join(exposed)} without a token or TLS (--insecure): "
+        f"the daemon listens on {', '.join(exposed)} {what} (--insecure): "
         "anyone who reaches it can load models and run code on this board"
     ]

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+import structlog
+
 from rknn_proto import codec
 from rknn_proto.version import DEFAULT_PORT, MAX_MESSAGE_BYTES
 from rknn_server import __version__
@@ -97,8 +99,10 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     security = p.add_argument_group(
         "security",
-        "A TCP listener on a non-loopback address needs --auth-token-file or TLS, or an explicit --insecure. "
-        "Loopback and the abstract socket (adb) stay open unless --auth-loopback.",
+        "A TCP listener on a non-loopback address needs --auth-token-file or mutual TLS (--tls-client-ca), "
+        "or an explicit --insecure; TLS without a client CA encrypts but authenticates nobody. Once a token "
+        "file or a client CA is given, every caller on every listener needs it, loopback and adb included, "
+        "unless --trust-loopback. Without either, loopback and the abstract socket are open to every local user.",
     )
     security.add_argument(
         "--auth-token-file",
@@ -107,8 +111,13 @@ def serve_parser() -> argparse.ArgumentParser:
         help="tokens clients must send (lines 'name:token' or one bare token); metadata 'authorization: Bearer T'",
     )
     security.add_argument(
-        "--auth-loopback", action="store_true", help="require the token from loopback and adb callers too"
+        "--trust-loopback",
+        action="store_true",
+        help="let callers on this machine (loopback, the abstract socket, so adb forward too) in without a "
+        "token or certificate: every local user and process, and anyone in its network namespace, can then "
+        "load models and run code here; a wrong token is still refused",
     )
+    security.add_argument("--auth-loopback", action="store_true", help=argparse.SUPPRESS)  # deprecated no-op
     security.add_argument(
         "--tls-cert", type=Path, metavar="PEM", help="serve TLS on TCP with this certificate"
     )
@@ -208,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.tls_client_ca is not None and args.tls_cert is None:
         parser.error("--tls-client-ca needs --tls-cert and --tls-key")
     configure(args.log_format, args.log_level)
+    if args.auth_loopback:
+        structlog.get_logger("rknn_server").warning(
+            "deprecated_option",
+            warning="--auth-loopback is deprecated and does nothing: loopback callers need the token "
+            "whenever a token file or client CA is configured (--trust-loopback opens loopback)",
+        )
     config = DaemonConfig(
         listen=[parse_listen(a) for a in (args.listen or DEFAULT_LISTEN)],
         runtime=args.runtime,
@@ -234,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         max_message_bytes=args.max_message_bytes,
         grace_s=args.grace,
         auth_token_file=args.auth_token_file,
-        auth_loopback=args.auth_loopback,
+        trust_loopback=args.trust_loopback,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None,
         insecure=args.insecure,
         backend=args.backend,

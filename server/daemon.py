@@ -21,9 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
-from rknn_server.auth import TlsFiles, TokenTable, listen_policy
+from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.guard import Guard
-from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
+from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
 from rknn_server.runtime.backend_hook import load_backend
@@ -59,7 +59,7 @@ class DaemonConfig:
     max_inflight_requests: int = 64
     max_message_bytes: int = MAX_MESSAGE_BYTES
     auth_token_file: Path | None = None
-    auth_loopback: bool = False  # require the token from loopback callers too
+    trust_loopback: bool = False  # let this machine's callers in without a token or certificate
     tls: TlsFiles | None = None
     insecure: bool = False
     backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
@@ -102,11 +102,38 @@ def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     )
 
 
+def _add_port(
+    server: grpc.aio.Server, address: ListenAddress, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Listen on `address` (TLS on TCP when configured); returns the bound port or raises ListenError."""
+    problem = bind_problem(address)
+    if problem is None:
+        try:
+            if credentials is not None and address.scheme == "tcp":
+                port: int | None = server.add_secure_port(address.grpc_address(), credentials)
+            else:
+                port = server.add_insecure_port(address.grpc_address())
+        except RuntimeError:  # taken between the check and grpc's bind
+            port = None
+        if port is not None and (port != 0 or address.scheme != "tcp"):
+            return port
+        problem = "grpc could not bind it"
+    raise ListenError(f"cannot listen on {address.display()}: {problem}; fix --listen")
+
+
 async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
     tokens = TokenTable.load(config.auth_token_file) if config.auth_token_file else None
     credentials = _server_credentials(config.tls) if config.tls else None
-    exposure = listen_policy(config.listen, tokens is not None or credentials is not None, config.insecure)
+    access = AccessPolicy(
+        tokens, config.tls is not None and config.tls.client_ca is not None, config.trust_loopback
+    )
+    exposure = listen_policy(config.listen, access.required, config.insecure, tls=credentials is not None)
     warnings = list(exposure)
+    if config.trust_loopback and access.required:
+        warnings.append(
+            "--trust-loopback: every process on this machine (and in its network namespace, and adb users) "
+            "may call without a token or certificate"
+        )
     if config.call_timeout_s and config.isolation != "process":
         warnings.append(
             "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
@@ -149,7 +176,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             max_message_bytes=config.max_message_bytes,
             max_inflight_requests=config.max_inflight_requests,
             call_timeout_s=(config.call_timeout_s or 0.0) if config.isolation == "process" else 0.0,
-            auth_required=tokens is not None,
+            auth_required=access.required,
             tls=credentials is not None,
             insecure=bool(exposure),
             warnings=tuple(warnings),
@@ -157,7 +184,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ),
     )
     server = grpc.aio.server(
-        interceptors=[Guard(tokens, config.auth_loopback, config.max_inflight_requests)],
+        interceptors=[Guard(access, config.max_inflight_requests)],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -175,13 +202,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     )
     bound = []
     for address in config.listen:
-        if credentials is not None and address.scheme == "tcp":
-            port = server.add_secure_port(address.grpc_address(), credentials)
-        else:
-            port = server.add_insecure_port(address.grpc_address())
-        if address.scheme == "tcp" and port == 0:
-            raise OSError(f"cannot listen on {address.display()}: the address is in use or not available")
+        port = _add_port(server, address, credentials)
         bound.append(address.display(port))
+        if address.scheme == "tcp":
+            access.listeners.append((address.host, port))
     await server.start()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
@@ -194,7 +218,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         reason=reason,
         listen=bound,
         soc=backend.soc(),
-        auth="token" if tokens else "none",
+        auth=[
+            kind for kind, on in (("token", tokens), ("client-certificate", access.client_certificates)) if on
+        ],
+        trust_loopback=config.trust_loopback,
         tls=credentials is not None,
         instance=service.config.instance_id,
     )

@@ -1,8 +1,7 @@
 """The gate in front of every RknnServer RPC: authentication, the in-flight limit and the caller's identity.
 
 It wraps each method's handler rather than filtering in the interceptor proper, because only the
-servicer context knows the peer (loopback callers stay open unless --auth-loopback) and the TLS
-certificate. Health and reflection stay open so that probes work without credentials.
+servicer context knows the peer and the TLS certificate; who is let in is auth.AccessPolicy's call. Health and reflection stay open so that probes work without credentials.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 import grpc
 import structlog
 
-from rknn_server.auth import TokenTable, bearer_token, is_local_peer, peer_host
+from rknn_server.auth import AccessPolicy, Unauthenticated, bearer_token
 
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 _IDENTITY: ContextVar[str] = ContextVar("rknn_client_identity", default="")
@@ -37,31 +36,24 @@ def _certificate_subject(context: Context) -> str:
 
 
 class Guard(grpc.aio.ServerInterceptor):
-    def __init__(self, tokens: TokenTable | None, auth_loopback: bool, max_inflight: int) -> None:
-        self.tokens = tokens
-        self.auth_loopback = auth_loopback
+    def __init__(self, access: AccessPolicy, max_inflight: int) -> None:
+        self.access = access
         self.max_inflight = max_inflight
         self.inflight = 0
 
     async def _admit(self, context: Context) -> None:
         """Check the caller, count the call in, and record who it is (for limits and logs)."""
-        peer = context.peer() or ""
         token = bearer_token(tuple(context.invocation_metadata() or ()))
-        name = self.tokens.identify(token) if self.tokens is not None and token is not None else None
-        if self.tokens is not None and name is None and (self.auth_loopback or not is_local_peer(peer)):
-            problem = "carries no token" if token is None else "carries a token this daemon does not accept"
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"the call {problem}; send gRPC metadata 'authorization: Bearer <token>' "
-                "(rknn_client: token= or RKNN_SERVER_TOKEN)",
-            )
+        try:
+            identity = self.access.admit(context.peer() or "", token, _certificate_subject(context))
+        except Unauthenticated as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         if self.inflight >= self.max_inflight:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the daemon is serving {self.inflight} calls, the limit max_inflight_requests="
                 f"{self.max_inflight}; retry shortly",
             )
-        identity = name or _certificate_subject(context) or peer_host(peer)
         _IDENTITY.set(identity)
         structlog.contextvars.bind_contextvars(client=identity)
         self.inflight += 1

@@ -24,6 +24,9 @@ class Endpoint:
     close: Callable[[], None] = field(default=_nothing)
     # What names this daemon to `--device` (an adb serial, tcp://HOST:PORT); "" for a private daemon.
     device_id: str = ""
+    # The token this daemon was started with for this client alone (a private daemon); sent instead of
+    # RKNN_SERVER_TOKEN, which belongs to other daemons.
+    token: str = ""
 
 
 class TransportError(Exception):

@@ -3,13 +3,19 @@ on a free loopback port, as the toolkit runs its simulator without any set-up, a
 
 The daemon is a separate program (`python -m rknn_server`), not an import: the client package stays
 independent of the server package. It exits by itself when this process dies (its stdin closes).
+It accepts only a random token made for this client (as Jupyter does), so other users of this machine
+cannot use it: the token reaches it in a 0600 file inside a private 0700 folder, never on its command
+line (which every local user can read), and the folder is removed as soon as the daemon listens.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +38,26 @@ def _read_address(process: subprocess.Popen[str], found: list[str]) -> None:
             break
 
 
+def _token_file(folder: Path, token: str) -> Path:
+    """Write the token where only this user can read it (the folder is 0700, the file 0600)."""
+    path = folder / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(f"private-client:{token}\n")
+    return path
+
+
 def start_private_daemon(soc: str = "") -> Endpoint:
-    """Start `rknn_server --runtime host` on 127.0.0.1:0 and return its endpoint."""
+    """Start `rknn_server --runtime host` on 127.0.0.1:0, for this client's token only; return its endpoint."""
+    token = secrets.token_urlsafe(32)
+    folder = Path(tempfile.mkdtemp(prefix="rknn-private-"))
+    try:
+        return _start(soc, token, _token_file(folder, token))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _start(soc: str, token: str, token_file: Path) -> Endpoint:
     cmd = [
         sys.executable,
         "-m",
@@ -49,6 +73,8 @@ def start_private_daemon(soc: str = "") -> Endpoint:
         "--log-level",
         "warning",
         "--exit-with-stdin",
+        "--auth-token-file",
+        str(token_file),
     ]
     if soc:
         cmd += ["--soc", soc]
@@ -87,6 +113,7 @@ def start_private_daemon(soc: str = "") -> Endpoint:
         description=f"private host-runtime daemon (pid {process.pid}) on tcp://{found[0]}",
         kind="private",
         close=_once(stop),
+        token=token,
     )
 
 

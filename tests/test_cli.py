@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from demo.daemon_process import DaemonProcess
+from rknn_client.transport.adb import adb_server_running
+from tests.adb.fixtures import find_adb, free_port
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rknn_client.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rknn_client.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -68,3 +78,37 @@ def test_errors_are_one_clear_line_and_exit_one(
     )
     unreachable = cli("info", "--device", "tcp://127.0.0.1:1")
     assert unreachable.returncode == 1 and "not reachable" in unreachable.stderr
+
+
+@pytest.fixture
+def adb_port() -> Iterator[int]:
+    """A private ANDROID_ADB_SERVER_PORT with no server; a server the code under test starts there
+    anyway (the failure these tests look for) is stopped afterwards."""
+    port = free_port()
+    yield port
+    if adb_server_running("127.0.0.1", port):
+        subprocess.run([find_adb() or "adb", "-P", str(port), "kill-server"], check=False, timeout=30)
+
+
+def test_bare_host_port_reaches_the_daemon_without_starting_adb(
+    host_daemon: DaemonProcess, adb_port: int
+) -> None:
+    result = cli("info", "--device", host_daemon.address, env={"ANDROID_ADB_SERVER_PORT": str(adb_port)})
+    assert result.returncode == 0, result.stderr
+    assert f"device:          {host_daemon.url}" in result.stdout
+    assert not adb_server_running("127.0.0.1", adb_port), "an adb server was started"
+
+
+def test_bare_host_port_with_nothing_there_is_refused_at_once(adb_port: int) -> None:
+    started = time.monotonic()
+    result = cli("info", "--device", "127.0.0.1:1", env={"ANDROID_ADB_SERVER_PORT": str(adb_port)})
+    assert result.returncode == 1
+    assert "did you mean tcp://127.0.0.1:1?" in result.stderr
+    assert time.monotonic() - started < 12
+    assert not adb_server_running("127.0.0.1", adb_port), "an adb server was started"
+
+
+def test_other_schemes_are_refused_by_name(adb_port: int) -> None:
+    result = cli("info", "--device", "http://127.0.0.1:50515", env={"ANDROID_ADB_SERVER_PORT": str(adb_port)})
+    assert result.returncode == 1
+    assert "unsupported scheme http://" in result.stderr and "tcp://HOST:PORT" in result.stderr

@@ -223,18 +223,23 @@ class Device:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
 
+    def handshake(self, timeout: float = 30) -> rknn_pb2.GetInfoResponse:
+        """GetInfo as the daemon answers it, whatever its protocol version (doctor and devices judge
+        that themselves); raises RknnError."""
+        return self._call(
+            "GetInfo",
+            self._stub.GetInfo,
+            rknn_pb2.GetInfoRequest(
+                client_protocol_version=PROTOCOL_VERSION,
+                client_version=f"rknn_client {__version__} python {platform.python_version()} {platform.system()}",
+            ),
+            timeout=timeout,
+        )
+
     def info(self, refresh: bool = False) -> DeviceInfo:
         """The daemon's description; the first call is the version handshake."""
         if self._info is None or refresh:
-            reply = self._call(
-                "GetInfo",
-                self._stub.GetInfo,
-                rknn_pb2.GetInfoRequest(
-                    client_protocol_version=PROTOCOL_VERSION,
-                    client_version=f"rknn_client {__version__} python {platform.python_version()} {platform.system()}",
-                ),
-                timeout=30,
-            )
+            reply = self.handshake()
             mismatch = check_versions(reply, self.endpoint.description, self.endpoint.device_id)
             if mismatch is not None:
                 raise VersionMismatch(mismatch.message())

@@ -13,6 +13,7 @@ from typing import Any
 from rknn_client.devices import devices_table, survey
 from rknn_client.doctor import diagnose, format_report
 from rknn_client.transport.base import TransportError
+from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
 
 Command = Callable[[argparse.Namespace], int]
@@ -24,7 +25,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    checks = diagnose(args.device, socket_name=args.socket)
+    checks = diagnose(args.device, socket_name=args.socket, token=args.token)
     print(format_report(checks))
     return 0 if checks and all(check.ok or not check.blocking for check in checks) else 1
 
@@ -42,6 +43,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"rknn-client deploy: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def add_token_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--token",
+        help=f"the daemon's bearer token (default: {ENV_TOKEN}; prefer the variable: other users "
+        "of this machine can read a command line)",
+    )
 
 
 def add_board_commands(sub: Any) -> None:
@@ -65,6 +74,7 @@ def add_board_commands(sub: Any) -> None:
     doctor.add_argument(
         "--device", help="adb serial, IP:PORT or tcp://HOST:PORT (default: the single adb board)"
     )
+    add_token_option(doctor)
     deploy = add(
         "deploy",
         cmd_deploy,

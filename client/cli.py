@@ -20,7 +20,7 @@ import numpy as np
 
 from rknn_client import __version__
 from rknn_client.api import Device, Session, connect
-from rknn_client.board_commands import add_board_commands
+from rknn_client.board_commands import add_board_commands, add_token_option
 from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import RknnError
 from rknn_client.farm.cli import add_farm_commands
@@ -151,6 +151,7 @@ def parser() -> argparse.ArgumentParser:
             "else the single adb board, else a private host-runtime daemon)",
         )
         c.add_argument("--target", help="SoC the model is for (e.g. rk3588); checked against the board")
+        add_token_option(c)
         if model:
             c.add_argument("model", help="model file (.onnx on the host runtime, .rknn on a board)")
             c.add_argument("--no-progress", action="store_true", help="no upload progress bar")
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "standalone", None) is not None:
         return run_standalone(args)
     try:
-        with connect(args.device, args.target) as device:
+        with connect(args.device, args.target, token=args.token) as device:
             return int(args.func(device, args))
     except (RknnError, TransportError, OSError, ValueError) as exc:
         print(f"rknn-client: {exc}", file=sys.stderr)

@@ -267,23 +267,37 @@ class Device:
             )
         return self._info
 
-    def upload(self, model: Path | str, progress: Progress | None = None) -> UploadResult:
+    def upload(
+        self, model: Path | str, progress: Progress | None = None, *, hashing: Progress | None = None
+    ) -> UploadResult:
         """Send a model (and its external-data files) unless the daemon already has it; resumes.
+        `progress` hears the bytes sent, `hashing` the bytes hashed first (a big model takes a while).
 
         When another client uploads the same model at the same time the daemon answers ABORTED; this
         waits for that upload and asks again (then the model is usually cached: nothing to send)."""
         for _ in range(_UPLOAD_RETRIES):
             try:
-                return self._upload_once(model, progress)
+                return self._upload_once(model, progress, hashing)
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.ABORTED:
                     raise from_rpc_error(exc, f"UploadModel on {self.endpoint.description}") from None
                 time.sleep(_UPLOAD_RETRY_S)
-        return self._upload_once(model, progress)
+        return self._upload_once(model, progress, hashing)
 
-    def _upload_once(self, model: Path | str, progress: Progress | None) -> UploadResult:
+    def _upload_once(
+        self, model: Path | str, progress: Progress | None, hashing: Progress | None = None
+    ) -> UploadResult:
         paths = model_files(Path(model))
-        wire_manifest = manifest.describe_files(paths)
+        hashed = 0
+        to_hash = sum(p.stat().st_size for p in paths) if hashing else 0
+
+        def hashed_more(size: int) -> None:
+            nonlocal hashed
+            hashed += size
+            if hashing:
+                hashing(hashed, to_hash)
+
+        wire_manifest = manifest.describe_files(paths, hashed_more if hashing else None)
         by_name = {p.name: p for p in paths}
         prepared = self._call(
             "PrepareUpload", self._stub.PrepareUpload, rknn_pb2.PrepareUploadRequest(manifest=wire_manifest)

@@ -6,10 +6,13 @@ They do not connect to one daemon first (the board may have none yet), so each r
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from rknn_client.cli_parser import add_json_option
 from rknn_client.devices import devices_table, survey
 from rknn_client.doctor import diagnose, format_report
 from rknn_client.transport.base import TransportError
@@ -20,14 +23,22 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    print(devices_table(survey(args.device or (), socket_name=args.socket)), end="")
+    rows = survey(args.device or (), socket_name=args.socket, token=args.token)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
+    else:
+        print(devices_table(rows), end="")
     return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     checks = diagnose(args.device, socket_name=args.socket, token=args.token)
-    print(format_report(checks))
-    return 0 if checks and all(check.ok or not check.blocking for check in checks) else 1
+    healthy = bool(checks) and all(check.ok or not check.blocking for check in checks)
+    if args.json:
+        print(json.dumps({"ok": healthy, "checks": [dataclasses.asdict(c) for c in checks]}, indent=2))
+    else:
+        print(format_report(checks))
+    return 0 if healthy else 1
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -68,6 +79,8 @@ def add_board_commands(sub: Any) -> None:
 
     devices = add("devices", cmd_devices, "list boards: SoC, model, whether the daemon answers, versions")
     devices.add_argument("--device", action="append", help="also probe this tcp://HOST:PORT (repeatable)")
+    add_token_option(devices)
+    add_json_option(devices)
     doctor = add(
         "doctor", cmd_doctor, "check every link from this PC to the board's NPU; exit 0 when all hold"
     )
@@ -75,6 +88,7 @@ def add_board_commands(sub: Any) -> None:
         "--device", help="adb serial, IP:PORT or tcp://HOST:PORT (default: the single adb board)"
     )
     add_token_option(doctor)
+    add_json_option(doctor)
     deploy = add(
         "deploy",
         cmd_deploy,

@@ -3,26 +3,26 @@
 `config(mean_values, std_values)` means: subtract the mean, then divide by the std, per channel, no
 channel swap. Baking that into the ONNX model as `Sub` and `Div` at the front makes the model's input the
 raw image (NCHW float32 for ONNX models), so golden, simulator and runtime all take the same data.
-Image files (jpg/png/bmp) must already have the model's height and width (the toolkit does not resize);
-they are read as HWC uint8 and handed to the model as NCHW float32 with a batch axis. `.npy` files are
-used as they are.
+Image files (jpg/png/bmp) are read as RGB HWC uint8, resized to the model's height and width with a
+note on stderr (rknn_client.input_files, the rule `rknn-client run` follows too), and handed to the model
+as NCHW float32 with a batch axis. `.npy` files (and a `.npz` holding one array, or one named like the
+input) are used as they are.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from PIL import Image
 
 from rknn_client.accuracy.capture import graph_inputs
 from rknn_client.accuracy.errors import AccuracyError
+from rknn_client.input_files import IMAGE_SUFFIXES, PIL_MODES, InputFileError, read_image
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
-PIL_MODES: dict[int | None, str] = {1: "L", 3: "RGB", 4: "RGBA"}
 Channels = Sequence[float]
 
 
@@ -99,30 +99,37 @@ def bake_normalization(
     return baked
 
 
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
 def _read_image(path: Path, spec: InputSpec) -> np.ndarray:
-    """An image file as a 1xCxHxW array of the model's dtype; the size must match the model."""
-    mode = PIL_MODES.get(spec.shape[1]) if len(spec.shape) == 4 else None
-    if mode is None:
+    """An image file as a 1xCxHxW array of the model's dtype, resized to the model's size."""
+    if len(spec.shape) != 4 or spec.shape[1] not in PIL_MODES:
         raise AccuracyError(f"input {spec.name} (shape {spec.shape}) is not an NCHW image input; use .npy")
-    height, width = spec.shape[2], spec.shape[3]
+    size = (spec.shape[2] or 0, spec.shape[3] or 0, spec.shape[1])
     try:
-        with Image.open(path) as image:
-            pixels = np.asarray(image.convert(mode))
-    except OSError as exc:
-        raise AccuracyError(f"cannot read image {path}: {exc}") from exc
-    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
-    if (height is not None and pixels.shape[0] != height) or (width is not None and pixels.shape[1] != width):
-        raise AccuracyError(
-            f"image {path} is {pixels.shape[1]}x{pixels.shape[0]} (WxH), input {spec.name} needs "
-            f"{width}x{height}; resize it first"
-        )
+        pixels = read_image(path, size, _note)
+    except InputFileError as exc:
+        raise AccuracyError(str(exc)) from exc
     return pixels.transpose(2, 0, 1)[np.newaxis].astype(spec.dtype)
 
 
 def _read_npy(path: Path, spec: InputSpec) -> np.ndarray:
-    """A .npy file as is; its shape must fit the model input."""
+    """A .npy file (or a .npz's one array, or its array named like the input) as is; its shape must
+    fit the model input."""
     try:
-        array = np.load(path, allow_pickle=False)
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                names = archive.files
+                if spec.name not in names and len(names) != 1:
+                    raise AccuracyError(
+                        f"{path} holds {len(names)} arrays ({', '.join(names)}) and none named "
+                        f"{spec.name}; give one .npz per input, or name its array like the input"
+                    )
+                array = archive[spec.name if spec.name in names else names[0]]
+        else:
+            array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise AccuracyError(f"cannot read {path}: {exc}") from exc
     fits = len(array.shape) == len(spec.shape) and all(
@@ -137,13 +144,13 @@ def load_input(path: str | Path, spec: InputSpec) -> np.ndarray:
     """Read one input file for one model input."""
     file = Path(path)
     if not file.is_file():
-        raise AccuracyError(f"input file {file} does not exist")
+        raise AccuracyError(f"no such input file: {file}")
     suffix = file.suffix.lower()
-    if suffix == ".npy":
+    if suffix in (".npy", ".npz"):
         return _read_npy(file, spec)
     if suffix in IMAGE_SUFFIXES:
         return _read_image(file, spec)
-    raise AccuracyError(f"{file}: unsupported input file type (use jpg, png, bmp or npy)")
+    raise AccuracyError(f"{file}: unsupported input file type (use jpg, png, bmp, npy or npz)")
 
 
 def load_inputs(paths: Sequence[str | Path], specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:

@@ -81,16 +81,19 @@ def test_dataset_paths_are_relative_to_the_list(tmp_path: Path) -> None:
     ]
 
 
-def test_wrong_image_size_is_an_error(tmp_path: Path, float_model: Path, quant_model: Path) -> None:
-    Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(tmp_path / "small.jpg")
-    with pytest.raises(AccuracyError, match=r"30x20 \(WxH\).*needs 32x32"):
-        analyse(float_model, quant_model, [tmp_path / "small.jpg"], tmp_path / "snap")
+def test_an_image_of_another_size_is_resized_with_a_note(
+    tmp_path: Path, float_model: Path, quant_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Image.fromarray(np.full((20, 30, 3), 200, np.uint8)).save(tmp_path / "small.png")
+    result = analyse(float_model, quant_model, [tmp_path / "small.png"], tmp_path / "snap")
+    assert result.rows
+    assert "resized from 30x20 to the model input's 32x32 (WxH)" in capsys.readouterr().err
 
 
 def test_missing_and_unsupported_inputs(
     tmp_path: Path, float_model: Path, quant_model: Path, test_image: Path
 ) -> None:
-    with pytest.raises(AccuracyError, match="does not exist"):
+    with pytest.raises(AccuracyError, match=r"no such input file: .*nope\.png"):
         analyse(float_model, quant_model, [tmp_path / "nope.png"], tmp_path / "snap")
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(AccuracyError, match="unsupported input file type"):
@@ -116,9 +119,9 @@ def test_a_rerun_replaces_the_report_only_at_the_end(
     out = tmp_path / "snap"
     analyse(float_model, quant_model, [test_image], out)
     assert (out / REPORT_FILE).exists()
-    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "tiny.png")
+    (tmp_path / "bad.npy").write_bytes(b"not an array")
     with pytest.raises(AccuracyError):
-        analyse(float_model, quant_model, [tmp_path / "tiny.png"], out)
+        analyse(float_model, quant_model, [tmp_path / "bad.npy"], out)
     assert (out / REPORT_FILE).exists()  # bad input is refused before anything is touched
     (out / "golden" / "999_Stale_x_shape_1_float.npy").write_bytes(b"")
     analyse(float_model, quant_model, [test_image], out)

@@ -32,7 +32,7 @@ from rknn_client.board_commands import add_board_commands, add_token_option
 from rknn_client.cli_parser import Parser, add_json_option, parse
 from rknn_client.compat.inputs import PreparedInputs, prepare
 from rknn_client.compat.rknn import RKNN
-from rknn_client.errors import RknnError
+from rknn_client.errors import RknnError, advice
 from rknn_client.farm.cli import add_farm_commands
 from rknn_client.input_files import InputFileError, check_input_files, image_size, read_input_files
 from rknn_client.progress import byte_bar
@@ -307,7 +307,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise
     except (RknnError, TransportError, OSError, ValueError) as exc:
-        print(f"rknn-client: {exc}", file=sys.stderr)
+        fix = advice(exc, "cli")
+        print(f"rknn-client: {exc}" + (f"\n  fix: {fix}" if fix else ""), file=sys.stderr)
         return 1
 
 

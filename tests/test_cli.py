@@ -17,9 +17,12 @@ from PIL import Image
 
 from demo.daemon_process import DaemonProcess
 from demo.models import save_mobilenet_v2
+from rknn_client.api import connect
 from rknn_client.compat.rknn import RKNN
+from rknn_client.errors import FailedPrecondition, advice
 from rknn_client.transport.adb import adb_server_running
 from tests.adb.fixtures import find_adb, free_port
+from tests.conftest import DaemonFactory
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -273,3 +276,20 @@ def test_typos_get_a_suggestion_and_the_subcommands_own_usage() -> None:
     assert "did you mean --runs instead of --rnus?" in first
     assert rest[0].startswith("usage: rknn-client perf ")
     assert len(rest) < 10
+
+
+def test_a_target_mismatch_is_fixed_in_the_terms_of_the_interface_in_use(
+    make_daemon: DaemonFactory, cnn_model: Path, tmp_path: Path
+) -> None:
+    daemon = make_daemon("--soc", "rk3588")
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 3, 16, 16), np.float32))
+    result = cli("run", str(cnn_model), "--device", daemon.url, "--target", "rk3566", "--input", str(x))
+    assert result.returncode == 1
+    assert "target mismatch" in result.stderr and "fix: use --target rk3588" in result.stderr
+    assert "init_runtime" not in result.stderr
+    with connect(daemon.url) as device, pytest.raises(FailedPrecondition) as raised:
+        device.load(cnn_model, target="rk3566")
+    assert (
+        advice(raised.value, "toolkit") == "use init_runtime(target='rk3588'), or connect to a rk3566 board"
+    )

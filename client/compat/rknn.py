@@ -28,7 +28,7 @@ from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.core_masks import NpuCoreMasks
 from rknn_client.compat.onnx_build import BuildError, prepare_model
 from rknn_client.compat.toolkit_log import ToolkitLog
-from rknn_client.errors import RknnError
+from rknn_client.errors import RknnError, advice
 from rknn_client.pipeline import Pipeline
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
 from rknn_client.transport.base import TransportError
@@ -60,7 +60,8 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
             try:
                 return fn(self, *args, **kwargs)
             except _EXPECTED as exc:
-                self.log.e(api, str(exc))
+                fix = advice(exc, "toolkit")
+                self.log.e(api, f"{exc}; {fix}" if fix else str(exc))
                 return failure
 
         return wrapper

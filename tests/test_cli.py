@@ -293,3 +293,21 @@ def test_a_target_mismatch_is_fixed_in_the_terms_of_the_interface_in_use(
     assert (
         advice(raised.value, "toolkit") == "use init_runtime(target='rk3588'), or connect to a rk3566 board"
     )
+
+
+def test_upload_reports_hashing_before_sending_in_bytes(make_daemon: DaemonFactory, demo_model: Path) -> None:
+    events: list[tuple[str, int, int]] = []
+    size = demo_model.stat().st_size
+    with connect(make_daemon().url) as device:
+        device.upload(
+            demo_model,
+            lambda done, total: events.append(("upload", done, total)),
+            hashing=lambda done, total: events.append(("hashing", done, total)),
+        )
+    phases = [phase for phase, _, _ in events]
+    first_upload = phases.index("upload")
+    assert set(phases[:first_upload]) == {"hashing"} and "hashing" not in phases[first_upload:]
+    hashed = [done for phase, done, _ in events if phase == "hashing"]
+    assert len(hashed) > 1 and hashed == sorted(hashed) and hashed[-1] == size
+    assert all(total == size for _, _, total in events)
+    assert events[-1] == ("upload", size, size)

@@ -520,10 +520,13 @@ class Session:
         *,
         pass_through: Sequence[bool] | None = None,
         strict: bool = True,
+        progress: Progress | None = None,
     ) -> list[np.ndarray]:
         """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
-        `strict=False` leaves shape and dtype checks to the daemon (which converts layouts)."""
-        return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict))
+        `strict=False` leaves shape and dtype checks to the daemon (which converts layouts).
+        `progress` hears (bytes moved, bytes to move) of a frame too big for one message: inputs sent,
+        then outputs received (the total grows by the outputs' size once the daemon names it)."""
+        return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict, progress))
 
     def _run_once(
         self,
@@ -531,25 +534,43 @@ class Session:
         layouts: Sequence[str] | None,
         pass_through: Sequence[bool] | None,
         strict: bool,
+        progress: Progress | None = None,
     ) -> list[np.ndarray]:
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id=0)
         if self._fits_one_message(wire):
             return self._run_unary(header, wire)
         where = f"Inference on {self.device.endpoint.description}"
+        moved, total = 0, sum(a.nbytes for a in wire)
+
+        def count(size: int) -> None:
+            nonlocal moved
+            moved += size
+            if progress:
+                progress(moved, total)
+
+        def sent(requests: Iterator[rknn_pb2.InferenceRequest]) -> Iterator[rknn_pb2.InferenceRequest]:
+            for request in requests:
+                yield request
+                count(len(request.chunk.data))
+
         try:
             responses = cast(
                 Iterator[rknn_pb2.InferenceResponse],
                 self.device._stub.Inference(
-                    _messages(header, wire), metadata=self.device.metadata, timeout=self.device.timeout_s
+                    sent(_messages(header, wire)),
+                    metadata=self.device.metadata,
+                    timeout=self.device.timeout_s,
                 ),
             )
             first = next(responses)
             if first.WhichOneof("part") != "header":
                 raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
             self.last_run_time_us = first.header.run_time_us
+            total += sum(meta.byte_length for meta in first.header.outputs)
             assembler = self.new_output_assembler(first.header)
             for response in responses:
                 assembler.add(response.chunk)
+                count(len(response.chunk.data))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
         except StopIteration:

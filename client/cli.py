@@ -40,6 +40,8 @@ from rknn_client.report import memory_text, perf_text, readable_size
 from rknn_client.timing import measure, sample_inputs
 from rknn_client.transport.base import TransportError
 
+# A transfer shorter than this shows no bar (only a few MB and up take that long).
+TRANSFER_BAR_DELAY_S = 0.5
 INPUT_HELP = ".npy, .npz or image (jpg/png/bmp: RGB, NHWC, resized to the model input), one per input"
 
 
@@ -108,9 +110,14 @@ def cmd_run(device: Device, args: argparse.Namespace) -> int:
     check_input_files(args.input)
     with _open(device, args, _upload(device, args)) as session:
         prepared = _inputs(session, args.input)
-        outputs = session.run(
-            prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False
-        )
+        with byte_bar(not args.no_progress, "tensors", delay_s=TRANSFER_BAR_DELAY_S) as bar:
+            outputs = session.run(
+                prepared.arrays,
+                prepared.layouts,
+                pass_through=prepared.pass_through,
+                strict=False,
+                progress=bar.phase("tensors") if bar else None,
+            )
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)

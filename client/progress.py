@@ -28,7 +28,7 @@ class ByteBar:
             if name != self._phase:
                 self._phase = name
                 self._bar.set_description_str(name, refresh=False)
-            self._bar.total = total
+            self._bar.total = total or None  # 0: not known yet
             self._bar.n = done
             self._bar.refresh()
 
@@ -36,12 +36,15 @@ class ByteBar:
 
 
 @contextmanager
-def byte_bar(enabled: bool, desc: str) -> Iterator[ByteBar | None]:
-    """A ByteBar when `enabled` and stderr is a terminal, else None; closed (and erased) at the end."""
+def byte_bar(enabled: bool, desc: str, delay_s: float = 0.0) -> Iterator[ByteBar | None]:
+    """A ByteBar when `enabled` and stderr is a terminal, else None; closed (and erased) at the end.
+    With `delay_s` the bar appears only when the work lasts that long (small transfers show none)."""
     if not enabled or not sys.stderr.isatty():
         yield None
         return
-    bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=desc, leave=False, file=sys.stderr)
+    bar = tqdm(
+        unit="B", unit_scale=True, unit_divisor=1024, desc=desc, leave=False, file=sys.stderr, delay=delay_s
+    )
     try:
         yield ByteBar(bar)
     finally:

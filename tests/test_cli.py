@@ -21,6 +21,7 @@ from rknn_client.api import connect
 from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import FailedPrecondition, advice
 from rknn_client.transport.adb import adb_server_running
+from tests import models
 from tests.adb.fixtures import find_adb, free_port
 from tests.conftest import DaemonFactory
 
@@ -311,3 +312,17 @@ def test_upload_reports_hashing_before_sending_in_bytes(make_daemon: DaemonFacto
     assert len(hashed) > 1 and hashed == sorted(hashed) and hashed[-1] == size
     assert all(total == size for _, _, total in events)
     assert events[-1] == ("upload", size, size)
+
+
+def test_a_big_run_reports_its_transfer_in_bytes(host_daemon: DaemonProcess, tmp_path: Path) -> None:
+    elements = 3 << 20  # 12 MiB of float32 each way: streamed in chunks
+    model = models.big_identity(tmp_path / "big.onnx", elements)
+    events: list[tuple[int, int]] = []
+    x = np.arange(elements, dtype=np.float32)
+    with connect(host_daemon.url) as device, device.load(model) as session:
+        [y] = session.run([x.reshape(session.inputs[0].shape)], progress=lambda d, t: events.append((d, t)))
+    np.testing.assert_array_equal(y.reshape(-1), x)
+    done = [d for d, _ in events]
+    assert len(events) > 2 and done == sorted(done)
+    assert events[-1] == (2 * x.nbytes, 2 * x.nbytes)  # inputs sent, then outputs received
+    assert events[0][1] == x.nbytes  # the outputs' size is known only once the daemon names it

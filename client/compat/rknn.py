@@ -30,6 +30,7 @@ from rknn_client.compat.onnx_build import BuildError, prepare_model
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.errors import RknnError, advice
 from rknn_client.pipeline import Pipeline
+from rknn_client.progress import byte_bar
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
 from rknn_client.transport.base import TransportError
 
@@ -442,7 +443,15 @@ class RKNN(NpuCoreMasks):
                     f"{device.endpoint.description} is {info.soc}"
                 )
             self.log.i("accuracy_analysis", f"runtime side: {device.endpoint.description} ({info.runtime})")
-            return [(layer, layer.array) for layer in dump_runtime_layers(device, model, feeds, target)]
+            layers: list[tuple[DumpedLayer, np.ndarray]] = []
+            with byte_bar(True, "runtime layer dumps", delay_s=0.5) as bar:
+                received = 0
+                for layer in dump_runtime_layers(device, model, feeds, target):
+                    layers.append((layer, layer.array))
+                    received += layer.array.nbytes
+                    if bar:
+                        bar.phase("runtime layer dumps")(received, 0)
+            return layers
 
     def _close_runtime(self) -> None:
         session, device, pipeline = self._session, self._device, self._pipeline

@@ -129,12 +129,12 @@ def cmd_run(device: Device, args: argparse.Namespace) -> int:
 
 
 def cmd_perf(device: Device, args: argparse.Namespace) -> int:
-    """Time many runs on a session without per-layer profiling (profiling slows a run), then, unless
-    --no-perf-debug, take the per-layer table from a profiling session's EvalPerf."""
+    """Time many runs on a session without per-layer profiling (a runtime collecting per-layer times
+    runs slower), then take the per-layer table (and frequencies) from a profiling session's EvalPerf;
+    with --no-perf-debug, the timing session's EvalPerf gives the frequencies."""
     check_input_files(args.input or [])
     digest = _upload(device, args)
     with _open(device, args, digest) as session:
-        report = session.perf(fix_freq=not args.no_fix_freq)
         if args.input:
             prepared = _inputs(session, args.input)
             arrays, layouts, through = prepared.arrays, prepared.layouts, prepared.pass_through
@@ -142,6 +142,8 @@ def cmd_perf(device: Device, args: argparse.Namespace) -> int:
             arrays = sample_inputs(session)
             layouts, through = [s.layout for s in session.inputs], [False] * len(arrays)
         latency = measure(session, arrays, layouts, through, warmup=args.warmup, runs=args.runs)
+        if args.no_perf_debug:
+            report = session.perf(fix_freq=not args.no_fix_freq)
     if not args.no_perf_debug:
         with _open(device, args, digest, perf_debug=True) as profiling:
             report = profiling.perf(fix_freq=not args.no_fix_freq)

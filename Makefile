@@ -2,54 +2,58 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
-TYPECHECK := build/typecheck
+# Two installs, each with its stamp: the demo's (daemon, host runtime, client) and the rest for tests.
+DEMO_STAMP := $(VENV)/.installed-demo
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install demo test lint typecheck proto proto-check unit bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install --progress-bar on -e '.[demo]'
+	@touch $(DEMO_STAMP)
+
+# Everything else the tests and checks use, on top of the demo's install.
+$(DEV_STAMP): $(DEMO_STAMP)
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
+	@touch $(DEV_STAMP)
 
 # System tools some tests use (the armhf ABI check, systemd unit checks): installed when running as
 # root, else those tests skip and say why.
 APT_INSTALL := apt-get update -qq && apt-get install -y -qq --no-install-recommends
 
-install: $(STAMP)
+install: $(DEV_STAMP)
+	@if [ "$$(id -u)" = 0 ] && ! { command -v arm-linux-gnueabihf-gcc && command -v systemd-analyze; } >/dev/null; then \
+		echo "make: running as root, so installing the armhf cross compiler and systemd with apt-get (for the armhf ABI test and the unit checks)"; fi
 	@command -v arm-linux-gnueabihf-gcc >/dev/null || [ "$$(id -u)" != 0 ] || ($(APT_INSTALL) gcc-arm-linux-gnueabihf) \
 		|| echo "gcc-arm-linux-gnueabihf could not be installed; the armhf ABI test will skip"
 	@command -v systemd-analyze >/dev/null || [ "$$(id -u)" != 0 ] || ($(APT_INSTALL) systemd) \
 		|| echo "systemd could not be installed; the unit checks will skip"
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m demo.run_demo
 
-proto: $(STAMP)
+proto: $(DEV_STAMP)
 	$(PY) tools/gen_proto.py
 
-proto-check: $(STAMP)
+proto-check: $(DEV_STAMP)
 	$(PY) tools/gen_proto.py --check
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy needs folders named like the packages: link them under build/typecheck.
-typecheck: $(STAMP)
-	@mkdir -p $(TYPECHECK)
-	@ln -sfn ../../proto $(TYPECHECK)/rknn_proto
-	@ln -sfn ../../server $(TYPECHECK)/rknn_server
-	@ln -sfn ../../client $(TYPECHECK)/rknn_client
-	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p rknn_proto -p rknn_server -p rknn_client
+# mypy reads the packages under their import names: src/ links them.
+typecheck: $(DEV_STAMP)
+	cd src && ../$(VENV)/bin/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p rknn_proto -p rknn_server -p rknn_client
 
 unit: install
 	$(PY) -m pytest -q
 
 test: lint typecheck proto-check unit
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.run
 

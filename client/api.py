@@ -223,18 +223,23 @@ class Device:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
 
+    def handshake(self, timeout: float = 30) -> rknn_pb2.GetInfoResponse:
+        """GetInfo as the daemon answers it, whatever its protocol version (doctor and devices judge
+        that themselves); raises RknnError."""
+        return self._call(
+            "GetInfo",
+            self._stub.GetInfo,
+            rknn_pb2.GetInfoRequest(
+                client_protocol_version=PROTOCOL_VERSION,
+                client_version=f"rknn_client {__version__} python {platform.python_version()} {platform.system()}",
+            ),
+            timeout=timeout,
+        )
+
     def info(self, refresh: bool = False) -> DeviceInfo:
         """The daemon's description; the first call is the version handshake."""
         if self._info is None or refresh:
-            reply = self._call(
-                "GetInfo",
-                self._stub.GetInfo,
-                rknn_pb2.GetInfoRequest(
-                    client_protocol_version=PROTOCOL_VERSION,
-                    client_version=f"rknn_client {__version__} python {platform.python_version()} {platform.system()}",
-                ),
-                timeout=30,
-            )
+            reply = self.handshake()
             mismatch = check_versions(reply, self.endpoint.description, self.endpoint.device_id)
             if mismatch is not None:
                 raise VersionMismatch(mismatch.message())
@@ -262,23 +267,37 @@ class Device:
             )
         return self._info
 
-    def upload(self, model: Path | str, progress: Progress | None = None) -> UploadResult:
+    def upload(
+        self, model: Path | str, progress: Progress | None = None, *, hashing: Progress | None = None
+    ) -> UploadResult:
         """Send a model (and its external-data files) unless the daemon already has it; resumes.
+        `progress` hears the bytes sent, `hashing` the bytes hashed first (a big model takes a while).
 
         When another client uploads the same model at the same time the daemon answers ABORTED; this
         waits for that upload and asks again (then the model is usually cached: nothing to send)."""
         for _ in range(_UPLOAD_RETRIES):
             try:
-                return self._upload_once(model, progress)
+                return self._upload_once(model, progress, hashing)
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.ABORTED:
                     raise from_rpc_error(exc, f"UploadModel on {self.endpoint.description}") from None
                 time.sleep(_UPLOAD_RETRY_S)
-        return self._upload_once(model, progress)
+        return self._upload_once(model, progress, hashing)
 
-    def _upload_once(self, model: Path | str, progress: Progress | None) -> UploadResult:
+    def _upload_once(
+        self, model: Path | str, progress: Progress | None, hashing: Progress | None = None
+    ) -> UploadResult:
         paths = model_files(Path(model))
-        wire_manifest = manifest.describe_files(paths)
+        hashed = 0
+        to_hash = sum(p.stat().st_size for p in paths) if hashing else 0
+
+        def hashed_more(size: int) -> None:
+            nonlocal hashed
+            hashed += size
+            if hashing:
+                hashing(hashed, to_hash)
+
+        wire_manifest = manifest.describe_files(paths, hashed_more if hashing else None)
         by_name = {p.name: p for p in paths}
         prepared = self._call(
             "PrepareUpload", self._stub.PrepareUpload, rknn_pb2.PrepareUploadRequest(manifest=wire_manifest)
@@ -501,10 +520,13 @@ class Session:
         *,
         pass_through: Sequence[bool] | None = None,
         strict: bool = True,
+        progress: Progress | None = None,
     ) -> list[np.ndarray]:
         """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
-        `strict=False` leaves shape and dtype checks to the daemon (which converts layouts)."""
-        return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict))
+        `strict=False` leaves shape and dtype checks to the daemon (which converts layouts).
+        `progress` hears (bytes moved, bytes to move) of a frame too big for one message: inputs sent,
+        then outputs received (the total grows by the outputs' size once the daemon names it)."""
+        return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict, progress))
 
     def _run_once(
         self,
@@ -512,25 +534,43 @@ class Session:
         layouts: Sequence[str] | None,
         pass_through: Sequence[bool] | None,
         strict: bool,
+        progress: Progress | None = None,
     ) -> list[np.ndarray]:
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id=0)
         if self._fits_one_message(wire):
             return self._run_unary(header, wire)
         where = f"Inference on {self.device.endpoint.description}"
+        moved, total = 0, sum(a.nbytes for a in wire)
+
+        def count(size: int) -> None:
+            nonlocal moved
+            moved += size
+            if progress:
+                progress(moved, total)
+
+        def sent(requests: Iterator[rknn_pb2.InferenceRequest]) -> Iterator[rknn_pb2.InferenceRequest]:
+            for request in requests:
+                yield request
+                count(len(request.chunk.data))
+
         try:
             responses = cast(
                 Iterator[rknn_pb2.InferenceResponse],
                 self.device._stub.Inference(
-                    _messages(header, wire), metadata=self.device.metadata, timeout=self.device.timeout_s
+                    sent(_messages(header, wire)),
+                    metadata=self.device.metadata,
+                    timeout=self.device.timeout_s,
                 ),
             )
             first = next(responses)
             if first.WhichOneof("part") != "header":
                 raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
             self.last_run_time_us = first.header.run_time_us
+            total += sum(meta.byte_length for meta in first.header.outputs)
             assembler = self.new_output_assembler(first.header)
             for response in responses:
                 assembler.add(response.chunk)
+                count(len(response.chunk.data))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
         except StopIteration:

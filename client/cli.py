@@ -1,11 +1,11 @@
 """`rknn-client`: talk to a board daemon from a shell.
 
-rknn-client info [--device ID]
-rknn-client run MODEL --input a.npy [--input b.npy] [--output-dir DIR]
-rknn-client perf MODEL [--no-perf-debug]
-rknn-client mem MODEL
-rknn-client devices | doctor [--device ID] | deploy --device ID   (board commands: rknn_client.board_commands)
-rknn-client accuracy MODEL --input IMG [IMG...] --dataset dataset.txt --output-dir DIR [--mean M,M,M] [--std S,S,S]
+rknn-client info [--device ID] [--json]
+rknn-client run MODEL --input a.npy|b.npz|img.jpg [--input ...] [--output-dir DIR]
+rknn-client perf MODEL [--runs N] [--warmup N] [--input FILE] [--no-perf-debug] [--json]
+rknn-client mem MODEL [--json]
+rknn-client devices [--json] | doctor [--device ID] [--json] | deploy --device ID   (rknn_client.board_commands)
+rknn-client accuracy MODEL --input IMG [IMG...] --dataset dataset.txt --output-dir DIR [--mean M,M,M] [--json]
 rknn-client farm devices|run ...   (see rknn_client.farm.cli)
 rknn-client exec script.py [args]   (an unmodified toolkit script; see rknn_client.exec)
 """
@@ -13,55 +13,80 @@ rknn-client exec script.py [args]   (an unmodified toolkit script; see rknn_clie
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from rknn_client import __version__
+from rknn_client.accuracy.analysis import REPORT_FILE
+from rknn_client.accuracy.summary import accuracy_json, worst_layers_text
 from rknn_client.api import Device, Session, connect
-from rknn_client.board_commands import add_board_commands
+from rknn_client.board_commands import add_board_commands, add_token_option
+from rknn_client.cli_parser import Parser, add_json_option, parse
+from rknn_client.compat.inputs import PreparedInputs, prepare
 from rknn_client.compat.rknn import RKNN
-from rknn_client.errors import RknnError
+from rknn_client.errors import RknnError, advice
 from rknn_client.farm.cli import add_farm_commands
-from rknn_client.report import memory_text, perf_text
+from rknn_client.input_files import InputFileError, check_input_files, image_size, read_input_files
+from rknn_client.progress import byte_bar
+from rknn_client.report import memory_text, perf_text, readable_size
+from rknn_client.timing import measure, sample_inputs
 from rknn_client.transport.base import TransportError
 
+# A transfer shorter than this shows no bar (only a few MB and up take that long).
+TRANSFER_BAR_DELAY_S = 0.5
+INPUT_HELP = ".npy, .npz or image (jpg/png/bmp: RGB, NHWC, resized to the model input), one per input"
 
-def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
-    """A tqdm bar for uploads when stderr is a terminal; nothing otherwise."""
-    if not enabled or not sys.stderr.isatty():
-        return None, lambda: None
-    from tqdm import tqdm
 
-    bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="upload", leave=False)
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
 
-    def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
 
-    return update, bar.close
+def _emit_json(value: object) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _upload(device: Device, args: argparse.Namespace) -> str:
+    """The model's digest on the daemon, uploaded unless cached; a bar shows hashing, then sending."""
+    with byte_bar(not args.no_progress, "hashing") as bar:
+        uploaded = device.upload(
+            args.model,
+            bar.phase("upload") if bar else None,
+            hashing=bar.phase("hashing") if bar else None,
+        )
+    note = "already cached on the daemon" if uploaded.cached else f"uploaded {uploaded.sent_bytes} bytes"
+    print(f"model {uploaded.digest[:16]}: {note}", file=sys.stderr)
+    return uploaded.digest
 
 
 def _open(
-    device: Device, args: argparse.Namespace, perf_debug: bool = False, eval_mem: bool = False
+    device: Device, args: argparse.Namespace, digest: str, *, perf_debug: bool = False, eval_mem: bool = False
 ) -> Session:
-    progress, done = _progress_bar(not args.no_progress)
-    try:
-        uploaded = device.upload(args.model, progress)
-    finally:
-        done()
-    note = "already cached on the daemon" if uploaded.cached else f"uploaded {uploaded.sent_bytes} bytes"
-    print(f"model {uploaded.digest[:16]}: {note}", file=sys.stderr)
-    return device.open_session(
-        uploaded.digest, target=args.target or "", perf_debug=perf_debug, eval_mem=eval_mem
-    )
+    return device.open_session(digest, target=args.target or "", perf_debug=perf_debug, eval_mem=eval_mem)
+
+
+def _inputs(session: Session, paths: list[str]) -> PreparedInputs:
+    """The files as the model's inputs, under the toolkit's rules (images NHWC, cast to the model's dtype)."""
+    sizes = [image_size(spec.shape, spec.layout) for spec in session.inputs]
+    prepared = prepare(read_input_files(paths, sizes, _note), session.inputs, None, None)
+    for text in prepared.notes:
+        _note(text)
+    return prepared
 
 
 def cmd_info(device: Device, args: argparse.Namespace) -> int:
     info = device.info()
+    if args.json:
+        _emit_json({"device": device.endpoint.description, **dataclasses.asdict(info)})
+        return 0
     print(f"device:          {device.endpoint.description}")
     print(f"daemon:          rknn_server {info.daemon_version} (protocol {info.protocol_version})")
     print(f"runtime:         {info.runtime} {info.runtime_version}")
@@ -70,14 +95,30 @@ def cmd_info(device: Device, args: argparse.Namespace) -> int:
     print(f"driver:          {info.driver_version or 'unknown'}")
     print(f"model formats:   {', '.join(info.model_formats)}")
     print("capabilities:    " + ", ".join(k for k, v in info.capabilities.items() if v))
-    print("limits:          " + ", ".join(f"{k}={v:g}" for k, v in info.limits.items()))
+    print("limits:          " + ", ".join(f"{k}={_limit_text(k, v)}" for k, v in info.limits.items()))
     return 0
 
 
+def _limit_text(name: str, value: float) -> str:
+    if name.endswith("_bytes"):
+        return readable_size(int(value))
+    if name.endswith("_s"):
+        return f"{value:g} s"
+    return str(int(value))
+
+
 def cmd_run(device: Device, args: argparse.Namespace) -> int:
-    arrays = [np.load(p) for p in args.input]
-    with _open(device, args) as session:
-        outputs = session.run(arrays)
+    check_input_files(args.input)
+    with _open(device, args, _upload(device, args)) as session:
+        prepared = _inputs(session, args.input)
+        with byte_bar(not args.no_progress, "tensors", delay_s=TRANSFER_BAR_DELAY_S) as bar:
+            outputs = session.run(
+                prepared.arrays,
+                prepared.layouts,
+                pass_through=prepared.pass_through,
+                strict=False,
+                progress=bar.phase("tensors") if bar else None,
+            )
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -89,14 +130,40 @@ def cmd_run(device: Device, args: argparse.Namespace) -> int:
 
 
 def cmd_perf(device: Device, args: argparse.Namespace) -> int:
-    with _open(device, args, perf_debug=not args.no_perf_debug) as session:
-        print(perf_text(session.perf(fix_freq=not args.no_fix_freq)), end="")
+    """Time many runs on a session without per-layer profiling (a runtime collecting per-layer times
+    runs slower), then take the per-layer table (and frequencies) from a profiling session's EvalPerf;
+    with --no-perf-debug, the timing session's EvalPerf gives the frequencies."""
+    check_input_files(args.input or [])
+    digest = _upload(device, args)
+    with _open(device, args, digest) as session:
+        if args.input:
+            prepared = _inputs(session, args.input)
+            arrays, layouts, through = prepared.arrays, prepared.layouts, prepared.pass_through
+        else:
+            arrays = sample_inputs(session)
+            layouts, through = [s.layout for s in session.inputs], [False] * len(arrays)
+        latency = measure(session, arrays, layouts, through, warmup=args.warmup, runs=args.runs)
+        if args.no_perf_debug:
+            report = session.perf(fix_freq=not args.no_fix_freq)
+    if not args.no_perf_debug:
+        with _open(device, args, digest, perf_debug=True) as profiling:
+            report = profiling.perf(fix_freq=not args.no_fix_freq)
+    if args.json:
+        _emit_json(
+            {"latency": {**dataclasses.asdict(latency), "fps": latency.fps}, **dataclasses.asdict(report)}
+        )
+    else:
+        print(perf_text(report, latency), end="")
     return 0
 
 
 def cmd_mem(device: Device, args: argparse.Namespace) -> int:
-    with _open(device, args, eval_mem=True) as session:
-        print(memory_text(session.memory()), end="")
+    with _open(device, args, _upload(device, args), eval_mem=True) as session:
+        report = session.memory()
+    if args.json:
+        _emit_json(dataclasses.asdict(report))
+    else:
+        print(memory_text(report), end="")
     return 0
 
 
@@ -110,37 +177,50 @@ def _channels(text: str) -> list[float]:
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
     """config + load_onnx + build + accuracy_analysis, the toolkit's flow; the runtime side is the daemon
-    that --device/--target select (neither: golden vs simulator only)."""
+    that --device/--target select (neither: golden vs simulator only). The full table goes to
+    error_analysis.txt; the terminal gets the worst layers first."""
     if not args.no_quantization and not args.dataset:
         print("rknn-client: accuracy needs --dataset (or --no-quantization)", file=sys.stderr)
         return 2
+    check_input_files(args.input)
     rknn = RKNN()
+    table = io.StringIO()
     try:
-        ok = (
-            rknn.config(
-                mean_values=args.mean,
-                std_values=args.std,
-                quantized_algorithm=args.algorithm,
-                quantized_method=args.method,
+        with contextlib.redirect_stdout(table):
+            ok = (
+                rknn.config(
+                    mean_values=args.mean,
+                    std_values=args.std,
+                    quantized_algorithm=args.algorithm,
+                    quantized_method=args.method,
+                )
+                == 0
+                and rknn.load_onnx(args.model) == 0
+                and rknn.build(do_quantization=not args.no_quantization, dataset=args.dataset) == 0
+                and rknn.accuracy_analysis(args.input, args.output_dir, args.target, args.device) == 0
             )
-            == 0
-            and rknn.load_onnx(args.model) == 0
-            and rknn.build(do_quantization=not args.no_quantization, dataset=args.dataset) == 0
-            and rknn.accuracy_analysis(args.input, args.output_dir, args.target, args.device) == 0
-        )
     finally:
         rknn.release()
-    if ok:
-        print(f"layer dumps and error_analysis.txt are in {args.output_dir}", file=sys.stderr)
-    return 0 if ok else 1
+    result = rknn.last_accuracy
+    if not ok or result is None:
+        sys.stderr.write(table.getvalue())
+        return 1
+    if args.json:
+        _emit_json(accuracy_json(result))
+    else:
+        print(worst_layers_text(result, args.worst), end="")
+    print(f"layer dumps and the full table ({REPORT_FILE}) are in {args.output_dir}", file=sys.stderr)
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rknn-client", description="Run, profile and inspect models on RKNN boards."
-    )
+    p = Parser(prog="rknn-client", description="Run, profile and inspect models on RKNN boards.")
     p.add_argument("--version", action="version", version=f"rknn-client {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    # Subcommand parsers are Parsers too (argparse makes them of the parent's class).
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        p.add_subparsers(dest="command", required=True, metavar="COMMAND"),
+    )
 
     def add(
         name: str, fn: Callable[[Device, argparse.Namespace], int], help_text: str, model: bool
@@ -148,26 +228,38 @@ def parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_text, description=help_text)
         c.add_argument(
             "--device",
-            help="tcp://HOST:PORT, an adb serial or IP:PORT (default: RKNN_SERVER, "
-            "else the single adb board, else a private host-runtime daemon)",
+            help="tcp://HOST:PORT, an attached adb board's serial or IP:PORT, or a daemon's HOST:PORT "
+            "(default: RKNN_SERVER, else the single adb board, else a private host-runtime daemon)",
         )
         c.add_argument("--target", help="SoC the model is for (e.g. rk3588); checked against the board")
+        add_token_option(c)
         if model:
             c.add_argument("model", help="model file (.onnx on the host runtime, .rknn on a board)")
             c.add_argument("--no-progress", action="store_true", help="no upload progress bar")
         c.set_defaults(func=fn)
         return c
 
-    add("info", cmd_info, "describe the daemon: versions, runtime, SoC, capabilities, limits", model=False)
-    run = add("run", cmd_run, "run a model once on .npy inputs", model=True)
-    run.add_argument(
-        "--input", action="append", required=True, help=".npy file, one per model input, in order"
+    info = add(
+        "info", cmd_info, "describe the daemon: versions, runtime, SoC, capabilities, limits", model=False
     )
+    add_json_option(info)
+    run = add("run", cmd_run, "run a model once on .npy, .npz or image inputs", model=True)
+    run.add_argument("--input", action="append", required=True, help=INPUT_HELP)
     run.add_argument("--output-dir", help="save each output as output_N.npy here")
-    perf = add("perf", cmd_perf, "per-layer and total timing, in the toolkit's format", model=True)
+    perf = add(
+        "perf",
+        cmd_perf,
+        "latency over many runs and the per-layer table, in the toolkit's format",
+        model=True,
+    )
+    perf.add_argument("--runs", type=int, default=20, help="timed runs (default: %(default)s)")
+    perf.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: %(default)s)")
+    perf.add_argument("--input", action="append", help=INPUT_HELP + " (default: zeros)")
     perf.add_argument("--no-perf-debug", action="store_true", help="total time only (no per-layer table)")
     perf.add_argument("--no-fix-freq", action="store_true", help="do not pin CPU/NPU/DDR frequencies")
-    add("mem", cmd_mem, "memory used by a model, in the toolkit's format", model=True)
+    add_json_option(perf)
+    mem = add("mem", cmd_mem, "memory used by a model, in the toolkit's format", model=True)
+    add_json_option(mem)
     add_board_commands(sub)
     acc = sub.add_parser(
         "accuracy",
@@ -176,9 +268,7 @@ def parser() -> argparse.ArgumentParser:
         "simulator (int8), and vs the runtime of --device/--target when given.",
     )
     acc.add_argument("model", help="the original ONNX model")
-    acc.add_argument(
-        "--input", nargs="+", action="extend", required=True, help="image or .npy, one per model input"
-    )
+    acc.add_argument("--input", nargs="+", action="extend", required=True, help=INPUT_HELP)
     acc.add_argument("--dataset", help="dataset.txt of calibration inputs, as build() takes it")
     acc.add_argument("--output-dir", default="./snapshot", help="where dumps and error_analysis.txt go")
     acc.add_argument(
@@ -192,6 +282,10 @@ def parser() -> argparse.ArgumentParser:
     acc.add_argument(
         "--target", help="the runtime side's SoC (e.g. rk3588): the single adb board of that SoC"
     )
+    acc.add_argument(
+        "--worst", type=int, default=10, help="layers in the summary, worst first (default: %(default)s)"
+    )
+    add_json_option(acc)
     acc.set_defaults(func=None)
     add_farm_commands(sub)
     ex = sub.add_parser("exec", help="run an unmodified RKNN-Toolkit2/RKNNLite script on rknn_client")
@@ -204,27 +298,47 @@ def run_standalone(args: argparse.Namespace) -> int:
     """Commands that reach their devices themselves (board and farm commands)."""
     try:
         return int(args.standalone(args))
+    except BrokenPipeError:
+        raise
     except (RknnError, TransportError, OSError, ValueError) as exc:
         print(f"rknn-client: {exc}", file=sys.stderr)
         return 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "exec":
         from rknn_client.exec import run_script
 
         return run_script(args.script, args.args)
     if args.command == "accuracy":
-        return cmd_accuracy(args)
+        try:
+            return cmd_accuracy(args)
+        except InputFileError as exc:
+            print(f"rknn-client: {exc}", file=sys.stderr)
+            return 1
     if getattr(args, "standalone", None) is not None:
         return run_standalone(args)
     try:
-        with connect(args.device, args.target) as device:
+        with connect(args.device, args.target, token=args.token) as device:
             return int(args.func(device, args))
+    except BrokenPipeError:
+        raise
     except (RknnError, TransportError, OSError, ValueError) as exc:
-        print(f"rknn-client: {exc}", file=sys.stderr)
+        fix = advice(exc, "cli")
+        print(f"rknn-client: {exc}" + (f"\n  fix: {fix}" if fix else ""), file=sys.stderr)
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(parser(), argv)
+    try:
+        code = _dispatch(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    return code
 
 
 if __name__ == "__main__":

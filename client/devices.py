@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import adbutils
-import grpc
 
+from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
-from rknn_client.negotiate import request_info
+from rknn_client.errors import RknnError
 from rknn_client.transport.adb import (
     AdbDeviceInfo,
     AdbTransportError,
@@ -23,7 +23,7 @@ from rknn_client.transport.adb import (
     connect_adb_server,
     open_adb,
 )
-from rknn_client.transport.base import TransportError
+from rknn_client.transport.base import Endpoint, TransportError
 from rknn_client.transport.resolve import ENV_SERVER
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2
@@ -52,32 +52,44 @@ class DeviceRow:
 
 
 def survey(
-    tcp_addresses: Sequence[str] = (), socket_name: str = DEFAULT_ABSTRACT_SOCKET, timeout: float = 3.0
+    tcp_addresses: Sequence[str] = (),
+    socket_name: str = DEFAULT_ABSTRACT_SOCKET,
+    timeout: float = 3.0,
+    token: str | None = None,
 ) -> list[DeviceRow]:
-    """Every attached adb board plus each TCP daemon named (and RKNN_SERVER), without starting an adb server."""
+    """Every attached adb board plus each TCP daemon named (and RKNN_SERVER), without starting an adb
+    server. Daemons are asked with the credentials every command uses (`token`, else RKNN_SERVER_TOKEN)."""
     rows: list[DeviceRow] = []
     with contextlib.suppress(AdbTransportError):
         client = connect_adb_server(start=False)
-        rows += [_adb_row(client, device, socket_name, timeout) for device in attached_devices(client)]
+        rows += [_adb_row(client, device, socket_name, timeout, token) for device in attached_devices(client)]
     env = os.environ.get(ENV_SERVER, "").strip()
     for address in [*tcp_addresses, *([env] if env else [])]:
-        rows.append(_tcp_row(address, timeout))
+        rows.append(_tcp_row(address, timeout, token))
     return rows
 
 
+def _handshake(endpoint: Endpoint, timeout: float, token: str | None) -> rknn_pb2.GetInfoResponse | None:
+    """GetInfo through a Device (credentials included); None when the daemon does not answer. Closes
+    `endpoint`."""
+    try:
+        with Device(endpoint, token=token) as device:
+            return device.handshake(timeout)
+    except (RknnError, TransportError):
+        return None
+    finally:
+        endpoint.close()
+
+
 def _adb_row(
-    client: adbutils.AdbClient, device: AdbDeviceInfo, socket_name: str, timeout: float
+    client: adbutils.AdbClient, device: AdbDeviceInfo, socket_name: str, timeout: float, token: str | None
 ) -> DeviceRow:
     transport = "adb-network" if device.is_network else "adb-usb"
     if device.state != "device":
         return DeviceRow(device.serial, transport, device.state, model=device.model)
     info: rknn_pb2.GetInfoResponse | None = None
-    with contextlib.suppress(TransportError, grpc.RpcError):
-        endpoint = open_adb(device.serial, socket_name=socket_name)
-        try:
-            info = request_info(endpoint.grpc_target, timeout, "rknn_client devices")
-        finally:
-            endpoint.close()
+    with contextlib.suppress(TransportError):
+        info = _handshake(open_adb(device.serial, socket_name=socket_name), timeout, token)
     soc, model = (info.soc, info.board) if info is not None else ("", "")
     if not (soc and model):
         found_soc, found_model = _board_identity(BoardShell(client.device(device.serial)))
@@ -97,14 +109,12 @@ def _board_identity(shell: BoardShell) -> tuple[str, str]:
     return soc, (facts.get("dtmodel") or facts.get("propmodel") or "").strip()
 
 
-def _tcp_row(address: str, timeout: float) -> DeviceRow:
+def _tcp_row(address: str, timeout: float, token: str | None) -> DeviceRow:
     try:
         endpoint = tcp_endpoint(address)
     except TransportError:
         return DeviceRow(address, "tcp", "invalid address")
-    info: rknn_pb2.GetInfoResponse | None = None
-    with contextlib.suppress(grpc.RpcError):
-        info = request_info(endpoint.grpc_target, timeout, "rknn_client devices")
+    info = _handshake(endpoint, timeout, token)
     if info is None:
         return DeviceRow(endpoint.device_id, "tcp", "unreachable")
     return _with_daemon(DeviceRow(endpoint.device_id, "tcp", "reachable", info.soc, info.board), info)

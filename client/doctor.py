@@ -11,10 +11,11 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 import adbutils
-import grpc
 
+from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
-from rknn_client.negotiate import check_versions, request_info
+from rknn_client.errors import AuthenticationFailed, RknnError
+from rknn_client.negotiate import check_versions
 from rknn_client.transport.adb import (
     AdbTransportError,
     adb_server_address,
@@ -23,6 +24,9 @@ from rknn_client.transport.adb import (
     open_adb,
     require_ready,
 )
+from rknn_client.transport.base import Endpoint, TransportError
+from rknn_client.transport.security import ENV_TOKEN
+from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2
 from rknn_proto.version import (
     DEFAULT_ABSTRACT_SOCKET,
@@ -41,6 +45,18 @@ VENDOR_FIX = (
     f"`adb shell chmod -x {' '.join(VENDOR_SCRIPTS)}` (ignore the paths that do not exist) "
     "and remove its line from the board's init scripts (/etc/init.d, or the Android init .rc)"
 )
+# This project's daemon on a board: the `rknn_server` console script, which runs as
+# `.../python .../rknn_server serve` (so `pidof rknn_server` does not see it), or a binary of that name.
+# Lists "PID EXE" for each; the shell running this has argv[0] `sh` and so never lists itself.
+_FIND_DAEMONS = (
+    "for d in /proc/[0-9]*; do set -f; set -- $(tr '\\0' ' ' 2>/dev/null <$d/cmdline); set +f; "
+    'case "${1##*/}" in rknn_server) ;; python*) [ "${2##*/}" = rknn_server ] || continue;; *) continue;; esac; '
+    'echo "${d#/proc/} $(readlink $d/exe)"; done'
+)
+TOKEN_FIX = (
+    f"the daemon wants a bearer token: set {ENV_TOKEN} (or pass --token) to the content of the file the "
+    "daemon was started with (`--auth-token-file`)"
+)
 NPU_NODES = ("/dev/dri/renderD129", "/dev/rknpu")
 DRIVER_VERSION_FILES = ("/sys/kernel/debug/rknpu/version", "/sys/module/rknpu/version")
 
@@ -58,13 +74,20 @@ class Check:
 
 
 def diagnose(
-    device_id: str | None, *, socket_name: str = DEFAULT_ABSTRACT_SOCKET, timeout: float = 5.0
+    device_id: str | None,
+    *,
+    socket_name: str = DEFAULT_ABSTRACT_SOCKET,
+    timeout: float = 5.0,
+    token: str | None = None,
 ) -> list[Check]:
-    """Check every link to the daemon named by `device_id` (adb serial, IP:PORT, tcp://HOST:PORT or None)."""
+    """Check every link to the daemon named by `device_id` (adb serial, IP:PORT, tcp://HOST:PORT or None).
+
+    The daemon is asked with the credentials every other command uses (`token`, else RKNN_SERVER_TOKEN,
+    and the RKNN_SERVER_TLS_* files)."""
     if device_id is not None and device_id.startswith("tcp://"):
-        walk = _tcp_chain(device_id, timeout)
+        walk = _tcp_chain(device_id, timeout, token)
     else:
-        walk = _adb_chain(device_id, socket_name, timeout)
+        walk = _adb_chain(device_id, socket_name, timeout, token)
     checks: list[Check] = []
     for check in walk:
         checks.append(check)
@@ -88,7 +111,7 @@ def format_report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Iterator[Check]:
+def _adb_chain(device_id: str | None, socket_name: str, timeout: float, token: str | None) -> Iterator[Check]:
     host, port = adb_server_address()
     if not adb_server_running(host, port):
         yield Check(
@@ -120,10 +143,7 @@ def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Itera
     except AdbTransportError as error:
         yield Check("adb forward", False, error.problem, error.fix)
         return
-    try:
-        daemon = yield from _daemon_checks(endpoint.grpc_target, info.serial, timeout)
-    finally:
-        endpoint.close()
+    daemon = yield from _daemon_checks(endpoint, info.serial, timeout, token)
     if daemon is None:
         return
     nodes = board.output(f"ls {' '.join(NPU_NODES)} 2>/dev/null").split()
@@ -142,7 +162,7 @@ def _adb_chain(device_id: str | None, socket_name: str, timeout: float) -> Itera
 
 def _daemon_process_checks(board: BoardShell, socket_name: str) -> Iterator[Check]:
     """Is a daemon running, is it ours or the vendor's, and does it listen on the abstract socket."""
-    found = board.output('for p in $(pidof rknn_server); do echo "$p $(readlink /proc/$p/exe)"; done')
+    found = board.output(_FIND_DAEMONS)
     processes = [line.split(maxsplit=1) for line in found.splitlines() if line.strip()]
     vendor = [f"pid {pid} ({exe[0]})" for pid, *exe in processes if exe and is_vendor_binary(exe[0])]
     ours = [f"pid {pid}" for pid, *exe in processes if not (exe and is_vendor_binary(exe[0]))]
@@ -164,6 +184,15 @@ def _daemon_process_checks(board: BoardShell, socket_name: str) -> Iterator[Chec
             "start it on the board with `rknn_server serve` (or the service that deploy/ installs)",
         )
         return
+    if not listening:
+        yield Check(
+            "daemon process",
+            False,
+            f"rknn_server runs ({', '.join(ours)}) but nothing listens on @{socket_name}",
+            f"restart it listening on unix-abstract:{socket_name} (the default `--listen` of "
+            "`rknn_server serve`), or name the socket it uses with --socket",
+        )
+        return
     running = ", ".join(ours) if ours else f"no process named rknn_server, but @{socket_name} is listening"
     yield Check("daemon process", True, running)
     if vendor:
@@ -173,31 +202,34 @@ def _daemon_process_checks(board: BoardShell, socket_name: str) -> Iterator[Chec
     if scripts:
         detail = f"the vendor's respawn scripts exist: {', '.join(scripts)}"
         yield Check("vendor start scripts", False, detail, VENDOR_FIX, blocking=False)
-    yield Check(
-        "abstract socket",
-        listening,
-        f"@{socket_name} is {'listening' if listening else 'not listening'}",
-        f"restart the daemon listening on unix-abstract:{socket_name} (its default `--listen`)",
-    )
+    yield Check("abstract socket", True, f"@{socket_name} is listening")
 
 
 def _daemon_checks(
-    target: str, device_id: str, timeout: float
+    endpoint: Endpoint, device_id: str, timeout: float, token: str | None
 ) -> Generator[Check, None, rknn_pb2.GetInfoResponse | None]:
-    """The gRPC handshake, protocol and runtime; returns GetInfo's answer, or None when it failed."""
+    """The gRPC handshake, protocol and runtime; returns GetInfo's answer, or None when it failed.
+
+    Closes `endpoint`."""
     try:
-        info = request_info(target, timeout, "rknn_client doctor")
-    except grpc.RpcError as error:
+        with Device(endpoint, token=token) as device:
+            info = device.handshake(timeout)
+    except AuthenticationFailed as error:
+        yield Check("gRPC handshake", False, str(error), TOKEN_FIX)
+        return None
+    except (RknnError, TransportError) as error:
         yield Check(
             "gRPC handshake",
             False,
-            f"GetInfo via {target} failed: {error.code().name}: {error.details()}",
+            str(error),
             "the process on the socket is not this project's daemon or is stuck: read its log, restart it, "
             "and make sure the vendor's rknn_server is not the one listening",
         )
         return None
+    finally:
+        endpoint.close()
     yield Check("gRPC handshake", True, f"rknn_server {info.daemon_version} answered GetInfo")
-    mismatch = check_versions(info, device_id or target, device_id)
+    mismatch = check_versions(info, device_id or endpoint.description, device_id)
     if mismatch is not None:
         yield Check("protocol version", False, mismatch.problem, mismatch.fix)
         return None
@@ -216,7 +248,7 @@ def _daemon_checks(
     return info
 
 
-def _tcp_chain(device_id: str, timeout: float) -> Iterator[Check]:
+def _tcp_chain(device_id: str, timeout: float, token: str | None) -> Iterator[Check]:
     host, _, port_text = device_id.removeprefix("tcp://").rpartition(":")
     if not host:
         host, port_text = port_text, str(DEFAULT_PORT)
@@ -229,13 +261,14 @@ def _tcp_chain(device_id: str, timeout: float) -> Iterator[Check]:
             "tcp connect",
             False,
             f"cannot connect to {host}:{port_text}: {error}",
-            f"start the daemon on the board with `--listen tcp://0.0.0.0:{port_text}` and check the network "
-            "and firewall between this PC and the board",
+            f"start the daemon on the board with `--listen tcp://0.0.0.0:{port_text} --auth-token-file FILE` "
+            f"(FILE: a secret token, mode 0600; the daemon refuses other addresses than loopback without "
+            f"one) and give this PC the same token in {ENV_TOKEN}; check the network and firewall between "
+            "this PC and the board",
         )
         return
     yield Check("tcp connect", True, f"{host}:{port_text} accepts connections")
-    target = f"[{host}]:{port_text}" if ":" in host else f"{host}:{port_text}"
-    daemon = yield from _daemon_checks(target, device_id, timeout)
+    daemon = yield from _daemon_checks(tcp_endpoint(device_id), device_id, timeout, token)
     if daemon is not None:
         yield _driver_check(daemon.driver_version)
 

@@ -5,11 +5,21 @@ Each carries the daemon's own message (what was wrong and what was expected), ne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
+
+# Trailing-metadata keys of the daemon's structured hints (rknn_server.errors.HINT_PREFIX).
+HINT_PREFIX = "rknn-hint-"
 
 
 class RknnError(Exception):
-    """Base of everything the client raises."""
+    """Base of everything the client raises. `hints` are facts the daemon sent with the error (e.g.
+    `board_soc`), for each interface to word its own advice (see `advice`)."""
+
+    def __init__(self, *args: object, hints: dict[str, str] | None = None) -> None:
+        super().__init__(*args)
+        self.hints = hints or {}
 
 
 class InvalidInput(RknnError):
@@ -75,6 +85,14 @@ def from_rpc_error(exc: grpc.RpcError, where: str) -> RknnError:
     """The typed exception for a failed call, with the daemon's message and where it happened."""
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    trailing: Sequence[tuple[str, str | bytes]] = (
+        exc.trailing_metadata() if isinstance(exc, grpc.Call) else None
+    ) or ()
+    hints = {
+        str(key).removeprefix(HINT_PREFIX): str(value)
+        for key, value in trailing
+        if str(key).startswith(HINT_PREFIX)
+    }
     if code == grpc.StatusCode.UNAVAILABLE:
         return ConnectionFailed(
             f"{where}: the daemon is not reachable ({details}). Check that rknn_server runs on the board "
@@ -83,4 +101,17 @@ def from_rpc_error(exc: grpc.RpcError, where: str) -> RknnError:
     kind = _BY_CODE.get(code, RknnError)
     if kind is NotFound and "session" in details:
         kind = SessionLost
-    return kind(f"{details} [{code.name} from {where}]")
+    return kind(f"{details} [{code.name} from {where}]", hints=hints)
+
+
+def advice(error: BaseException, interface: str) -> str:
+    """What to do about `error`, in the terms of `interface`: "cli" (rknn-client's flags) or "toolkit"
+    (the RKNN-Toolkit2 API); '' when the error carries no hint."""
+    hints = error.hints if isinstance(error, RknnError) else {}
+    soc = hints.get("board_soc")
+    if soc:
+        fix = f"--target {soc}" if interface == "cli" else f"init_runtime(target='{soc}')"
+        wanted = hints.get("target")
+        other = f", or connect to a {wanted} board" if wanted else ""
+        return f"use {fix}{other}"
+    return ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from rknn_client.api import MemoryReport, PerfReport
+from rknn_client.timing import Latency
 
 _RULE = "=" * 54
 _SDK_RULE = "=" * 46
@@ -22,8 +23,11 @@ _RANK_HEAD = (
 _FREQ_ORDER = ("CPU", "NPU", "DDR")
 
 
-def _row(cells: list[str] | tuple[str, ...]) -> str:
-    return " | ".join(cells)
+def _table(rows: list[list[str]]) -> list[str]:
+    """Rows of cells joined by ` | ` as the toolkit does, each column padded to its widest cell (scripts
+    that split on `|` and strip keep working)."""
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(max(map(len, rows)))]
+    return [" | ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
 
 
 def _us(value: float) -> str:
@@ -44,10 +48,7 @@ def frequency_text(report: PerfReport) -> str:
 
 def layer_table(report: PerfReport) -> str:
     extras = list(report.extra_columns)
-    lines = [
-        "Network Layer Information Table",
-        _row([*_LAYER_HEAD, "Time(us)", *extras, "FullName"]),
-    ]
+    rows = [[*_LAYER_HEAD, "Time(us)", *extras, "FullName"]]
     for r in report.layers:
         cells = [
             str(r.index),
@@ -60,12 +61,12 @@ def layer_table(report: PerfReport) -> str:
             *[r.extra.get(c, "\\") for c in extras],
             r.name,
         ]
-        lines.append(_row(cells))
-    lines += [
-        "",
-        f"Total Operator Elapsed Per Frame Time(us): {_us(report.total_operator_time_us)}",
-        f"Total Memory Read/Write Per Frame Size(KB): {report.total_rw_kb:.1f}",
-    ]
+        rows.append(cells)
+    lines = ["Network Layer Information Table", *_table(rows), ""]
+    lines.append(f"Total Operator Elapsed Per Frame Time(us): {_us(report.total_operator_time_us)}")
+    # Runtimes that do not measure memory traffic report 0: a figure nobody measured is left out.
+    if report.total_rw_kb > 0:
+        lines.append(f"Total Memory Read/Write Per Frame Size(KB): {report.total_rw_kb:.1f}")
     return "\n".join(lines)
 
 
@@ -79,47 +80,59 @@ def ranking_table(report: PerfReport) -> str:
         entry[r.target if r.target in ("CPU", "GPU", "NPU") else "CPU"] += r.time_us
     total = sum(r.time_us for r in report.layers) or 1.0
     ranked = sorted(per_op.items(), key=lambda kv: -(kv[1]["CPU"] + kv[1]["GPU"] + kv[1]["NPU"]))
-    lines = ["Operator Time Consuming Ranking Table", _row(_RANK_HEAD)]
+    rows = [list(_RANK_HEAD)]
     for op, e in ranked:
         op_total = e["CPU"] + e["GPU"] + e["NPU"]
-        lines.append(
-            _row(
-                [
-                    op,
-                    str(int(e["calls"])),
-                    _us(e["CPU"]),
-                    _us(e["GPU"]),
-                    _us(e["NPU"]),
-                    _us(op_total),
-                    f"{op_total / total * 100:.2f}%",
-                ]
-            )
+        rows.append(
+            [
+                op,
+                str(int(e["calls"])),
+                _us(e["CPU"]),
+                _us(e["GPU"]),
+                _us(e["NPU"]),
+                _us(op_total),
+                f"{op_total / total * 100:.2f}%",
+            ]
         )
-    return "\n".join(lines)
+    return "\n".join(["Operator Time Consuming Ranking Table", *_table(rows)])
 
 
-def perf_text(report: PerfReport) -> str:
-    """The eval_perf report: frequencies, then the per-layer tables or the total alone."""
+def perf_text(report: PerfReport, latency: Latency | None = None) -> str:
+    """The eval_perf report: frequencies, then the per-layer tables or the total alone. With `latency`
+    (many timed runs), Total Time is their median and the spread follows."""
     parts = [frequency_text(report)] if report.frequencies or report.frequency_note else []
     if report.layers:
         parts += [layer_table(report), ranking_table(report)]
-    total = report.total_time_us
+    total = latency.p50_us if latency is not None else report.total_time_us
     fps = 1e6 / total if total > 0 else 0.0
-    parts.append(
-        "\n".join(
-            [
-                _RULE,
-                "                 Performance",
-                _RULE,
-                f"Total Time(us): {_us(total)}",
-                f"FPS: {fps:.2f}",
-                _RULE,
-            ]
-        )
-    )
+    block = [
+        _RULE,
+        "                 Performance",
+        _RULE,
+        f"Total Time(us): {_us(total)}",
+        f"FPS: {fps:.2f}",
+    ]
+    if latency is not None:
+        block += [
+            f"Runs: {latency.runs} timed after {latency.warmup} warm-up (the daemon's run time per frame)",
+            f"Latency(us): p50 {_us(latency.p50_us)}  p90 {_us(latency.p90_us)}  p99 {_us(latency.p99_us)}"
+            f"  min {_us(latency.min_us)}  max {_us(latency.max_us)}",
+            f"Round trip from this PC(us): p50 {_us(latency.round_trip_p50_us)}",
+        ]
+    parts.append("\n".join([*block, _RULE]))
     if report.raw_text:
         parts.append(report.raw_text.rstrip())
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def readable_size(n: int) -> str:
+    """A byte count as people read it: `8 MiB`, `1.5 GiB`, `512 B`."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.4g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 def human_bytes(n: int) -> str:

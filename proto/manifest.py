@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,17 +41,23 @@ def manifest_digest(files: Sequence[FileEntry]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    """The file's SHA-256; `progress` hears each block's size as it is hashed (big models take a while)."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(_READ_BYTES):
             h.update(block)
+            if progress is not None:
+                progress(len(block))
     return h.hexdigest()
 
 
-def describe_files(paths: Sequence[Path]) -> rknn_pb2.ModelManifest:
-    """Build the manifest of a model from its files on disk (paths[0] is the main file)."""
-    entries = [FileEntry(p.name, p.stat().st_size, file_sha256(p)) for p in paths]
+def describe_files(
+    paths: Sequence[Path], progress: Callable[[int], None] | None = None
+) -> rknn_pb2.ModelManifest:
+    """Build the manifest of a model from its files on disk (paths[0] is the main file); `progress`
+    hears the bytes hashed."""
+    entries = [FileEntry(p.name, p.stat().st_size, file_sha256(p, progress)) for p in paths]
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
         raise ValueError(f"model files must have distinct names, got {names}")

@@ -19,11 +19,20 @@ from rknn_server.runtime.redact import without_paths
 
 log = structlog.get_logger("rknn_server.errors")
 
+# Trailing-metadata keys of an error's structured hints: facts the client words for its interface.
+HINT_PREFIX = "rknn-hint-"
+
 
 class ServiceError(Exception):
-    """An error with the gRPC status it travels as. The message is what the user reads."""
+    """An error with the gRPC status it travels as. The message is what the user reads; `hints` are
+    facts (e.g. the board's SoC) each client turns into advice in its own terms (a CLI flag, an API
+    argument)."""
 
     code = grpc.StatusCode.INTERNAL
+
+    def __init__(self, *args: object, hints: dict[str, str] | None = None) -> None:
+        super().__init__(*args)
+        self.hints = hints or {}
 
 
 class InvalidInput(ServiceError):
@@ -58,6 +67,12 @@ _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     ExecutionError: grpc.StatusCode.INTERNAL,
 }
+
+
+def hint_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The error's hints as trailing metadata (none for errors without hints)."""
+    hints = exc.hints if isinstance(exc, ServiceError) else {}
+    return tuple((f"{HINT_PREFIX}{key}", value) for key, value in hints.items())
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -30,7 +30,7 @@ from rknn_proto.version import (
     RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
-from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
+from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, hint_metadata, status_of
 from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
 from rknn_server.model_cache import ModelCache
@@ -125,7 +125,7 @@ async def _fail(call: _Call | None, context: grpc.aio.ServicerContext, exc: Base
     code, message = status_of(exc)
     if call is not None:
         call.done(code.name)
-    await context.abort(code, message)
+    await context.abort(code, message, hint_metadata(exc))
 
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
@@ -273,8 +273,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             target = request.target.lower()
             if soc and target and target != soc:
                 raise FailedPrecondition(
-                    f"target mismatch: the script targets {target}, but this daemon's board is {soc}; "
-                    f"use init_runtime(target='{soc}') or connect to a {target} board"
+                    f"target mismatch: the model is meant for {target}, but this daemon's board is {soc}",
+                    hints={"board_soc": soc, "target": target},
                 )
             if request.core_mask not in KNOWN_CORE_MASKS:
                 raise InvalidInput(

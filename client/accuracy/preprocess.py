@@ -5,8 +5,10 @@ channel swap. Baking that into the ONNX model as `Sub` and `Div` at the front ma
 raw image (NCHW float32 for ONNX models), so golden, simulator and runtime all take the same data.
 Image files (jpg/png/bmp) are read as the toolkit reads them with OpenCV: RGB (OpenCV's BGR read, then
 converted), or BGR with `quant_img_RGB2BGR`; one of another size is resized to the input's height and
-width with OpenCV's INTER_LINEAR mapping (see `resize_linear`) and a warning on the `rknn_client`
-logger. They are handed to the model as NCHW with a batch axis. `.npy` files are used as they are.
+width with OpenCV's INTER_LINEAR mapping and a warning on the `rknn_client.accuracy` logger
+(rknn_client.input_files, the rule `rknn-client run` follows too). They are handed to the model as NCHW
+with a batch axis. `.npy` files (and a `.npz` holding one array, or one named like the
+input) are used as they are.
 """
 
 from __future__ import annotations
@@ -18,14 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from PIL import Image
 
 from rknn_client.accuracy.capture import graph_inputs
 from rknn_client.accuracy.errors import AccuracyError
+from rknn_client.input_files import IMAGE_SUFFIXES, PIL_MODES, InputFileError, read_image
 
-LOG = logging.getLogger("rknn_client.accuracy")
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
-PIL_MODES: dict[int | None, str] = {1: "L", 3: "RGB", 4: "RGBA"}
 Channels = Sequence[float]
 
 
@@ -102,64 +101,38 @@ def bake_normalization(
     return baked
 
 
-def _axis_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """OpenCV's INTER_LINEAR sampling along one axis: pixel centres aligned (src = (dst + 0.5) * in / out
-    - 0.5), clamped at the borders; the lower neighbour, the upper one and the upper one's weight."""
-    position = (np.arange(size_out, dtype=np.float64) + 0.5) * (size_in / size_out) - 0.5
-    position = np.clip(position, 0.0, size_in - 1)
-    low = np.floor(position).astype(np.intp)
-    high = np.minimum(low + 1, size_in - 1)
-    return low, high, (position - low)
-
-
-def resize_linear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
-    """An HWC uint8 image resized as cv2.resize(..., interpolation=INTER_LINEAR) maps pixels.
-
-    Pillow's BILINEAR filter widens its support when shrinking (an antialiasing filter), so it gives
-    other values than OpenCV on downscaled images; this is the plain two-tap interpolation OpenCV does.
-    OpenCV computes uint8 images in 11-bit fixed point, so its values may differ from these by one level.
-    """
-    rows_low, rows_high, row_weight = _axis_weights(pixels.shape[0], height)
-    cols_low, cols_high, col_weight = _axis_weights(pixels.shape[1], width)
-    data = pixels.astype(np.float64)
-    top = data[rows_low] * (1 - row_weight)[:, None, None] + data[rows_high] * row_weight[:, None, None]
-    both = top[:, cols_low] * (1 - col_weight)[None, :, None] + top[:, cols_high] * col_weight[None, :, None]
-    return np.clip(np.rint(both), 0, 255).astype(np.uint8)
+LOG = logging.getLogger("rknn_client.accuracy")
 
 
 def _read_image(path: Path, spec: InputSpec, rgb2bgr: bool = False) -> np.ndarray:
-    """An image file as a 1xCxHxW array of the model's dtype, resized to the model's size if needed."""
-    mode = PIL_MODES.get(spec.shape[1]) if len(spec.shape) == 4 else None
-    if mode is None:
+    """An image file as a 1xCxHxW array of the model's dtype, resized to the model's size."""
+    if len(spec.shape) != 4 or spec.shape[1] not in PIL_MODES:
         raise AccuracyError(f"input {spec.name} (shape {spec.shape}) is not an NCHW image input; use .npy")
-    height, width = spec.shape[2], spec.shape[3]
+    size = (spec.shape[2] or 0, spec.shape[3] or 0, spec.shape[1])
     try:
-        with Image.open(path) as image:
-            pixels = np.asarray(image.convert(mode))
-    except Exception as exc:  # Pillow raises OSError, SyntaxError or its DecompressionBombError
-        raise AccuracyError(f"cannot read image {path}: {exc}") from exc
-    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
-    want_h, want_w = height or pixels.shape[0], width or pixels.shape[1]
-    if (want_h, want_w) != pixels.shape[:2]:
-        LOG.warning(
-            "%s is %dx%d (WxH), resized to the input size %dx%d of %s",
-            path,
-            pixels.shape[1],
-            pixels.shape[0],
-            want_w,
-            want_h,
-            spec.name,
-        )
-        pixels = resize_linear(pixels, want_h, want_w)
+        pixels = read_image(path, size, LOG.warning)
+    except InputFileError as exc:
+        raise AccuracyError(str(exc)) from exc
     if rgb2bgr and pixels.shape[2] >= 3:
         pixels = pixels[:, :, [2, 1, 0, *range(3, pixels.shape[2])]]
     return pixels.transpose(2, 0, 1)[np.newaxis].astype(spec.dtype)
 
 
 def _read_npy(path: Path, spec: InputSpec) -> np.ndarray:
-    """A .npy file as is; its shape must fit the model input."""
+    """A .npy file (or a .npz's one array, or its array named like the input) as is; its shape must
+    fit the model input."""
     try:
-        array = np.load(path, allow_pickle=False)
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                names = archive.files
+                if spec.name not in names and len(names) != 1:
+                    raise AccuracyError(
+                        f"{path} holds {len(names)} arrays ({', '.join(names)}) and none named "
+                        f"{spec.name}; give one .npz per input, or name its array like the input"
+                    )
+                array = archive[spec.name if spec.name in names else names[0]]
+        else:
+            array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise AccuracyError(f"cannot read {path}: {exc}") from exc
     fits = len(array.shape) == len(spec.shape) and all(
@@ -174,13 +147,13 @@ def load_input(path: str | Path, spec: InputSpec, rgb2bgr: bool = False) -> np.n
     """Read one input file for one model input; `rgb2bgr` is config(quant_img_RGB2BGR=True)."""
     file = Path(path)
     if not file.is_file():
-        raise AccuracyError(f"input file {file} does not exist")
+        raise AccuracyError(f"no such input file: {file}")
     suffix = file.suffix.lower()
-    if suffix == ".npy":
+    if suffix in (".npy", ".npz"):
         return _read_npy(file, spec)
     if suffix in IMAGE_SUFFIXES:
         return _read_image(file, spec, rgb2bgr)
-    raise AccuracyError(f"{file}: unsupported input file type (use jpg, png, bmp or npy)")
+    raise AccuracyError(f"{file}: unsupported input file type (use jpg, png, bmp, npy or npz)")
 
 
 def load_inputs(

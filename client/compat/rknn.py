@@ -33,8 +33,9 @@ from rknn_client.compat.onnx_build import BuildError, prepare_model, set_input_s
 from rknn_client.compat.rknn_file import ModelFileKind, inspect
 from rknn_client.compat.shapes import batched, check_dynamic, dynamic_sets, nchw_shape, with_free_dims
 from rknn_client.compat.toolkit_log import ToolkitLog
-from rknn_client.errors import RknnError
+from rknn_client.errors import RknnError, advice
 from rknn_client.pipeline import Pipeline
+from rknn_client.progress import byte_bar
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
 from rknn_client.transport.base import TransportError
 from rknn_proto import model_container
@@ -79,7 +80,8 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
                 try:
                     return fn(self, *args, **kwargs)
                 except _EXPECTED as exc:
-                    self.log.e(api, str(exc))
+                    fix = advice(exc, "toolkit")
+                    self.log.e(api, f"{exc}; {fix}" if fix else str(exc))
                     return failure
                 except Exception as exc:  # the toolkit's contract: -1/None and the reason, never a raise
                     self.log.e(api, f"{type(exc).__name__}: {exc}")
@@ -585,7 +587,15 @@ class RKNN(NpuCoreMasks):
                     f"{device.endpoint.description} is {info.soc}"
                 )
             self.log.i("accuracy_analysis", f"runtime side: {device.endpoint.description} ({info.runtime})")
-            return [(layer, layer.array) for layer in dump_runtime_layers(device, model, feeds, target)]
+            layers: list[tuple[DumpedLayer, np.ndarray]] = []
+            with byte_bar(True, "runtime layer dumps", delay_s=0.5) as bar:
+                received = 0
+                for layer in dump_runtime_layers(device, model, feeds, target):
+                    layers.append((layer, layer.array))
+                    received += layer.array.nbytes
+                    if bar:
+                        bar.phase("runtime layer dumps")(received, 0)
+            return layers
 
     def _close_runtime(self) -> None:
         session, device, pipeline = self._session, self._device, self._pipeline

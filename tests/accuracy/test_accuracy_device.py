@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -156,7 +157,7 @@ def test_bad_input_gives_minus_one_and_says_why(
 ) -> None:
     rknn, image, out = quantized, str(files.image), tmp_path / "snap"
     if case == "missing input":
-        image, reason = str(tmp_path / "nope.png"), "does not exist"
+        image, reason = str(tmp_path / "nope.png"), "no such input file"
     elif case == "corrupt image":
         image, reason = str(tmp_path / "broken.png"), f"cannot read image {tmp_path / 'broken.png'}"
         Path(image).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
@@ -204,9 +205,23 @@ def test_cli_accuracy_against_a_daemon(
     normalisation = ["--mean", ",".join(map(str, MEAN[0])), "--std", ",".join(map(str, STD[0]))]
     options = ["--dataset", str(files.dataset), "--algorithm", "normal", "--method", "layer", *normalisation]
     assert cli.main(["accuracy", *common, *options, "--device", host_daemon.url]) == 0
-    printed = capsys.readouterr().out
-    assert "# simulator_error:" in printed and "# runtime_error:" in printed
+    table = (out / REPORT_FILE).read_text()
+    assert "# simulator_error:" in table and "# runtime_error:" in table
     cells = r"(\d\.\d{5}) \| \S+ +"
-    rows = re.findall(rf"^\[Softmax\] prob +{cells * 3}(\d\.\d{{5}}) \| \S+$", printed, re.M)
+    rows = re.findall(rf"^\[Softmax\] prob +{cells * 3}(\d\.\d{{5}}) \| \S+$", table, re.M)
     assert len(rows) == 1 and float(rows[0][0]) < 1.0 and float(rows[0][2]) < 1.0
-    assert (out / REPORT_FILE).is_file() and (out / "runtime").is_dir()
+    assert (out / "runtime").is_dir()
+    # The terminal gets the worst layers first, not the whole table; --json has every layer.
+    printed = capsys.readouterr().out
+    assert "# simulator_error:" not in printed and str(out / REPORT_FILE) in printed
+    summary = printed.splitlines()[2:-1]
+    worst = [min(float(c) for c in line.split()[-4:] if c != "-") for line in summary]
+    assert worst == sorted(worst) and 0 < len(summary) <= 10
+    assert cli.main(["accuracy", *common, *options, "--device", host_daemon.url, "--json"]) == 0
+    layers = json.loads(capsys.readouterr().out)["layers"]
+    cosines = [
+        min(layer[side]["cos"] for side in ("entire", "runtime_entire") if layer[side] is not None)
+        for layer in layers
+        if layer["entire"] is not None or layer["runtime_entire"] is not None
+    ]
+    assert worst[0] == pytest.approx(min(cosines), abs=1e-5)

@@ -90,7 +90,7 @@ def test_dataset_problems_are_clear(tmp_path: Path, float_model: Path) -> None:
         quantize_model(float_model, tmp_path / "q.onnx", empty, "normal", "channel")
     missing = tmp_path / "missing.txt"
     missing.write_text("nowhere.png\n")
-    with pytest.raises(AccuracyError, match="does not exist"):
+    with pytest.raises(AccuracyError, match="no such input file"):
         quantize_model(float_model, tmp_path / "q.onnx", missing, "normal", "channel")
     with pytest.raises(AccuracyError, match="cannot read dataset"):
         quantize_model(float_model, tmp_path / "q.onnx", tmp_path / "no.txt", "normal", "channel")

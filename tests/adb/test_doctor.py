@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from rknn_client.doctor import Check, diagnose, format_report
 from rknn_client.transport.adb import adb_server_running
+from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto.version import PROTOCOL_VERSION
 from tests.adb.conftest import MakeBoard
 from tests.adb.fake_daemon import FakeDaemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, free_port
+from tests.conftest import DaemonFactory
 
 
 def npu_board(make_board: MakeBoard) -> EmulatedBoard:
@@ -147,3 +151,49 @@ def test_tcp_device_not_listening() -> None:
     failed = broken(diagnose(f"tcp://127.0.0.1:{free_port()}"))
     assert failed.name == "tcp connect"
     assert "--listen tcp://" in failed.fix
+
+
+def test_doctor_uses_the_token_like_every_other_command(
+    make_daemon: DaemonFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-doctor-token\n")
+    token_file.chmod(0o600)
+    daemon = make_daemon("--auth-token-file", str(token_file), "--auth-loopback")
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    refused = broken(diagnose(daemon.url))
+    assert refused.name == "gRPC handshake" and "UNAUTHENTICATED" in refused.detail
+    assert ENV_TOKEN in refused.fix and "--auth-token-file" in refused.fix
+    for checks in (
+        diagnose(daemon.url, token="s3cret-doctor-token"),
+        with_env_token(monkeypatch, daemon.url),
+    ):
+        assert all(check.ok or not check.blocking for check in checks), format_report(checks)
+        assert names(checks)[-1] == "NPU driver version"
+
+
+def with_env_token(monkeypatch: pytest.MonkeyPatch, url: str) -> list[Check]:
+    monkeypatch.setenv(ENV_TOKEN, "s3cret-doctor-token")
+    return diagnose(url)
+
+
+def test_refused_tcp_fix_names_the_token_file() -> None:
+    failed = broken(diagnose(f"tcp://127.0.0.1:{free_port()}"))
+    assert "--listen tcp://0.0.0.0:" in failed.fix and "--auth-token-file" in failed.fix
+
+
+def test_python_daemon_is_found_by_its_command_line(make_board: MakeBoard, tmp_path: Path) -> None:
+    """The console script runs as `python .../rknn_server serve`: pidof rknn_server misses it."""
+    board = npu_board(make_board)
+    script = tmp_path / "bin" / "rknn_server"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    script.chmod(0o755)
+    process = subprocess.Popen([sys.executable, str(script), "serve"])
+    try:
+        failed = broken(diagnose(board.serial, socket_name=f"nobody-{uuid.uuid4().hex[:12]}"))
+    finally:
+        process.kill()
+        process.wait()
+    assert failed.name == "daemon process"
+    assert f"pid {process.pid}" in failed.detail and "nothing listens" in failed.detail

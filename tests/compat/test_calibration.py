@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from rknn_client import RKNN
-from rknn_client.accuracy.preprocess import InputSpec, load_input, resize_linear
+from rknn_client.accuracy.preprocess import InputSpec, load_input
+from rknn_client.input_files import resize_linear
 from tests import models
 
 
@@ -48,9 +49,9 @@ def test_a_mixed_size_dataset_is_resized_with_a_warning_in_the_toolkit_log(
     rknn.release()
     said = capsys.readouterr()
     text = said.out + said.err
-    resized = [line for line in text.splitlines() if "resized to the input size 16x16" in line]
+    resized = [line for line in text.splitlines() if "to the model input's 16x16" in line]
     assert len(resized) == 2 and all(line.startswith("W build: ") for line in resized)
-    assert "img1.png is 40x30" in text and "img2.png is 9x21" in text
+    assert "img1.png: resized from 40x30" in text and "img2.png: resized from 9x21" in text
     assert "WARNING:root" not in text
 
 

@@ -73,7 +73,7 @@ def test_exec_runs_an_unmodified_toolkit_script_to_the_end(tmp_path: Path, how: 
     assert result.returncode == 0, result.stderr
     assert "outputs (1, 10) rknn_client.compat.rknn" in result.stdout
     assert exported.is_file()
-    assert "W build: " in result.stdout and "resized to the input size 16x16" in result.stdout
+    assert "W build: " in result.stdout and "to the model input's 16x16" in result.stdout
     assert "WARNING:root" not in result.stdout + result.stderr
 
 

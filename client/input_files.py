@@ -1,0 +1,121 @@
+"""Input files as the CLI takes them: `.npy`, `.npz` and images (jpg/png/bmp).
+
+Images follow the toolkit's rules: read as RGB (or grey for a one-channel input), laid out NHWC with a
+batch axis, uint8, and resized to the model input's height and width with a note saying so. The
+toolkit's layout and dtype rules then apply as for `RKNN.inference` (rknn_client.compat.inputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
+PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+Note = Callable[[str], None]
+
+
+class InputFileError(ValueError):
+    """An input file that is missing, unreadable or cannot fit the model."""
+
+
+def image_size(shape: Sequence[int], layout: str) -> tuple[int, int, int] | None:
+    """(height, width, channels) an image for a 4-D input of `shape` must have; None when not 4-D."""
+    if len(shape) != 4:
+        return None
+    if layout.upper() == "NHWC":
+        return shape[1], shape[2], shape[3]
+    return shape[2], shape[3], shape[1]
+
+
+def _axis_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """OpenCV's INTER_LINEAR sampling along one axis: pixel centres aligned (src = (dst + 0.5) * in / out
+    - 0.5), clamped at the borders; the lower neighbour, the upper one and the upper one's weight."""
+    position = (np.arange(size_out, dtype=np.float64) + 0.5) * (size_in / size_out) - 0.5
+    position = np.clip(position, 0.0, size_in - 1)
+    low = np.floor(position).astype(np.intp)
+    high = np.minimum(low + 1, size_in - 1)
+    return low, high, (position - low)
+
+
+def resize_linear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """An HWC uint8 image resized as cv2.resize(..., interpolation=INTER_LINEAR) maps pixels.
+
+    The toolkit resizes with OpenCV. Pillow's BILINEAR filter widens its support when shrinking (an
+    antialiasing filter), so it gives other values than OpenCV on downscaled images; this is the plain
+    two-tap interpolation OpenCV does. OpenCV computes uint8 images in 11-bit fixed point, so its values
+    may differ from these by one level.
+    """
+    rows_low, rows_high, row_weight = _axis_weights(pixels.shape[0], height)
+    cols_low, cols_high, col_weight = _axis_weights(pixels.shape[1], width)
+    data = pixels.astype(np.float64)
+    top = data[rows_low] * (1 - row_weight)[:, None, None] + data[rows_high] * row_weight[:, None, None]
+    both = top[:, cols_low] * (1 - col_weight)[None, :, None] + top[:, cols_high] * col_weight[None, :, None]
+    return np.clip(np.rint(both), 0, 255).astype(np.uint8)
+
+
+def read_image(path: Path, size: tuple[int, int, int] | None, note: Note) -> np.ndarray:
+    """An image as HxWxC uint8, resized to `size` (height, width, channels) when that is known."""
+    from PIL import Image
+
+    channels = size[2] if size is not None else 3
+    mode = PIL_MODES.get(channels)
+    if mode is None:
+        raise InputFileError(f"{path}: an image cannot feed an input with {channels} channels; use .npy")
+    try:
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert(mode))
+    except Exception as exc:  # Pillow raises OSError, SyntaxError or its DecompressionBombError
+        raise InputFileError(f"cannot read image {path}: {exc}") from exc
+    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+    if size is not None and size[0] > 0 and size[1] > 0 and pixels.shape[:2] != (size[0], size[1]):
+        note(
+            f"{path}: resized from {pixels.shape[1]}x{pixels.shape[0]} to the model input's "
+            f"{size[1]}x{size[0]} (WxH)"
+        )
+        pixels = resize_linear(pixels, size[0], size[1])
+    return pixels
+
+
+def _read_arrays(path: Path) -> list[np.ndarray]:
+    try:
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                return [archive[name] for name in archive.files]
+        return [np.load(path, allow_pickle=False)]
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"cannot read {path} as {path.suffix.lower()[1:]}: {exc}") from exc
+
+
+def check_input_files(paths: Sequence[str | Path]) -> None:
+    """Refuse a missing file before any work starts (an upload can take a while)."""
+    for text in paths:
+        if not Path(text).is_file():
+            raise InputFileError(f"no such input file: {text}")
+
+
+def read_input_files(
+    paths: Sequence[str | Path],
+    sizes: Sequence[tuple[int, int, int] | None],
+    note: Note,
+) -> list[np.ndarray]:
+    """The arrays the files hold, in order: one per .npy or image, every array of a .npz (in the order
+    stored). `sizes[i]` is the image size model input i wants (None: not an image input)."""
+    check_input_files(paths)
+    arrays: list[np.ndarray] = []
+    for text in paths:
+        path = Path(text)
+        suffix = path.suffix.lower()
+        if suffix in (".npy", ".npz"):
+            arrays += _read_arrays(path)
+        elif suffix in IMAGE_SUFFIXES:
+            size = sizes[len(arrays)] if len(arrays) < len(sizes) else None
+            arrays.append(read_image(path, size, note)[np.newaxis])
+        else:
+            raise InputFileError(
+                f"{path}: unsupported input file type {suffix or '(none)'}; use .npy, .npz, "
+                "or an image (jpg, png, bmp)"
+            )
+    return arrays

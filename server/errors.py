@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import secrets
 
 import grpc
+import structlog
 
 from rknn_proto.codec import CodecError, LimitExceeded
 from rknn_server.runtime.base import (
@@ -54,10 +56,12 @@ _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     ExecutionError: grpc.StatusCode.INTERNAL,
 }
+log = structlog.get_logger("rknn_server.errors")
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and message an exception travels as; unknown exceptions are INTERNAL with their text."""
+    """The status and message an exception travels as; unknown exceptions are INTERNAL with a reference
+    id only (logged with the detail)."""
     if isinstance(exc, ServiceError):
         return exc.code, str(exc)
     if isinstance(exc, LimitExceeded):
@@ -73,4 +77,15 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
             if isinstance(exc, kind):
                 return code, str(exc)
         return grpc.StatusCode.INTERNAL, str(exc)
-    return grpc.StatusCode.INTERNAL, f"internal error in the daemon: {type(exc).__name__}: {exc}"
+    return grpc.StatusCode.INTERNAL, _internal(exc)
+
+
+def _internal(exc: BaseException) -> str:
+    """An unexpected error: its text (paths, internals) stays in the daemon's log under a reference
+    id; the client gets only the id, to quote when reporting it."""
+    reference = secrets.token_hex(6)
+    log.error("internal_error", reference=reference, error=type(exc).__name__, exc_info=exc)
+    return (
+        f"internal error in the daemon (reference {reference}); the details are in the daemon's log "
+        "under that reference"
+    )

@@ -244,11 +244,11 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             loop = asyncio.get_running_loop()
             # The claim on the model dies with this call whatever point a cancellation hits: a step
             # still running in the executor when the call ends releases it once it is done.
-            step = loop.run_in_executor(
+            step: asyncio.Future[Any] = loop.run_in_executor(
                 self.executor, self.cache.begin_upload, header.manifest, list(header.start_offsets)
             )
             try:
-                upload = await asyncio.shield(step)
+                upload: Upload = await asyncio.shield(step)
             except BaseException:
                 step.add_done_callback(_close_claimed)
                 raise

@@ -367,6 +367,8 @@ def test_manifest_shapes_against_a_live_daemon(daemons: StartDaemon, tmp_path: P
         wire, contents, expected, kind = shape
         chunks = [(i, 0, data) for i, data in enumerate(contents) if data]
         code, details = raw_upload(daemon.address, wire, chunks)
+        if code == grpc.StatusCode.ABORTED and "already cached" in details:
+            code = grpc.StatusCode.OK  # hypothesis drew this model before
         assert code == expected, (kind, code, details)
         seen[kind] = seen.get(kind, 0) + 1
         if expected == grpc.StatusCode.OK:

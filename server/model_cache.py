@@ -330,10 +330,15 @@ class ModelCache:
                     f"upload header has {len(start_offsets)} start offsets for {len(held)} file(s); "
                     "expected one per file, as PrepareUpload returned them"
                 )
+            if any(start > have for start, have in zip(start_offsets, held, strict=True)):
+                raise Aborted(  # its partial bytes were evicted or expired since PrepareUpload
+                    f"upload starts at offsets {list(start_offsets)[:8]}; the daemon no longer holds them (it "
+                    f"holds {held[:8]} bytes per file): call PrepareUpload again and resume from what it returns"
+                )
             if list(start_offsets) != held:
-                raise Aborted(
-                    f"upload starts at offsets {list(start_offsets)[:8]}; the daemon now holds {held[:8]} bytes "
-                    "per file: call PrepareUpload again and resume from what it returns"
+                raise InvalidInput(
+                    f"upload starts at offsets {list(start_offsets)[:8]}; the daemon holds {held[:8]} bytes per "
+                    "file (call PrepareUpload first and resume from what it returns)"
                 )
             claim.on_disk = sum(held)
             self._make_room(digest)

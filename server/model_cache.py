@@ -24,8 +24,6 @@ a model damaged on disk is removed and reported instead of loaded.
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import os
 import shutil
 import threading
@@ -33,7 +31,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import structlog
 
@@ -54,9 +51,9 @@ from rknn_server.errors import (
     NotFound,
     ResourceExhausted,
 )
+from rknn_server.uploads import Claim, Upload
 
 log = structlog.get_logger("rknn_server.cache")
-_HASH_READ_BYTES = 1 << 20
 # Names the main file of a complete model; a dot name, so no model file can collide with it.
 MAIN_FILE_MARKER = ".main"
 # Damaged models remembered (digest -> when) so that a client asking for one hears why it is gone.
@@ -69,14 +66,6 @@ class CacheLimits:
     max_model_bytes: int = 8 << 30
     max_model_files: int = 1024
     partial_ttl_s: float = 3600.0  # 0: partial uploads are kept until evicted for room
-
-
-@dataclass
-class _Claim:
-    """An upload in progress: the bytes it will hold once complete, and those already on disk."""
-
-    declared: int
-    on_disk: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,7 +91,7 @@ def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> 
 
     Runs before anything touches the disk; the count is checked before anything iterates the files."""
     if not valid_digest(manifest.digest):
-        raise InvalidInput(f"model digest {manifest.digest!r} is not 64 lower-case hex characters")
+        raise InvalidInput(f"model digest {manifest.digest[:80]!r} is not 64 lower-case hex characters")
     if not manifest.files:
         raise InvalidInput("model manifest lists no files; expected the main model file first")
     if len(manifest.files) > limits.max_model_files:
@@ -110,10 +99,9 @@ def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> 
             f"model manifest lists {len(manifest.files)} files, over the limit "
             f"max_model_files={limits.max_model_files} (daemon option --max-model-files)"
         )
-    names = [f.name for f in manifest.files]
-    if len(set(names)) != len(names):
-        repeated = sorted({n for n in names if names.count(n) > 1})[:5]
-        raise InvalidInput(f"model manifest repeats file names {repeated}; expected each name once")
+    repeated = sorted(n for n, count in Counter(f.name for f in manifest.files).items() if count > 1)
+    if repeated:
+        raise InvalidInput(f"model manifest repeats file names {repeated[:5]}; expected each name once")
     for f in manifest.files:
         if not valid_file_name(f.name):
             raise InvalidInput(
@@ -142,124 +130,13 @@ def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> 
         )
 
 
-class Upload:
-    """One running upload: appends chunks to the partial files, hashing as it goes.
-
-    Each file is opened by its first chunk. Resuming re-hashes the bytes already held."""
-
-    def __init__(
-        self, cache: ModelCache, manifest: rknn_pb2.ModelManifest, start_offsets: list[int], claim: _Claim
-    ) -> None:
-        self._cache = cache
-        self._claim = claim
-        self.manifest = manifest
-        self._dir = cache.partial_dir(manifest.digest)
-        self._hashers = []
-        self._written = []
-        self.received_bytes = 0
-        for f, start in zip(manifest.files, start_offsets, strict=True):
-            path = self._dir / f.name
-            hasher = hashlib.sha256()
-            if start:
-                self._rehash(path, start, hasher, f.name)
-            else:
-                path.unlink(missing_ok=True)
-            self._hashers.append(hasher)
-            self._written.append(start)
-        self._handles: dict[int, BinaryIO] = {}
-
-    @staticmethod
-    def _rehash(path: Path, start: int, hasher: hashlib._Hash, name: str) -> None:
-        """Hash the first `start` bytes held of a file, dropping anything past them."""
-        with path.open("r+b") as fh:
-            fh.truncate(start)
-            remaining = start
-            while remaining:
-                block = fh.read(min(_HASH_READ_BYTES, remaining))
-                if not block:
-                    raise DataLoss(f"partial upload of {name!r} is shorter than {start} bytes; upload again")
-                hasher.update(block)
-                remaining -= len(block)
-
-    def write(self, file_index: int, offset: int, data: bytes) -> None:
-        files = self.manifest.files
-        if not 0 <= file_index < len(files):
-            raise InvalidInput(f"chunk for file {file_index}; the manifest has {len(files)} file(s)")
-        if offset != self._written[file_index]:
-            raise InvalidInput(
-                f"chunk of {files[file_index].name!r} at offset {offset}; expected offset {self._written[file_index]}"
-            )
-        end = offset + len(data)
-        if end > files[file_index].size:
-            raise InvalidInput(
-                f"{files[file_index].name!r} received {end} bytes; the manifest declared {files[file_index].size}"
-            )
-        if not data:
-            return
-        try:
-            handle = self._handles.get(file_index)
-            if handle is None:
-                self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                handle = self._handles[file_index] = (self._dir / files[file_index].name).open("ab")
-            handle.write(data)
-            handle.flush()
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            self._discard()
-            raise ResourceExhausted(
-                f"the disk holding the model cache is full ({exc.strerror}); this upload's partial bytes "
-                "were discarded: free space on the board or lower the quota (--cache-quota), then upload again"
-            ) from None
-        self._hashers[file_index].update(data)
-        self._written[file_index] = end
-        self._claim.on_disk += len(data)
-        self.received_bytes += len(data)
-
-    def finish(self) -> Path:
-        """Verify every file and move the model into the store; returns its main file."""
-        self._close_handles()
-        for f, written, hasher in zip(self.manifest.files, self._written, self._hashers, strict=True):
-            if written != f.size:
-                raise InvalidInput(
-                    f"upload ended with {written} of {f.size} bytes of {f.name!r}; send the rest (it is kept for resume)"
-                )
-            actual = hasher.hexdigest()
-            if actual != f.sha256:
-                self._discard()
-                raise DataLoss(
-                    f"bytes of {f.name!r} hash to {actual}, not the declared sha256 {f.sha256}; "
-                    "the partial upload was discarded"
-                )
-        return self._cache.commit(self.manifest)
-
-    def _discard(self) -> None:
-        self._close_handles()
-        shutil.rmtree(self._dir, ignore_errors=True)
-        self._claim.on_disk = 0
-
-    def _close_handles(self) -> None:
-        handles = list(self._handles.values())
-        self._handles.clear()
-        for handle in handles:
-            try:
-                handle.close()
-            except OSError:
-                continue
-
-    def close(self) -> None:
-        """End the upload (whatever happened) and release its claim on the model."""
-        self._close_handles()
-        self._cache.end_upload(self.manifest.digest)
-
-
 class ModelCache:
     def __init__(self, root: Path, limits: CacheLimits) -> None:
         self.root = root
         self.limits = limits
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()
-        self._claims: dict[str, _Claim] = {}
+        self._claims: dict[str, Claim] = {}
         self._damaged: dict[str, float] = {}  # digest -> when found damaged and removed
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(root, 0o700)
@@ -312,7 +189,7 @@ class ModelCache:
         client asks again); no room is RESOURCE_EXHAUSTED."""
         validate_manifest(manifest, self.limits)
         digest = manifest.digest
-        claim = _Claim(declared=sum(f.size for f in manifest.files))
+        claim = Claim(declared=sum(f.size for f in manifest.files))
         with self._lock:
             if digest in self._claims:
                 raise Aborted(
@@ -391,7 +268,7 @@ class ModelCache:
     def main_file(self, digest: str) -> Path:
         """The main file of a cached model (marks it recently used)."""
         if not valid_digest(digest):
-            raise InvalidInput(f"model digest {digest!r} is not 64 lower-case hex characters")
+            raise InvalidInput(f"model digest {digest[:80]!r} is not 64 lower-case hex characters")
         marker = self.model_dir(digest) / MAIN_FILE_MARKER
         if not marker.is_file():
             if digest in self._damaged:

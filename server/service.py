@@ -33,7 +33,7 @@ from rknn_server import __version__
 from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
 from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
-from rknn_server.model_cache import ModelCache, Upload
+from rknn_server.model_cache import ModelCache
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import (
@@ -48,6 +48,7 @@ from rknn_server.runtime.base import (
     WorkerLost,
 )
 from rknn_server.sessions import Session, SessionRegistry
+from rknn_server.uploads import Upload
 
 log = structlog.get_logger("rknn_server.rpc")
 T = TypeVar("T")

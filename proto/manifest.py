@@ -16,8 +16,9 @@ from pathlib import Path
 from rknn_proto import rknn_pb2
 
 # Names a model file may carry on the wire and in the cache: no separators, no leading dot.
-FILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-HEX_DIGEST_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+# Private, and only ever fullmatched: `$` with .match also accepts a trailing newline.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _READ_BYTES = 1 << 20
 
 
@@ -29,7 +30,12 @@ class FileEntry:
 
 
 def valid_file_name(name: str) -> bool:
-    return bool(FILE_NAME_PATTERN.match(name)) and ".." not in name
+    return bool(_FILE_NAME.fullmatch(name)) and ".." not in name
+
+
+def valid_digest(text: str) -> bool:
+    """A sha256 in the form the contract uses: 64 lower-case hex characters, nothing more."""
+    return bool(_HEX_DIGEST.fullmatch(text))
 
 
 def manifest_digest(files: Sequence[FileEntry]) -> str:

@@ -68,11 +68,44 @@ def serve_parser() -> argparse.ArgumentParser:
         default=Path("~/.cache/rknn_server").expanduser(),
         help="model cache folder",
     )
-    p.add_argument(
+    cache = p.add_argument_group(
+        "model cache",
+        "Everything on disk counts against --cache-quota: models, uploads in progress and abandoned "
+        "partial uploads; a new upload evicts the least recently used of them first.",
+    )
+    cache.add_argument(
         "--cache-quota", type=int, default=CacheLimits.quota_bytes, help="model cache size in bytes"
     )
-    p.add_argument(
+    cache.add_argument(
         "--max-model-bytes", type=int, default=CacheLimits.max_model_bytes, help="largest model accepted"
+    )
+    cache.add_argument(
+        "--max-model-files",
+        type=int,
+        default=CacheLimits.max_model_files,
+        help="most files in one model (main file plus external data), checked before anything is written",
+    )
+    cache.add_argument(
+        "--partial-ttl",
+        type=float,
+        default=CacheLimits.partial_ttl_s,
+        metavar="S",
+        help="drop the bytes of an upload left unfinished for S s (0: keep them until evicted for room; "
+        "default %(default)s)",
+    )
+    cache.add_argument(
+        "--verify-interval",
+        type=float,
+        default=DaemonConfig.verify_interval_s,
+        metavar="S",
+        help="re-hash every cached model every S s and remove the damaged ones (0: only when a file's "
+        "size, mtime or inode changed; default %(default)s)",
+    )
+    cache.add_argument(
+        "--verify-cache",
+        action="store_true",
+        help="at start-up, before serving, re-hash every cached model, remove and log the damaged ones, "
+        "then go on serving",
     )
     p.add_argument(
         "--session-idle-timeout", type=float, default=300.0, metavar="S", help="free idle sessions after S s"
@@ -228,7 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         runtime=args.runtime,
         soc=args.soc.lower(),
         model_cache=args.model_cache,
-        cache_limits=CacheLimits(quota_bytes=args.cache_quota, max_model_bytes=args.max_model_bytes),
+        cache_limits=CacheLimits(
+            quota_bytes=args.cache_quota,
+            max_model_bytes=args.max_model_bytes,
+            max_model_files=args.max_model_files,
+            partial_ttl_s=args.partial_ttl,
+        ),
+        verify_interval_s=args.verify_interval,
+        verify_cache=args.verify_cache,
         session_idle_timeout_s=args.session_idle_timeout,
         max_sessions=args.max_sessions,
         isolation=args.isolation,

@@ -44,6 +44,8 @@ class DaemonConfig:
     soc: str = ""
     model_cache: Path = field(default_factory=lambda: Path("~/.cache/rknn_server").expanduser())
     cache_limits: CacheLimits = field(default_factory=CacheLimits)
+    verify_interval_s: float = 86400.0  # re-hash each cached model this often (0: only when its files change)
+    verify_cache: bool = False  # re-hash every cached model at start-up, before serving
     tensor_limits: codec.TensorLimits = field(default_factory=codec.TensorLimits)
     session_idle_timeout_s: float = 300.0
     max_sessions: int = 16
@@ -87,6 +89,31 @@ async def _reap(registry: SessionRegistry, executor: ThreadPoolExecutor, period:
         await asyncio.sleep(period)
         for session in registry.expired():
             await loop.run_in_executor(executor, registry.close, session, "idle lease expired")
+
+
+async def _maintain_cache(cache: ModelCache, executor: ThreadPoolExecutor, config: DaemonConfig) -> None:
+    """Drop expired partial uploads and re-hash models due for verification, in the executor."""
+    periods = [t / 2 for t in (config.verify_interval_s, config.cache_limits.partial_ttl_s) if t > 0]
+    if not periods:
+        return
+    period = min(60.0, max(0.5, min(periods)))
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(period)
+        try:
+            await loop.run_in_executor(executor, cache.expire_partials)
+            if config.verify_interval_s > 0:
+                await loop.run_in_executor(executor, cache.verify_due, config.verify_interval_s)
+        except Exception:
+            log.exception("cache_maintenance_failed")
+
+
+def _verify_cache(cache: ModelCache) -> None:
+    """--verify-cache: hash every cached model again before serving; damaged ones are removed."""
+    digests = cache.cached_digests()
+    damaged = cache.verify_all()
+    report = log.warning if damaged else log.info
+    report("cache_verified", models=len(digests), damaged=damaged, removed=len(damaged))
 
 
 def _wait_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -153,6 +180,8 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             plugin_dir=config.plugin_dir,
         )
     cache = ModelCache(config.model_cache, config.cache_limits)
+    if config.verify_cache:
+        _verify_cache(cache)
     executor = ThreadPoolExecutor(
         max_workers=max(4, config.max_sessions, config.max_inflight_requests), thread_name_prefix="runtime"
     )
@@ -233,6 +262,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
     reaper = asyncio.create_task(_reap(registry, executor, min(1.0, config.session_idle_timeout_s / 4)))
+    maintenance = asyncio.create_task(_maintain_cache(cache, executor, config))
     if ready is not None:
         ready.set()
     await stop.wait()
@@ -240,6 +270,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
     reaper.cancel()
+    maintenance.cancel()
     for session in registry.drain():
         registry.close(session, "daemon shutting down")
     executor.shutdown(wait=False, cancel_futures=True)

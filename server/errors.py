@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import secrets
 
 import grpc
 import structlog
@@ -67,6 +68,7 @@ _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     ExecutionError: grpc.StatusCode.INTERNAL,
 }
+log = structlog.get_logger("rknn_server.errors")
 
 
 def hint_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
@@ -76,8 +78,8 @@ def hint_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and message an exception travels as; unknown exceptions are INTERNAL with their
-    text, less the server paths in it (the full text goes to the log)."""
+    """The status and message an exception travels as; unknown exceptions are INTERNAL with a reference
+    id only (logged with the detail)."""
     if isinstance(exc, ServiceError):
         return exc.code, str(exc)
     if isinstance(exc, LimitExceeded):
@@ -89,12 +91,20 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
             f"the board's disk is full ({exc.strerror}); free space or lower the model cache quota"
         )
     if isinstance(exc, BackendError):
-        for kind, code in _BACKEND_CODES.items():
-            if isinstance(exc, kind):
-                return code, str(exc)
-        return grpc.StatusCode.INTERNAL, str(exc)
-    log.error("internal error", error=f"{type(exc).__name__}: {exc}")
+        # A runtime's own text can quote server paths (ONNX Runtime names the files it loads).
+        code = next(
+            (c for kind, c in _BACKEND_CODES.items() if isinstance(exc, kind)), grpc.StatusCode.INTERNAL
+        )
+        return code, without_paths(str(exc))
+    return grpc.StatusCode.INTERNAL, _internal(exc)
+
+
+def _internal(exc: BaseException) -> str:
+    """An unexpected error: its text (paths, internals) stays in the daemon's log under a reference
+    id; the client gets only the id, to quote when reporting it."""
+    reference = secrets.token_hex(6)
+    log.error("internal_error", reference=reference, error=type(exc).__name__, exc_info=exc)
     return (
-        grpc.StatusCode.INTERNAL,
-        f"internal error in the daemon: {type(exc).__name__}: {without_paths(str(exc))}",
+        f"internal error in the daemon (reference {reference}); the details are in the daemon's log "
+        "under that reference"
     )

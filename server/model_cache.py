@@ -2,19 +2,28 @@
 
 Layout under the root (created private, 0700):
     models/<digest>/<file name>     complete models, verified against their manifest
-    partial/<digest>/<file sha256>  bytes of interrupted or running uploads, kept for resume
+    partial/<digest>/<file name>    bytes of interrupted or running uploads, kept for resume
 A model only appears under models/ by an atomic rename once every file's hash and the digest
-verified, so a half-written model is never used. Bytes go to disk as they arrive: nothing holds
-a whole model in memory. Models used by a live session are pinned and never evicted.
-Before a session opens a model its files are hashed again against its digest (remembered per file
-size and mtime, so a big model is hashed once, not on every open): a model damaged on disk is removed
-instead of loaded. A full disk while caching discards the partial bytes and fails with a clear error.
+verified, so a half-written model is never used. Bytes go to disk as they arrive (a file is created
+by its first bytes, never from the header): nothing holds a whole model in memory.
+
+The quota covers everything on disk: complete models, the partial bytes of abandoned uploads, and
+the declared size of every upload in progress (reserved when it starts, so that concurrent uploads
+cannot overcommit). A new upload first makes room by evicting, oldest first, unpinned models and
+abandoned partial uploads; partial uploads idle longer than `partial_ttl_s` are dropped whenever the
+cache looks. Models used by a live session are pinned and never evicted. The free space of the disk
+is checked the same way, so a cache on a disk smaller than its quota refuses clearly instead of
+filling it; a full disk while writing still discards that upload's bytes and fails with a clear error.
+
+Before a session opens a model its files are checked against their last verification (a record
+beside them: size, mtime, inode and hash per file, kept across restarts); changed files are hashed
+again. `verify_due` re-hashes models on a schedule and `verify_all` at start-up (--verify-cache):
+a model damaged on disk is removed and reported instead of loaded.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
+import contextlib
 import os
 import shutil
 import threading
@@ -22,17 +31,19 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+
+import structlog
 
 from rknn_proto import rknn_pb2
 from rknn_proto.manifest import (
-    HEX_DIGEST_PATTERN,
     FileEntry,
     entries_of,
     file_sha256,
     manifest_digest,
+    valid_digest,
     valid_file_name,
 )
+from rknn_server.cache_records import FileStamp, read_record, stamp_of, write_record
 from rknn_server.errors import (
     Aborted,
     DataLoss,
@@ -40,46 +51,77 @@ from rknn_server.errors import (
     NotFound,
     ResourceExhausted,
 )
+from rknn_server.uploads import Claim, Upload
 
-_HASH_READ_BYTES = 1 << 20
+log = structlog.get_logger("rknn_server.cache")
 # Names the main file of a complete model; a dot name, so no model file can collide with it.
 MAIN_FILE_MARKER = ".main"
+# Damaged models remembered (digest -> when) so that a client asking for one hears why it is gone.
+_DAMAGED_REMEMBERED = 256
 
 
 @dataclass(frozen=True)
 class CacheLimits:
     quota_bytes: int = 16 << 30
     max_model_bytes: int = 8 << 30
+    max_model_files: int = 1024
+    partial_ttl_s: float = 3600.0  # 0: partial uploads are kept until evicted for room
 
 
-def _dir_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+@dataclass(frozen=True)
+class _Entry:
+    """A complete model or an abandoned partial upload, as a candidate for eviction."""
+
+    path: Path
+    size: int
+    last_used: float
+
+
+def _files(path: Path) -> list[os.stat_result]:
+    """Stats of the data files of a model or partial folder (not the cache's dot files)."""
+    return [f.stat() for f in path.iterdir() if f.is_file() and not f.name.startswith(".")]
+
+
+def _last_activity(path: Path) -> float:
+    return max([path.stat().st_mtime, *(st.st_mtime for st in _files(path))])
 
 
 def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> None:
-    """Reject a manifest that is malformed, inconsistent or too large, saying what was expected."""
-    if not HEX_DIGEST_PATTERN.match(manifest.digest):
-        raise InvalidInput(f"model digest {manifest.digest!r} is not 64 lower-case hex characters")
+    """Reject a manifest that is malformed, inconsistent or too large, saying what was expected.
+
+    Runs before anything touches the disk; the count is checked before anything iterates the files."""
+    if not valid_digest(manifest.digest):
+        raise InvalidInput(f"model digest {manifest.digest[:80]!r} is not 64 lower-case hex characters")
     if not manifest.files:
         raise InvalidInput("model manifest lists no files; expected the main model file first")
-    names = [f.name for f in manifest.files]
-    if len(set(names)) != len(names):
-        raise InvalidInput(f"model manifest repeats a file name: {names}")
+    if len(manifest.files) > limits.max_model_files:
+        raise ResourceExhausted(
+            f"model manifest lists {len(manifest.files)} files, over the limit "
+            f"max_model_files={limits.max_model_files} (daemon option --max-model-files)"
+        )
+    repeated = sorted(n for n, count in Counter(f.name for f in manifest.files).items() if count > 1)
+    if repeated:
+        raise InvalidInput(f"model manifest repeats file names {repeated[:5]}; expected each name once")
     for f in manifest.files:
         if not valid_file_name(f.name):
             raise InvalidInput(
-                f"model file name {f.name!r} is not allowed; expected letters, digits, '.', '_' and '-' only"
+                f"model file name {f.name[:200]!r} is not allowed; expected 1 to 128 letters, digits, "
+                "'.', '_' and '-', not starting with '.' or '-'"
             )
-        if not HEX_DIGEST_PATTERN.match(f.sha256):
-            raise InvalidInput(f"sha256 of {f.name!r} is not 64 lower-case hex characters")
+        if not valid_digest(f.sha256):
+            raise InvalidInput(
+                f"sha256 of {f.name!r} ({f.sha256[:80]!r}) is not 64 lower-case hex characters"
+            )
     total = sum(f.size for f in manifest.files)
     if total > limits.max_model_bytes:
         raise ResourceExhausted(
-            f"model is {total} bytes, over the limit max_model_bytes={limits.max_model_bytes}"
+            f"model is {total} bytes, over the limit max_model_bytes={limits.max_model_bytes} "
+            "(daemon option --max-model-bytes)"
         )
     if total > limits.quota_bytes:
         raise ResourceExhausted(
-            f"model is {total} bytes, over the model cache quota model_cache_quota_bytes={limits.quota_bytes}"
+            f"model is {total} bytes, over the model cache quota "
+            f"model_cache_quota_bytes={limits.quota_bytes} (daemon option --cache-quota)"
         )
     expected = manifest_digest(entries_of(manifest))
     if expected != manifest.digest:
@@ -88,104 +130,14 @@ def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> 
         )
 
 
-class Upload:
-    """One running upload: appends chunks to the partial files, hashing as it goes."""
-
-    def __init__(self, cache: ModelCache, manifest: rknn_pb2.ModelManifest, start_offsets: list[int]) -> None:
-        self._cache = cache
-        self.manifest = manifest
-        self._dir = cache.partial_dir(manifest.digest)
-        self._dir.mkdir(parents=True, exist_ok=True)
-        self._hashers = []
-        self._written = []
-        self.received_bytes = 0
-        for f, start in zip(manifest.files, start_offsets, strict=True):
-            path = self._dir / f.sha256
-            hasher = hashlib.sha256()
-            with path.open("ab+") as fh:
-                fh.truncate(start)
-                fh.seek(0)
-                remaining = start
-                while remaining:
-                    block = fh.read(min(_HASH_READ_BYTES, remaining))
-                    if not block:
-                        raise DataLoss(
-                            f"partial upload of {f.name!r} is shorter than {start} bytes; upload again"
-                        )
-                    hasher.update(block)
-                    remaining -= len(block)
-            self._hashers.append(hasher)
-            self._written.append(start)
-        self._handles: dict[int, BinaryIO] = {}
-
-    def write(self, file_index: int, offset: int, data: bytes) -> None:
-        files = self.manifest.files
-        if not 0 <= file_index < len(files):
-            raise InvalidInput(f"chunk for file {file_index}; the manifest has {len(files)} file(s)")
-        if offset != self._written[file_index]:
-            raise InvalidInput(
-                f"chunk of {files[file_index].name!r} at offset {offset}; expected offset {self._written[file_index]}"
-            )
-        end = offset + len(data)
-        if end > files[file_index].size:
-            raise InvalidInput(
-                f"{files[file_index].name!r} received {end} bytes; the manifest declared {files[file_index].size}"
-            )
-        try:
-            handle = self._handles.get(file_index)
-            if handle is None:
-                handle = self._handles[file_index] = (self._dir / files[file_index].sha256).open("ab")
-            handle.write(data)
-            handle.flush()
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self._close_handles()
-                shutil.rmtree(self._dir, ignore_errors=True)
-            raise
-        self._hashers[file_index].update(data)
-        self._written[file_index] = end
-        self.received_bytes += len(data)
-
-    def finish(self) -> Path:
-        """Verify every file and move the model into the store; returns its main file."""
-        self._close_handles()
-        for f, written, hasher in zip(self.manifest.files, self._written, self._hashers, strict=True):
-            if written != f.size:
-                raise InvalidInput(
-                    f"upload ended with {written} of {f.size} bytes of {f.name!r}; send the rest (it is kept for resume)"
-                )
-            actual = hasher.hexdigest()
-            if actual != f.sha256:
-                shutil.rmtree(self._dir, ignore_errors=True)
-                raise DataLoss(
-                    f"bytes of {f.name!r} hash to {actual}, not the declared sha256 {f.sha256}; "
-                    "the partial upload was discarded"
-                )
-        return self._cache.commit(self.manifest)
-
-    def _close_handles(self) -> None:
-        handles = list(self._handles.values())
-        self._handles.clear()
-        for handle in handles:
-            try:
-                handle.close()
-            except OSError:
-                continue
-
-    def close(self) -> None:
-        self._close_handles()
-        self._cache.end_upload(self.manifest.digest)
-
-
 class ModelCache:
     def __init__(self, root: Path, limits: CacheLimits) -> None:
         self.root = root
         self.limits = limits
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()
-        self._uploading: set[str] = set()
-        # digest -> (size, mtime_ns) of each file when its hashes last verified.
-        self._verified: dict[str, list[tuple[int, int]]] = {}
+        self._claims: dict[str, Claim] = {}
+        self._damaged: dict[str, float] = {}  # digest -> when found damaged and removed
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(root, 0o700)
         for sub in ("models", "partial", "staging"):
@@ -194,12 +146,13 @@ class ModelCache:
         shutil.rmtree(root / "staging", ignore_errors=True)
         (root / "staging").mkdir(mode=0o700)
         self._sweep()
+        self.expire_partials()
 
     def _sweep(self) -> None:
         """Drop what a killed daemon may have left that is not a well-formed entry."""
         for sub, complete in (("models", True), ("partial", False)):
             for entry in (self.root / sub).iterdir():
-                well_formed = entry.is_dir() and HEX_DIGEST_PATTERN.match(entry.name)
+                well_formed = entry.is_dir() and valid_digest(entry.name)
                 if not well_formed or (complete and not (entry / MAIN_FILE_MARKER).is_file()):
                     if entry.is_dir():
                         shutil.rmtree(entry, ignore_errors=True)
@@ -221,60 +174,82 @@ class ModelCache:
         if self.has(manifest.digest):
             self.touch(manifest.digest)
             return True, [0] * len(manifest.files)
+        self.expire_partials()
         partial = self.partial_dir(manifest.digest)
         held = []
         for f in manifest.files:
-            path = partial / f.sha256
+            path = partial / f.name
             held.append(min(path.stat().st_size, f.size) if path.is_file() else 0)
         return False, held
 
     def begin_upload(self, manifest: rknn_pb2.ModelManifest, start_offsets: list[int]) -> Upload:
-        """Claim the model for this upload; a concurrent upload or a cache hit is ABORTED (ask again)."""
+        """Claim the model for this upload and reserve its room in the quota and on the disk.
+
+        A concurrent upload, a cache hit or bytes that vanished since PrepareUpload is ABORTED (the
+        client asks again); no room is RESOURCE_EXHAUSTED."""
         validate_manifest(manifest, self.limits)
+        digest = manifest.digest
+        claim = Claim(declared=sum(f.size for f in manifest.files))
         with self._lock:
-            if manifest.digest in self._uploading:
+            if digest in self._claims:
                 raise Aborted(
-                    f"model {manifest.digest} is being uploaded by another call; call PrepareUpload again "
-                    "once it finishes"
+                    f"model {digest} is being uploaded by another call; call PrepareUpload again once it finishes"
                 )
-            self._uploading.add(manifest.digest)
+            self._claims[digest] = claim
         try:
             cached, held = self.prepare(manifest)
             if cached:
                 raise Aborted(
-                    f"model {manifest.digest} is already cached; call PrepareUpload again: no upload is needed"
+                    f"model {digest} is already cached; call PrepareUpload again: no upload is needed"
+                )
+            if len(start_offsets) != len(held):
+                raise InvalidInput(
+                    f"upload header has {len(start_offsets)} start offsets for {len(held)} file(s); "
+                    "expected one per file, as PrepareUpload returned them"
+                )
+            if any(start > have for start, have in zip(start_offsets, held, strict=True)):
+                raise Aborted(  # its partial bytes were evicted or expired since PrepareUpload
+                    f"upload starts at offsets {list(start_offsets)[:8]}; the daemon no longer holds them (it "
+                    f"holds {held[:8]} bytes per file): call PrepareUpload again and resume from what it returns"
                 )
             if list(start_offsets) != held:
                 raise InvalidInput(
-                    f"upload starts at offsets {list(start_offsets)}; the daemon holds {held} bytes per file "
-                    "(call PrepareUpload first and resume from what it returns)"
+                    f"upload starts at offsets {list(start_offsets)[:8]}; the daemon holds {held[:8]} bytes per "
+                    "file (call PrepareUpload first and resume from what it returns)"
                 )
-            return Upload(self, manifest, list(start_offsets))
+            claim.on_disk = sum(held)
+            self._make_room(digest)
+            return Upload(self, manifest, list(start_offsets), claim)
         except BaseException:
-            self.end_upload(manifest.digest)
+            self.end_upload(digest)
             raise
 
     def end_upload(self, digest: str) -> None:
         with self._lock:
-            self._uploading.discard(digest)
+            self._claims.pop(digest, None)
 
     def commit(self, manifest: rknn_pb2.ModelManifest) -> Path:
-        size = sum(f.size for f in manifest.files)
-        self.make_room(size)
+        """Move a verified upload into the store (its room was reserved when it began)."""
         partial = self.partial_dir(manifest.digest)
         staging = self.root / "staging" / manifest.digest
         shutil.rmtree(staging, ignore_errors=True)
         try:
             staging.mkdir(mode=0o700)
+            stamps = []
             for f in manifest.files:
-                src = partial / f.sha256
+                src = partial / f.name
+                if f.size == 0:
+                    src.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    src.touch()
                 with src.open("rb") as fh:
                     os.fsync(fh.fileno())
                 os.replace(src, staging / f.name)
+                stamps.append(FileStamp(*stamp_of(staging / f.name), f.sha256))
             marker = staging / MAIN_FILE_MARKER
             marker.write_text(manifest.files[0].name)
             with marker.open("rb") as fh:
                 os.fsync(fh.fileno())
+            write_record(staging, stamps)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(partial, ignore_errors=True)
@@ -285,50 +260,113 @@ class ModelCache:
         else:
             os.replace(staging, target)
         shutil.rmtree(partial, ignore_errors=True)
+        with self._lock:
+            self._damaged.pop(manifest.digest, None)
         self.touch(manifest.digest)
         return target / manifest.files[0].name
 
     def main_file(self, digest: str) -> Path:
         """The main file of a cached model (marks it recently used)."""
-        if not HEX_DIGEST_PATTERN.match(digest):
-            raise InvalidInput(f"model digest {digest!r} is not 64 lower-case hex characters")
+        if not valid_digest(digest):
+            raise InvalidInput(f"model digest {digest[:80]!r} is not 64 lower-case hex characters")
         marker = self.model_dir(digest) / MAIN_FILE_MARKER
         if not marker.is_file():
+            if digest in self._damaged:
+                raise NotFound(
+                    f"model {digest} was removed from the daemon's cache because its files were damaged "
+                    "(they no longer hashed to its digest); upload it again"
+                )
             raise NotFound(f"model {digest} is not in the daemon's cache; upload it first")
         self.touch(digest)
         return marker.parent / marker.read_text()
 
-    def verify(self, digest: str) -> None:
-        """Check a cached model's files against its digest before it is loaded; remove it if damaged."""
+    def verify(self, digest: str, rehash: bool = False) -> None:
+        """Check a cached model's files against its digest; remove it (DATA_LOSS) if damaged.
+
+        Files unchanged since their last verification (same size, mtime and inode) are trusted
+        unless `rehash`."""
         folder = self.model_dir(digest)
+        stamps: list[tuple[str, int, int, int]] = []
+        hashes: list[str] = []
+        started = time.monotonic()
         try:
             main = (folder / MAIN_FILE_MARKER).read_text()
             names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
             if main not in names:
                 raise FileNotFoundError(main)
             paths = [folder / main, *(folder / n for n in names if n != main)]
-            stamps = [(st.st_size, st.st_mtime_ns) for st in (p.stat() for p in paths)]
-            if self._verified.get(digest) == stamps:
-                return
-            entries = [
-                FileEntry(p.name, size, file_sha256(p)) for p, (size, _) in zip(paths, stamps, strict=True)
-            ]
-            intact = manifest_digest(entries) == digest
+            stamps = [stamp_of(p) for p in paths]
+            record = read_record(folder)
+            if not rehash and record is not None and record.describes(stamps):
+                remembered = [FileEntry(f.name, f.size, f.sha256) for f in record.files]
+                if manifest_digest(remembered) == digest:
+                    return
+            started = time.monotonic()
+            hashes = [file_sha256(p) for p in paths]
         except OSError:
-            intact = False
+            if not folder.exists():
+                raise NotFound(f"model {digest} is not in the daemon's cache; upload it first") from None
+            hashes = []
+        entries = [FileEntry(name, size, h) for (name, size, _, _), h in zip(stamps, hashes, strict=False)]
+        intact = bool(hashes) and manifest_digest(entries) == digest
+        if hashes:
+            log.info(
+                "model_hashed",
+                digest=digest[:12],
+                bytes=sum(e.size for e in entries),
+                duration_ms=round((time.monotonic() - started) * 1000, 1),
+                intact=intact,
+            )
         if intact:
-            self._verified[digest] = stamps
+            with contextlib.suppress(OSError):  # a record not written only means hashing again next time
+                write_record(folder, [FileStamp(*s, h) for s, h in zip(stamps, hashes, strict=True)])
             return
-        self._verified.pop(digest, None)
-        shutil.rmtree(folder, ignore_errors=True)
+        self._remove_damaged(digest)
         raise DataLoss(
             f"model {digest} in the daemon's cache is damaged (its files no longer hash to its digest); "
             "it was removed: upload it again"
         )
 
+    def _remove_damaged(self, digest: str) -> None:
+        shutil.rmtree(self.model_dir(digest), ignore_errors=True)
+        with self._lock:
+            self._damaged[digest] = time.time()
+            while len(self._damaged) > _DAMAGED_REMEMBERED:
+                del self._damaged[next(iter(self._damaged))]
+        log.error("model_damaged", digest=digest, action="removed; clients must upload it again")
+
+    def cached_digests(self) -> list[str]:
+        return sorted(d.name for d in (self.root / "models").iterdir() if self.has(d.name))
+
+    def verify_all(self) -> list[str]:
+        """Hash every cached model again; returns the digests found damaged (and removed)."""
+        return self._verify([d for d in self.cached_digests()])
+
+    def verify_due(self, max_age_s: float) -> list[str]:
+        """Hash again the models last verified more than `max_age_s` ago; returns those found damaged."""
+        now = time.time()
+        due = []
+        for digest in self.cached_digests():
+            record = read_record(self.model_dir(digest))
+            if record is None or now - record.verified_at >= max_age_s:
+                due.append(digest)
+        return self._verify(due)
+
+    def _verify(self, digests: list[str]) -> list[str]:
+        damaged = []
+        for digest in digests:
+            try:
+                self.verify(digest, rehash=True)
+            except DataLoss:
+                damaged.append(digest)
+            except NotFound:
+                continue  # evicted meanwhile
+        return damaged
+
     def touch(self, digest: str) -> None:
         now = time.time()
-        os.utime(self.model_dir(digest), (now, now))
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.model_dir(digest), (now, now))
 
     def pin(self, digest: str) -> None:
         with self._lock:
@@ -340,21 +378,61 @@ class ModelCache:
             if self._pins[digest] <= 0:
                 del self._pins[digest]
 
-    def make_room(self, incoming: int) -> None:
-        """Evict least recently used, unpinned models until `incoming` bytes fit the quota."""
+    def expire_partials(self) -> None:
+        """Drop abandoned partial uploads idle for longer than partial_ttl_s."""
+        ttl = self.limits.partial_ttl_s
+        if ttl <= 0:
+            return
         with self._lock:
-            models = [d for d in (self.root / "models").iterdir() if d.is_dir()]
-            sizes = {d: _dir_size(d) for d in models}
-            used = sum(sizes.values())
-            for d in sorted(models, key=lambda p: p.stat().st_mtime):
-                if used + incoming <= self.limits.quota_bytes:
+            cutoff = time.time() - ttl
+            for entry in self._partials():
+                if entry.last_used < cutoff:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    log.info("partial_upload_expired", digest=entry.path.name[:12], bytes=entry.size)
+
+    def _partials(self) -> list[_Entry]:
+        """Abandoned partial uploads (not claimed by a running upload). Call with the lock held."""
+        entries = []
+        for d in (self.root / "partial").iterdir():
+            if d.name in self._claims or not d.is_dir():
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                entries.append(_Entry(d, sum(st.st_size for st in _files(d)), _last_activity(d)))
+        return entries
+
+    def _models(self) -> list[_Entry]:
+        entries = []
+        for d in (self.root / "models").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                entries.append(_Entry(d, sum(st.st_size for st in _files(d)), d.stat().st_mtime))
+        return entries
+
+    def _make_room(self, digest: str) -> None:
+        """Evict abandoned partial uploads and unpinned models, least recently used first, until
+        every claimed upload fits both the quota and the disk's free space."""
+        with self._lock:
+            partials, models = self._partials(), self._models()
+            used = sum(e.size for e in partials + models) + sum(c.declared for c in self._claims.values())
+            pending = sum(max(0, c.declared - c.on_disk) for c in self._claims.values())
+            free = shutil.disk_usage(self.root).free
+            evictable = partials + [m for m in models if self._pins[m.path.name] <= 0]
+            for entry in sorted(evictable, key=lambda e: e.last_used):
+                if used <= self.limits.quota_bytes and pending <= free:
                     break
-                if self._pins[d.name] > 0:
-                    continue
-                shutil.rmtree(d, ignore_errors=True)
-                used -= sizes[d]
-            if used + incoming > self.limits.quota_bytes:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                used -= entry.size
+                free += entry.size
+                log.info(
+                    "cache_evicted", path=f"{entry.path.parent.name}/{entry.path.name[:12]}", bytes=entry.size
+                )
+            if used > self.limits.quota_bytes:
                 raise ResourceExhausted(
-                    f"model cache is full: {used} bytes held by models in use, {incoming} more needed, "
-                    f"quota model_cache_quota_bytes={self.limits.quota_bytes}"
+                    f"model cache is full: {used - self._claims[digest].declared} bytes held by models in use "
+                    f"and uploads in progress, {self._claims[digest].declared} more needed, quota "
+                    f"model_cache_quota_bytes={self.limits.quota_bytes} (daemon option --cache-quota)"
+                )
+            if pending > free:
+                raise ResourceExhausted(
+                    f"the disk holding the model cache has {free} bytes free, and uploads in progress need "
+                    f"{pending}; free space on the board or lower the quota (daemon option --cache-quota)"
                 )

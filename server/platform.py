@@ -17,7 +17,7 @@ MRT_SOCS = frozenset({"rv1103", "rv1103b", "rv1106", "rv1106b"})
 # NPU cores per SoC where there is more than one (only these accept a core mask).
 NPU_CORES = {"rk3588": 3, "rk3576": 2}
 
-_SOC_RE = re.compile(r"^rockchip,(rk\d{4}|rv\d{4}b?)(s?)$")
+_SOC_RE = re.compile(r"rockchip,(rk\d{4}|rv\d{4}b?)(s?)")
 _DRIVER_RE = re.compile(r"v?(\d+\.\d+\.\d+)")
 # Driver version files: debugfs for the RK35xx family, procfs for RV110x/RV1126B (user guide 4.2).
 _DRIVER_FILES_DEBUGFS_FIRST = (
@@ -60,7 +60,7 @@ def _read_text(path: Path) -> str:
 def soc_from_compatible(entries: tuple[str, ...]) -> str:
     """The SoC named by the most generic `rockchip,<soc>` entry (RK3588S counts as rk3588)."""
     for entry in reversed(entries):
-        match = _SOC_RE.match(entry.strip())
+        match = _SOC_RE.fullmatch(entry.strip())
         if match:
             return match.group(1)
     return ""

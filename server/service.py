@@ -48,6 +48,7 @@ from rknn_server.runtime.base import (
     WorkerLost,
 )
 from rknn_server.sessions import Session, SessionRegistry
+from rknn_server.uploads import Upload
 
 log = structlog.get_logger("rknn_server.rpc")
 T = TypeVar("T")
@@ -241,9 +242,17 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             if first.WhichOneof("part") != "header":
                 raise InvalidInput("the first UploadModel message must be an UploadHeader")
             header = first.header
-            upload = await self._blocking(
-                self.cache.begin_upload, header.manifest, list(header.start_offsets)
+            loop = asyncio.get_running_loop()
+            # The claim on the model dies with this call whatever point a cancellation hits: a step
+            # still running in the executor when the call ends releases it once it is done.
+            step: asyncio.Future[Any] = loop.run_in_executor(
+                self.executor, self.cache.begin_upload, header.manifest, list(header.start_offsets)
             )
+            try:
+                upload: Upload = await asyncio.shield(step)
+            except BaseException:
+                step.add_done_callback(_close_claimed)
+                raise
             try:
                 async for message in request_iterator:
                     if message.WhichOneof("part") != "chunk":
@@ -251,11 +260,18 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     chunk = message.chunk
                     data = chunk.data
                     check_chunk(len(data), self.config.tensor_limits)
-                    await self._blocking(upload.write, chunk.file_index, chunk.offset, data)
+                    step = loop.run_in_executor(
+                        self.executor, upload.write, chunk.file_index, chunk.offset, data
+                    )
+                    await asyncio.shield(step)
                     call.bytes_in += len(data)
-                await self._blocking(upload.finish)
+                step = loop.run_in_executor(self.executor, upload.finish)
+                await asyncio.shield(step)
             finally:
-                upload.close()
+                if step.done():
+                    upload.close()
+                else:
+                    step.add_done_callback(lambda _: upload.close())
             return rknn_pb2.UploadModelResponse(
                 digest=header.manifest.digest, received_bytes=upload.received_bytes
             )
@@ -599,6 +615,12 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             return self.reservations.release(request)
 
         return await self._unary("ReleaseReservation", context, body)
+
+
+def _close_claimed(step: asyncio.Future[Upload]) -> None:
+    """Release an upload claimed by a call that ended before it could take it."""
+    if not step.cancelled() and step.exception() is None:
+        step.result().close()
 
 
 def _account(call: _Call, traffic: Traffic) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rknn_proto import manifest, rknn_pb2
-from rknn_server.errors import DataLoss, NotFound, ResourceExhausted
+from rknn_server.errors import Aborted, DataLoss, NotFound, ResourceExhausted
 from rknn_server.model_cache import CacheLimits, ModelCache
 
 
@@ -89,3 +89,24 @@ def test_lru_eviction_spares_pinned_models(tmp_path: Path) -> None:
     cache.unpin(pinned)
     cache.unpin(newest)
     store(cache, os.urandom(1000))
+
+
+def test_a_trailing_newline_is_not_part_of_a_valid_name_or_digest() -> None:
+    digest = hashlib.sha256(b"x").hexdigest()
+    assert manifest.valid_file_name("model.onnx") and manifest.valid_digest(digest)
+    assert not manifest.valid_file_name("model.onnx\n") and not manifest.valid_digest(digest + "\n")
+
+
+def test_partial_bytes_count_against_the_quota_and_a_stale_resume_is_aborted(tmp_path: Path) -> None:
+    cache = ModelCache(tmp_path / "c", CacheLimits(quota_bytes=2500, max_model_bytes=2500))
+    abandoned = os.urandom(1500)
+    man = manifest_of(abandoned)
+    upload = cache.begin_upload(man, [0])
+    upload.write(0, 0, abandoned[:1000])
+    upload.close()
+    assert cache.prepare(man) == (False, [1000])
+    store(cache, os.urandom(2000))  # 1000 held + 2000 > 2500: the abandoned bytes make room
+    assert cache.prepare(man) == (False, [0])
+    with pytest.raises(Aborted, match="no longer holds"):
+        cache.begin_upload(man, [1000])
+    assert store(cache, abandoned) == man.digest  # nothing was left claimed

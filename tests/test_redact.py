@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from rknn_server.errors import status_of
+from rknn_server.runtime.base import ExecutionError
 from rknn_server.runtime.redact import without_paths
 
 
@@ -30,4 +31,10 @@ def test_an_unexpected_error_travels_without_the_server_path() -> None:
         FileNotFoundError(2, "No such file or directory", "/srv/rknn/cache/models/ab/m.onnx")
     )
     assert code == grpc.StatusCode.INTERNAL
-    assert "m.onnx" in message and "/srv" not in message
+    assert "reference" in message and "/srv" not in message and "m.onnx" not in message
+
+
+def test_a_runtime_error_travels_without_the_server_path() -> None:
+    code, message = status_of(ExecutionError("Load model from /var/cache/rknn/models/ab12/m.onnx failed"))
+    assert code == grpc.StatusCode.INTERNAL
+    assert message == "Load model from m.onnx failed"

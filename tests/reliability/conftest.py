@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -16,6 +18,7 @@ from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import Device
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.manifest import FileEntry, manifest_digest
 from tests.models import small_cnn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,3 +131,54 @@ def kill(child: subprocess.Popen[str]) -> None:
     child.wait()
     if child.stdout is not None:
         child.stdout.close()
+
+
+def wire_manifest(files: Sequence[tuple[str, bytes]]) -> rknn_pb2.ModelManifest:
+    """The manifest of a model made of these (name, bytes), main file first, digest consistent."""
+    entries = [FileEntry(name, len(data), hashlib.sha256(data).hexdigest()) for name, data in files]
+    return rknn_pb2.ModelManifest(
+        digest=manifest_digest(entries),
+        files=[rknn_pb2.ModelFile(name=e.name, size=e.size, sha256=e.sha256) for e in entries],
+    )
+
+
+def raw_upload(
+    address: str,
+    manifest: rknn_pb2.ModelManifest,
+    chunks: Iterable[tuple[int, int, bytes]] = (),
+    offsets: Sequence[int] | None = None,
+) -> tuple[grpc.StatusCode, str]:
+    """One UploadModel call as a hostile or careless client makes it: this header, these
+    (file index, offset, bytes) chunks, then the end of the stream. Returns the status and details."""
+
+    def requests() -> Iterator[rknn_pb2.UploadModelRequest]:
+        start = list(offsets) if offsets is not None else [0] * len(manifest.files)
+        yield rknn_pb2.UploadModelRequest(
+            header=rknn_pb2.UploadHeader(manifest=manifest, start_offsets=start)
+        )
+        for index, offset, data in chunks:
+            yield rknn_pb2.UploadModelRequest(
+                chunk=rknn_pb2.UploadChunk(file_index=index, offset=offset, data=data)
+            )
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            rknn_pb2_grpc.RknnServerStub(channel).UploadModel(requests(), timeout=120)
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs at `mount` (needs root); the test is skipped where it cannot be mounted."""
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -1,12 +1,15 @@
 """Property-based fuzzing of every RPC of a real daemon with malformed and extreme messages.
 
 Each message must get a non-OK status that is not an unhandled daemon error, or a correct result,
-and the daemon must stay healthy. Bounded for CI; RKNN_FUZZ_EXAMPLES=5000 runs a longer campaign.
+and the daemon must stay healthy. Model manifests are also fuzzed by shape (file counts, sizes,
+names, digests, duplicates): well-formed ones upload, each kind of malformed one gets its status
+before anything reaches the disk. Bounded for CI; RKNN_FUZZ_EXAMPLES=5000 runs a longer campaign.
 """
 
 from __future__ import annotations
 
 import os
+import string
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +22,11 @@ from hypothesis import strategies as st
 
 from rknn_client.errors import RknnError
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.manifest import entries_of, manifest_digest
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
-from tests.reliability.conftest import StartDaemon, cnn_input, device, info
+from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.model_cache import CacheLimits, validate_manifest
+from tests.reliability.conftest import StartDaemon, cnn_input, device, info, raw_upload, wire_manifest
 from tests.reliability.hostile_models import PLACES, SIZE, reader_model, upload_raw
 
 EXAMPLES = int(os.environ.get("RKNN_FUZZ_EXAMPLES", "600"))
@@ -276,3 +282,158 @@ def test_external_data_locations_load_the_models_own_file_or_are_refused(
         one_model()
     print(f"\n[fuzz] external-data locations: {sorted(outcomes)}")
     assert daemon.process.poll() is None and info(daemon).open_sessions == 0
+
+
+# -- Manifest shapes ----------------------------------------------------------------------------
+
+SHAPE_LIMITS = CacheLimits(quota_bytes=64 << 10, max_model_bytes=32 << 10, max_model_files=6)
+_NAME_CHARS = string.ascii_letters + string.digits + "._-"
+GOOD_NAMES = st.text(_NAME_CHARS, min_size=1, max_size=24).filter(
+    lambda n: n[0] not in ".-" and ".." not in n
+)
+BAD_NAMES = st.one_of(
+    st.sampled_from(
+        ["", ".hidden", "-x", "a/b", "..", "a..b", "x" * 129, "a\x00b", "ü.onnx", "m.onnx\n", "\nm"]
+    ),
+    st.text(min_size=1, max_size=20).filter(lambda n: any(c not in _NAME_CHARS for c in n)),
+)
+# Few distinct contents, so that duplicates (same bytes in two files) are common; empty files too.
+CONTENTS = st.one_of(
+    st.sampled_from([b"", b"x", bytes(range(256)), b"weights" * 300]), st.binary(max_size=1500)
+)
+INVALID, EXHAUSTED = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _redigest(manifest: rknn_pb2.ModelManifest) -> rknn_pb2.ModelManifest:
+    """The same file list under its consistent digest, so that only the mutated part is wrong."""
+    manifest.digest = manifest_digest(entries_of(manifest))
+    return manifest
+
+
+@st.composite
+def manifest_shapes(
+    draw: st.DrawFn,
+) -> tuple[rknn_pb2.ModelManifest, list[bytes], grpc.StatusCode, str]:
+    """(manifest, file contents, expected status, mutation): a well-formed model, or one broken in one way."""
+    names = draw(st.lists(GOOD_NAMES, min_size=1, max_size=SHAPE_LIMITS.max_model_files, unique=True))
+    contents = [draw(CONTENTS) for _ in names]
+    wire = wire_manifest(list(zip(names, contents, strict=True)))
+    kind = draw(
+        st.sampled_from(
+            ["none", "newline_name", "bad_name", "newline_sha", "upper_sha", "short_sha", "newline_digest",
+             "wrong_digest", "dup_name", "no_files", "too_many", "too_big"]
+        )
+    )  # fmt: skip
+    i = draw(st.integers(0, len(names) - 1))
+    files = wire.files
+    expected = INVALID
+    if kind == "none":
+        expected = grpc.StatusCode.OK
+    elif kind == "newline_name":
+        files[i].name += "\n"
+    elif kind == "bad_name":
+        files[i].name = draw(BAD_NAMES)
+    elif kind == "newline_sha":
+        files[i].sha256 += "\n"
+    elif kind == "upper_sha":
+        files[i].sha256 = files[i].sha256.upper()
+        if files[i].sha256 == files[i].sha256.lower():
+            files[i].sha256 = "A" + files[i].sha256[1:]
+    elif kind == "short_sha":
+        files[i].sha256 = files[i].sha256[: draw(st.integers(0, 63))]
+    elif kind == "dup_name":  # within the file count limit, which is checked first
+        if len(files) < SHAPE_LIMITS.max_model_files:
+            files.add(name=files[i].name, size=files[i].size, sha256=files[i].sha256)
+        else:
+            files[(i + 1) % len(files)].name = files[i].name
+    elif kind == "no_files":
+        del files[:]
+    elif kind == "too_many":
+        extra = SHAPE_LIMITS.max_model_files + 1 - len(files)
+        for k in range(extra):
+            files.add(name=f"extra{k}.bin", size=0, sha256=files[0].sha256)
+        expected = EXHAUSTED
+    elif kind == "too_big":
+        files.add(
+            name="huge.bin", size=SHAPE_LIMITS.max_model_bytes + draw(st.integers(1, 2**62)), sha256="0" * 64
+        )
+        expected = EXHAUSTED
+    if kind not in ("none", "newline_digest", "wrong_digest", "no_files"):
+        _redigest(wire)
+    if kind == "newline_digest":
+        wire.digest += "\n"
+    elif kind == "wrong_digest":
+        wire.digest = draw(HEX.filter(lambda h: h != wire.digest))
+    return wire, contents, expected, kind
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None)
+@given(manifest_shapes())
+def test_the_manifest_validator_accepts_exactly_the_well_formed_shapes(
+    shape: tuple[rknn_pb2.ModelManifest, list[bytes], grpc.StatusCode, str],
+) -> None:
+    wire, _, expected, kind = shape
+    if expected == grpc.StatusCode.OK:
+        validate_manifest(wire, SHAPE_LIMITS)
+        return
+    error = InvalidInput if expected == INVALID else ResourceExhausted
+    try:
+        validate_manifest(wire, SHAPE_LIMITS)
+    except error as exc:
+        assert str(exc), kind
+    else:
+        raise AssertionError(f"{kind}: accepted {wire}")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None)
+@given(MANIFESTS)
+def test_the_manifest_validator_never_crashes_and_accepts_only_clean_names(
+    manifest: rknn_pb2.ModelManifest,
+) -> None:
+    try:
+        validate_manifest(manifest, SHAPE_LIMITS)
+    except (InvalidInput, ResourceExhausted):
+        return
+    for f in manifest.files:
+        assert 1 <= len(f.name) <= 128 and f.name[0] not in ".-" and set(f.name) <= set(_NAME_CHARS), f.name
+        assert len(f.sha256) == 64 and set(f.sha256) <= set("0123456789abcdef"), f.sha256
+    assert manifest.digest == manifest_digest(entries_of(manifest))
+
+
+def test_manifest_shapes_against_a_live_daemon(daemons: StartDaemon, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    daemon = daemons(
+        "--cache-quota", str(SHAPE_LIMITS.quota_bytes), "--max-model-bytes", str(SHAPE_LIMITS.max_model_bytes),
+        "--max-model-files", str(SHAPE_LIMITS.max_model_files), cache=cache,
+    )  # fmt: skip
+    seen: dict[str, int] = {}
+
+    @settings(
+        max_examples=max(50, EXAMPLES // 4),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(manifest_shapes())
+    def one_upload(shape: tuple[rknn_pb2.ModelManifest, list[bytes], grpc.StatusCode, str]) -> None:
+        wire, contents, expected, kind = shape
+        chunks = [(i, 0, data) for i, data in enumerate(contents) if data]
+        code, details = raw_upload(daemon.address, wire, chunks)
+        if code == grpc.StatusCode.ABORTED and "already cached" in details:
+            code = grpc.StatusCode.OK  # hypothesis drew this model before
+        assert code == expected, (kind, code, details)
+        seen[kind] = seen.get(kind, 0) + 1
+        if expected == grpc.StatusCode.OK:
+            with grpc.insecure_channel(daemon.address) as channel:
+                stub = rknn_pb2_grpc.RknnServerStub(channel)
+                assert stub.PrepareUpload(rknn_pb2.PrepareUploadRequest(manifest=wire), timeout=30).cached
+        else:  # refused from the header: nothing reached the disk
+            assert "internal error" not in details and str(tmp_path) not in details, details
+            assert not any((cache / "partial").iterdir()), kind
+        used = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and not p.name.startswith("."))
+        assert used <= SHAPE_LIMITS.quota_bytes
+
+    one_upload()
+    print(f"\n[fuzz] manifest shapes uploaded to a live daemon: {dict(sorted(seen.items()))}")
+    health = info(daemon)
+    assert health.limits.model_cache_quota_bytes == SHAPE_LIMITS.quota_bytes

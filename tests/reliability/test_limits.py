@@ -1,11 +1,8 @@
 """Configured limits: each is reported by GetInfo, and a request beyond one gets RESOURCE_EXHAUSTED naming it
-while the daemon and other clients' sessions carry on. Disk full while caching leaves no partial entry."""
+while the daemon and other clients' sessions carry on. (The model cache's limits: test_cache_attacks.py.)"""
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +11,6 @@ import pytest
 
 from rknn_client.errors import ResourceExhausted
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
-from rknn_proto.manifest import FileEntry, manifest_digest
-from rknn_server.errors import status_of
-from rknn_server.model_cache import CacheLimits, ModelCache
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN, StartDaemon, cnn_input, device, info, weighty_model
 
 
@@ -81,38 +75,3 @@ def test_model_over_max_model_bytes_is_refused(daemons: StartDaemon, cnn: Path) 
     daemon = daemons("--max-model-bytes", "100")
     with device(daemon) as dev, pytest.raises(ResourceExhausted, match="max_model_bytes=100"):
         dev.upload(cnn)
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs (needs root); the test is skipped where it cannot be mounted."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def test_disk_full_while_caching_is_a_clear_error_with_no_partial_entry(small_disk: Path) -> None:
-    cache = ModelCache(small_disk / "cache", CacheLimits(quota_bytes=1 << 30, max_model_bytes=1 << 30))
-    data = bytes(range(256)) * (4 << 12)  # 4 MiB: twice the disk
-    sha = hashlib.sha256(data).hexdigest()
-    manifest = rknn_pb2.ModelManifest(
-        digest=manifest_digest([FileEntry("big.onnx", len(data), sha)]),
-        files=[rknn_pb2.ModelFile(name="big.onnx", size=len(data), sha256=sha)],
-    )
-    upload = cache.begin_upload(manifest, [0])
-    with pytest.raises(OSError) as caught:
-        for offset in range(0, len(data), 1 << 18):
-            upload.write(0, offset, data[offset : offset + (1 << 18)])
-    upload.close()
-    assert caught.value.errno == errno.ENOSPC
-    code, message = status_of(caught.value)
-    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "disk is full" in message
-    assert not cache.has(manifest.digest)
-    assert not any((small_disk / "cache" / "partial").iterdir())
-    assert cache.prepare(manifest) == (False, [0])

@@ -25,13 +25,13 @@ import rknn_server
 from rknn_server.runtime.base import ExecutionError, InputFormat, LayerTensor, RuntimeOptions
 
 DUMP_LOG_LEVEL = "5"
-_NAME_RE = re.compile(r"^(\d+)_([A-Za-z0-9]+)_(.*)_shape_[\d_]*_[A-Za-z0-9]+$")
+_NAME_RE = re.compile(r"(\d+)_([A-Za-z0-9]+)_(.*)_shape_[\d_]*_[A-Za-z0-9]+")
 _STDERR_TAIL = 2000
 
 
 def parse_dump_name(stem: str, order: int) -> tuple[int, str, str]:
     """(index, op type, tensor name) from a dump file's stem; unknown shapes keep the whole stem."""
-    match = _NAME_RE.match(stem)
+    match = _NAME_RE.fullmatch(stem)
     if match is None:
         return order, "", stem
     return int(match.group(1)), match.group(2), match.group(3)

@@ -132,6 +132,21 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument("--max-inflight-requests", type=int, default=64, help="calls served at once")
     limits.add_argument(
+        "--max-inflight-per-client",
+        type=int,
+        default=DaemonConfig.max_inflight_per_client,
+        help="calls one client (token name, certificate or address) may have in flight; a Reserve "
+        "waiting for the board counts here but not in --max-inflight-requests",
+    )
+    limits.add_argument(
+        "--stream-idle-timeout",
+        type=float,
+        default=DaemonConfig.stream_idle_timeout_s,
+        metavar="S",
+        help="end a request stream (upload, inference) that sends nothing for S s, dropping its buffers "
+        "(0: never)",
+    )
+    limits.add_argument(
         "--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES, help="largest gRPC message"
     )
     limits.add_argument(
@@ -231,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         max_sessions_per_client=args.max_sessions_per_client,
         max_inflight_requests=args.max_inflight_requests,
+        max_inflight_per_client=args.max_inflight_per_client,
+        stream_idle_timeout_s=args.stream_idle_timeout,
         max_message_bytes=args.max_message_bytes,
         grace_s=args.grace,
         auth_token_file=args.auth_token_file,

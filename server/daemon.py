@@ -22,7 +22,7 @@ from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import TlsFiles, TokenTable, listen_policy
-from rknn_server.guard import Guard
+from rknn_server.guard import CallLimits, Guard
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
@@ -63,6 +63,23 @@ class DaemonConfig:
     tls: TlsFiles | None = None
     insecure: bool = False
     backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
+    # Fair use (server/guard.py): calls one client may have in flight, how long a request stream
+    # may stay silent (0: forever).
+    max_inflight_per_client: int = 16
+    stream_idle_timeout_s: float = 30.0
+
+
+# Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
+# 20 s (a vanished peer frees its calls), let clients ping down to every 10 s, and close connections
+# that carried no call for 30 min (the client reconnects transparently).
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_connection_idle_ms", 30 * 60_000),
+]
 
 
 def _same(backend: Backend) -> Backend:
@@ -99,6 +116,12 @@ def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     cert, key, client_ca = tls.read()
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def _call_limits(config: DaemonConfig) -> CallLimits:
+    return CallLimits(
+        config.max_inflight_requests, config.max_inflight_per_client, config.stream_idle_timeout_s
     )
 
 
@@ -157,11 +180,12 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ),
     )
     server = grpc.aio.server(
-        interceptors=[Guard(tokens, config.auth_loopback, config.max_inflight_requests)],
+        interceptors=[Guard(tokens, config.auth_loopback, _call_limits(config))],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *KEEPALIVE_OPTIONS,
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)

@@ -44,6 +44,12 @@ class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class StreamIdle(ServiceError):
+    """A request stream that sent nothing for --stream-idle-timeout (server/guard.py)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class DataLoss(ServiceError):
     code = grpc.StatusCode.DATA_LOSS
 

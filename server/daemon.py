@@ -24,6 +24,7 @@ from rknn_server import __version__
 from rknn_server.auth import TlsFiles, TokenTable, listen_policy
 from rknn_server.guard import CallLimits, Guard
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
+from rknn_server.memory import MemoryLimits
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
 from rknn_server.runtime.backend_hook import load_backend
@@ -67,6 +68,8 @@ class DaemonConfig:
     # may stay silent (0: forever).
     max_inflight_per_client: int = 16
     stream_idle_timeout_s: float = 30.0
+    # Memory budgets (server/memory.py): incoming frames' buffers, and what one session may use.
+    memory: MemoryLimits = field(default_factory=MemoryLimits.for_machine)
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -177,6 +180,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             insecure=bool(exposure),
             warnings=tuple(warnings),
             instance_id=secrets.token_hex(8),
+            memory=config.memory,
         ),
     )
     server = grpc.aio.server(

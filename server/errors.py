@@ -12,6 +12,7 @@ from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
     ModelFormatError,
+    OverBudget,
     UnsupportedError,
 )
 
@@ -59,6 +60,7 @@ _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {
     ModelFormatError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     ExecutionError: grpc.StatusCode.INTERNAL,
+    OverBudget: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -12,8 +12,8 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np

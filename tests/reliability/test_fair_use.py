@@ -132,3 +132,38 @@ def test_idle_streams_of_one_client_do_not_lock_out_another(
             metadata=(("authorization", f"Bearer {TOKEN}"),),
             timeout=30,
         )
+
+
+def test_waiting_reservations_do_not_take_the_shared_slots(
+    daemons: StartDaemon, token_file: Path, cnn: Path
+) -> None:
+    """Reserve calls waiting for the board hold nothing but a timer: they count against their own
+    client's share only, so they cannot fill --max-inflight-requests for everyone else."""
+    daemon = daemons(
+        "--auth-token-file", str(token_file), "--auth-loopback",
+        "--max-inflight-requests", "3", "--max-inflight-per-client", "3",
+    )  # fmt: skip
+    md = (("authorization", f"Bearer {TOKEN}"),)
+    with (
+        device(daemon, token=OTHER_TOKEN) as bob,
+        bob.load(cnn) as session,
+        grpc.insecure_channel(daemon.address) as channel,
+    ):
+        stub = rknn_pb2_grpc.RknnServerStub(channel)
+        held = stub.Reserve(rknn_pb2.ReserveRequest(holder="alice", ttl_s=300), metadata=md, timeout=30)
+        waits = [
+            stub.Reserve.future(rknn_pb2.ReserveRequest(holder=f"w{i}", wait_s=600), metadata=md, timeout=120)
+            for i in range(4)
+        ]
+        try:
+            refused = waits[3].exception(timeout=30)  # alice's fourth call is over her share of 3
+            assert isinstance(refused, grpc.RpcError)
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+            assert "max_inflight_per_client=3" in refused.details()  # type: ignore[attr-defined]
+            assert not any(w.done() for w in waits[:3])
+            for _ in range(5):  # three calls wait, yet bob's calls find the shared slots free
+                assert session.run([cnn_input()])[0].shape == (1, 10)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        stub.ReleaseReservation(rknn_pb2.ReleaseReservationRequest(token=held.token), metadata=md, timeout=30)

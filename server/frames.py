@@ -6,7 +6,8 @@ convert layouts and choose the outputs' wire form the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +131,16 @@ class IncomingFrame:
     def drop(self) -> None:
         """Free the frame's buffers (and give back their memory budget) now: the frame failed."""
         self.assembler.drop()
+
+    @contextmanager
+    def dropped_on_error(self) -> Iterator[IncomingFrame]:
+        """Receive into the frame; if that fails, free its buffers at once (the exception's traceback
+        would keep the frame, and its share of --max-memory, alive until a garbage collection)."""
+        try:
+            yield self
+        except BaseException:
+            self.drop()
+            raise
 
     def inputs(self) -> list[np.ndarray]:
         """The received inputs in the model's layout (raises if bytes are missing)."""

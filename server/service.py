@@ -352,15 +352,12 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         session = self.registry.get(header.session_id, client_identity())
         call.session = session.id
         frame = IncomingFrame.start(header, session, self.config.tensor_limits, self.frame_memory)
-        try:
+        with frame.dropped_on_error():
             async for message in request_iterator:
                 if message.WhichOneof("part") != "chunk":
                     raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
                 call.bytes_in += frame.add(message.chunk)
             frame.ensure_complete("the frame")
-        except BaseException:
-            frame.drop()
-            raise
         return header, session, frame
 
     async def Inference(
@@ -395,7 +392,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             session = self.registry.get(header.session_id, client_identity())
             call.session = session.id
             frame = IncomingFrame.start(header, session, self.config.tensor_limits, self.frame_memory)
-            call.bytes_in = frame.add_whole(request.inputs)
+            with frame.dropped_on_error():
+                call.bytes_in = frame.add_whole(request.inputs)
             outputs, run_us = await self._run(session, frame.inputs(), frame.formats())
             metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
             call.bytes_out = sum(a.nbytes for a in wire)

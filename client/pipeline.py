@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from rknn_client.api import Session
 
 _END = object()
+# How long closing a drained pipeline waits for the daemon to end the call before cancelling it.
+_END_WAIT_S = 10.0
 
 
 class Pipeline:
@@ -107,11 +110,18 @@ class Pipeline:
             self._outbox.put(None)
 
     def close(self) -> None:
-        """End the stream; frames still in flight are cancelled and their outputs dropped."""
+        """End the stream; frames still in flight are cancelled and their outputs dropped. With none
+        in flight, wait (briefly) for the daemon to end the call: a channel closed right after
+        would otherwise cancel a stream whose every frame was answered."""
         self.finish()
         if self._pending:
             self._call.cancel()
             self._pending.clear()
+            return
+        ended = threading.Event()
+        cast(grpc.Future, self._call).add_done_callback(lambda _: ended.set())  # a rendezvous is both
+        if not ended.wait(_END_WAIT_S):
+            self._call.cancel()
 
     def __enter__(self) -> Pipeline:
         return self

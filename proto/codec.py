@@ -267,6 +267,17 @@ class TensorAssembler:
         return len(data)
 
     @property
+    def buffers(self) -> list[np.ndarray]:
+        """The preallocated byte buffers, one per tensor (for a receiver that accounts for memory)."""
+        return list(self._buffers)
+
+    def drop(self) -> None:
+        """Free the buffers now (a receiver that gives up on the tensors: an exception's traceback
+        may keep the assembler itself alive for a while)."""
+        self._buffers = []
+        self._views = []
+
+    @property
     def complete(self) -> bool:
         """Every byte of every tensor has arrived."""
         return self._remaining == 0

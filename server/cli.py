@@ -16,6 +16,7 @@ from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
 from rknn_server.listen import DEFAULT_LISTEN, parse_listen
 from rknn_server.logs import configure
+from rknn_server.memory import MemoryLimits, parse_size
 from rknn_server.model_cache import CacheLimits
 from rknn_server.runtime.select import BackendUnavailable
 
@@ -26,6 +27,13 @@ def _listen_arg(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -174,6 +182,39 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument("--max-inflight-requests", type=int, default=64, help="calls served at once")
     limits.add_argument(
+        "--max-inflight-per-client",
+        type=int,
+        default=DaemonConfig.max_inflight_per_client,
+        help="calls one client (token name, certificate or address) may have in flight; a Reserve "
+        "waiting for the board counts here but not in --max-inflight-requests",
+    )
+    limits.add_argument(
+        "--stream-idle-timeout",
+        type=float,
+        default=DaemonConfig.stream_idle_timeout_s,
+        metavar="S",
+        help="end a request stream (upload, inference) that sends nothing for S s, dropping its buffers "
+        "(0: never)",
+    )
+    machine = MemoryLimits.for_machine()
+    limits.add_argument(
+        "--max-memory",
+        type=_size_arg,
+        default=machine.max_memory,
+        metavar="SIZE",
+        help="bytes (or e.g. 2GiB) the daemon may hold for incoming tensors of all clients (0: no limit; "
+        f"default: half the RAM, {machine.max_memory >> 20} MiB here)",
+    )
+    limits.add_argument(
+        "--max-session-memory",
+        type=_size_arg,
+        default=machine.max_session_memory,
+        metavar="SIZE",
+        help="what one session's model may materialize: checked before load, and the address-space "
+        f"limit of its worker with --isolation process (0: no limit; default: a quarter of the RAM, "
+        f"{machine.max_session_memory >> 20} MiB here)",
+    )
+    limits.add_argument(
         "--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES, help="largest gRPC message"
     )
     limits.add_argument(
@@ -286,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         max_sessions_per_client=args.max_sessions_per_client,
         max_inflight_requests=args.max_inflight_requests,
+        max_inflight_per_client=args.max_inflight_per_client,
+        stream_idle_timeout_s=args.stream_idle_timeout,
+        memory=MemoryLimits(max_memory=args.max_memory, max_session_memory=args.max_session_memory),
         max_message_bytes=args.max_message_bytes,
         grace_s=args.grace,
         auth_token_file=args.auth_token_file,

@@ -22,8 +22,9 @@ from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
-from rknn_server.guard import Guard
+from rknn_server.guard import CallLimits, Guard
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
+from rknn_server.memory import MemoryLimits
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
 from rknn_server.runtime.backend_hook import load_backend
@@ -65,6 +66,25 @@ class DaemonConfig:
     tls: TlsFiles | None = None
     insecure: bool = False
     backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
+    # Fair use (server/guard.py): calls one client may have in flight, how long a request stream
+    # may stay silent (0: forever).
+    max_inflight_per_client: int = 16
+    stream_idle_timeout_s: float = 30.0
+    # Memory budgets (server/memory.py): incoming frames' buffers, and what one session may use.
+    memory: MemoryLimits = field(default_factory=MemoryLimits.for_machine)
+
+
+# Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
+# 20 s (a vanished peer frees its calls), let clients ping down to every 10 s, and close connections
+# that carried no call for 30 min (the client reconnects transparently).
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_connection_idle_ms", 30 * 60_000),
+]
 
 
 def _same(backend: Backend) -> Backend:
@@ -148,6 +168,12 @@ def _add_port(
     raise ListenError(f"cannot listen on {address.display()}: {problem}; fix --listen")
 
 
+def _call_limits(config: DaemonConfig) -> CallLimits:
+    return CallLimits(
+        config.max_inflight_requests, config.max_inflight_per_client, config.stream_idle_timeout_s
+    )
+
+
 async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
     tokens = TokenTable.load(config.auth_token_file) if config.auth_token_file else None
     credentials = _server_credentials(config.tls) if config.tls else None
@@ -210,14 +236,16 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             insecure=bool(exposure),
             warnings=tuple(warnings),
             instance_id=secrets.token_hex(8),
+            memory=config.memory,
         ),
     )
     server = grpc.aio.server(
-        interceptors=[Guard(access, config.max_inflight_requests)],
+        interceptors=[Guard(access, _call_limits(config))],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *KEEPALIVE_OPTIONS,
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)

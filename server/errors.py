@@ -14,6 +14,7 @@ from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
     ModelFormatError,
+    OverBudget,
     UnsupportedError,
 )
 from rknn_server.runtime.redact import without_paths
@@ -58,6 +59,12 @@ class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class StreamIdle(ServiceError):
+    """A request stream that sent nothing for --stream-idle-timeout (server/guard.py)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class DataLoss(ServiceError):
     code = grpc.StatusCode.DATA_LOSS
 
@@ -67,6 +74,7 @@ _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {
     ModelFormatError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     ExecutionError: grpc.StatusCode.INTERNAL,
+    OverBudget: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 log = structlog.get_logger("rknn_server.errors")
 

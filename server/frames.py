@@ -6,13 +6,15 @@ convert layouts and choose the outputs' wire form the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from rknn_proto import codec, rknn_pb2
 from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import InputFormat, TensorSpec
 from rknn_server.sessions import Session
 
@@ -68,6 +70,11 @@ def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMet
     return plans
 
 
+class TruncatedStream(InvalidInput):
+    """A request stream that ended inside a frame: the client's error, unless it cancelled the call
+    (gRPC can end the stream of a cancelled call before the cancellation reaches the handler)."""
+
+
 def check_chunk(size: int, limits: codec.TensorLimits) -> None:
     if size > limits.max_chunk_bytes:
         raise ResourceExhausted(
@@ -88,12 +95,18 @@ class IncomingFrame:
 
     @classmethod
     def start(
-        cls, header: rknn_pb2.InferenceHeader, session: Session, limits: codec.TensorLimits
+        cls,
+        header: rknn_pb2.InferenceHeader,
+        session: Session,
+        limits: codec.TensorLimits,
+        budget: MemoryBudget,
     ) -> IncomingFrame:
         """Check the declared inputs against the limits (the assembler does, before its buffers,
-        which np.empty only reserves) and then the model, before any byte arrives."""
+        which np.empty only reserves) and then the model, and reserve the buffers against the
+        daemon's memory budget, before any byte arrives."""
         assembler = codec.TensorAssembler(header.inputs, limits, "input")
         plans = check_inputs(session.runtime.inputs, header.inputs)
+        budget.hold(assembler.buffers, f"the inputs of frame {header.frame_id}")
         return cls(header, session, plans, assembler, limits)
 
     def add(self, chunk: rknn_pb2.TensorChunk) -> int:
@@ -109,6 +122,25 @@ class IncomingFrame:
                 f"{len(tensors)} input byte strings were sent for {len(self.header.inputs)} declared input(s)"
             )
         return sum(self.assembler.add_bytes(i, 0, data) for i, data in enumerate(tensors))
+
+    def ensure_complete(self, where: str) -> None:
+        """Raise TruncatedStream if the request stream ended before every byte of the frame."""
+        if not self.assembler.complete:
+            raise TruncatedStream(f"the stream ended inside {where} ({'; '.join(self.assembler.missing())})")
+
+    def drop(self) -> None:
+        """Free the frame's buffers (and give back their memory budget) now: the frame failed."""
+        self.assembler.drop()
+
+    @contextmanager
+    def dropped_on_error(self) -> Iterator[IncomingFrame]:
+        """Receive into the frame; if that fails, free its buffers at once (the exception's traceback
+        would keep the frame, and its share of --max-memory, alive until a garbage collection)."""
+        try:
+            yield self
+        except BaseException:
+            self.drop()
+            raise
 
     def inputs(self) -> list[np.ndarray]:
         """The received inputs in the model's layout (raises if bytes are missing)."""

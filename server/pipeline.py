@@ -19,6 +19,7 @@ from rknn_proto import codec, rknn_pb2
 from rknn_server.errors import InvalidInput
 from rknn_server.frames import IncomingFrame, wire_outputs
 from rknn_server.guard import client_identity
+from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import InputFormat
 from rknn_server.sessions import Session, SessionRegistry
 
@@ -58,9 +59,12 @@ class Traffic:
 
 
 class Pipeline:
-    def __init__(self, registry: SessionRegistry, limits: codec.TensorLimits, run: Runner) -> None:
+    def __init__(
+        self, registry: SessionRegistry, limits: codec.TensorLimits, budget: MemoryBudget, run: Runner
+    ) -> None:
         self._registry = registry
         self._limits = limits
+        self._budget = budget
         self._run = run
 
     async def stream(
@@ -104,7 +108,7 @@ class Pipeline:
                         )
                     session = self._registry.get(message.header.session_id, client_identity())
                     traffic.session = session.id
-                    frame = IncomingFrame.start(message.header, session, self._limits)
+                    frame = IncomingFrame.start(message.header, session, self._limits, self._budget)
                 elif frame is None:
                     raise InvalidInput("InferencePipeline: a TensorChunk arrived before any InferenceHeader")
                 else:
@@ -113,14 +117,15 @@ class Pipeline:
                     await ready.put(_Ready(frame.header, frame.session, frame.inputs(), frame.formats()))
                     frame = None
             if frame is not None:
-                raise InvalidInput(
-                    f"the stream ended inside frame {frame.header.frame_id} ({'; '.join(frame.assembler.missing())})"
-                )
+                frame.ensure_complete(f"frame {frame.header.frame_id}")
             await ready.put(None)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await ready.put(exc)
+        except BaseException as exc:
+            if frame is not None:
+                frame.drop()
+            if isinstance(exc, Exception):
+                await ready.put(exc)
+            else:
+                raise
 
     async def _execute(
         self,

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -31,8 +31,9 @@ from rknn_proto.version import (
 )
 from rknn_server import __version__
 from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, hint_metadata, status_of
-from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
+from rknn_server.frames import QUANT_CODES, IncomingFrame, TruncatedStream, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
+from rknn_server.memory import MemoryBudget, MemoryLimits
 from rknn_server.model_cache import ModelCache
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
@@ -53,6 +54,10 @@ from rknn_server.uploads import Upload
 log = structlog.get_logger("rknn_server.rpc")
 T = TypeVar("T")
 
+# How long a stream that ended inside a frame waits for its cancellation to show, and how often it looks.
+CANCEL_GRACE_S = 1.0
+CANCEL_POLL_S = 0.01
+
 # Core masks the contract defines (rknn_core_mask values).
 KNOWN_CORE_MASKS = {v.number for v in rknn_pb2.CoreMask.DESCRIPTOR.values}
 
@@ -71,6 +76,7 @@ class ServiceConfig:
     insecure: bool = False
     warnings: tuple[str, ...] = ()
     instance_id: str = ""
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
 
 
 RuntimeOpener = Callable[[Backend, Any, RuntimeOptions], ModelRuntime]
@@ -129,6 +135,22 @@ async def _fail(call: _Call | None, context: grpc.aio.ServicerContext, exc: Base
     await context.abort(code, message, hint_metadata(exc))
 
 
+async def _fail_stream(call: _Call | None, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """End a streaming call that failed. A request stream cut short inside a frame is what a client's
+    cancellation looks like to the reader when it wins the race with the cancellation itself: wait
+    for that to land before blaming the client, so that a cancel is CANCELLED in the log, not
+    INVALID_ARGUMENT (a cancellation ends this task meanwhile; a real truncation is answered late)."""
+    if isinstance(exc, TruncatedStream):
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while not context.cancelled() and time.monotonic() < deadline:
+            await asyncio.sleep(CANCEL_POLL_S)
+    if context.cancelled():
+        if call is not None:
+            call.done("CANCELLED")
+        return
+    await _fail(call, context, exc)
+
+
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
     def __init__(
         self,
@@ -146,7 +168,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.opener = opener
         self.config = config
         self.reservations = ReservationBook()
-        self.pipeline = Pipeline(registry, config.tensor_limits, self._run)
+        self.frame_memory = MemoryBudget(config.memory.max_memory)
+        self.pipeline = Pipeline(registry, config.tensor_limits, self.frame_memory, self._run)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -309,6 +332,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 eval_mem=request.eval_mem,
                 core_mask=request.core_mask,
                 fallback_prior_device=fallback,
+                max_memory_bytes=self.config.memory.max_session_memory,
             )
             owner = client_identity()
             self.registry.reserve(owner)
@@ -343,11 +367,13 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         header = first.header
         session = self.registry.get(header.session_id, client_identity())
         call.session = session.id
-        frame = IncomingFrame.start(header, session, self.config.tensor_limits)
-        async for message in request_iterator:
-            if message.WhichOneof("part") != "chunk":
-                raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
-            call.bytes_in += frame.add(message.chunk)
+        frame = IncomingFrame.start(header, session, self.config.tensor_limits, self.frame_memory)
+        with frame.dropped_on_error():
+            async for message in request_iterator:
+                if message.WhichOneof("part") != "chunk":
+                    raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
+                call.bytes_in += frame.add(message.chunk)
+            frame.ensure_complete("the frame")
         return header, session, frame
 
     async def Inference(
@@ -370,7 +396,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 call.done("CANCELLED")
             raise
         except Exception as exc:
-            await _fail(call, context, exc)
+            await _fail_stream(call, context, exc)
         else:
             call.done("OK")
 
@@ -381,8 +407,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             header = request.header
             session = self.registry.get(header.session_id, client_identity())
             call.session = session.id
-            frame = IncomingFrame.start(header, session, self.config.tensor_limits)
-            call.bytes_in = frame.add_whole(request.inputs)
+            frame = IncomingFrame.start(header, session, self.config.tensor_limits, self.frame_memory)
+            with frame.dropped_on_error():
+                call.bytes_in = frame.add_whole(request.inputs)
             outputs, run_us = await self._run(session, frame.inputs(), frame.formats())
             metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
             call.bytes_out = sum(a.nbytes for a in wire)
@@ -451,7 +478,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 call.done("CANCELLED")
             raise
         except Exception as exc:
-            await _fail(call, context, exc)
+            await _fail_stream(call, context, exc)
         else:
             call.done("OK")
 
@@ -505,7 +532,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         except Exception as exc:
             if call is not None:
                 _account(call, traffic)
-            await _fail(call, context, exc)
+            await _fail_stream(call, context, exc)
         else:
             _account(call, traffic)
             call.done("OK")

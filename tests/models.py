@@ -103,6 +103,36 @@ def big_identity(path: Path, elements: int) -> Path:
     return save_graph(graph, path)
 
 
+def constant_of_shape_bomb(path: Path, elements: int) -> Path:
+    """A model of a few hundred bytes whose constant folding makes `elements` float32 values at load:
+    y = ConstantOfShape([elements]) + x."""
+    shape = numpy_helper.from_array(np.array([elements], np.int64), "shape")
+    one = numpy_helper.from_array(np.array([1.0], np.float32))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["shape"], value=shape),
+            helper.make_node("ConstantOfShape", ["shape"], ["big"], value=one),
+            helper.make_node("Add", ["big", "x"], ["y"]),
+        ],
+        "constant_of_shape_bomb",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])],
+    )
+    return save_graph(graph, path)
+
+
+def shape_input_bomb(path: Path) -> Path:
+    """y = ConstantOfShape(shape): the caller's int64 input decides how much a run allocates."""
+    one = numpy_helper.from_array(np.array([1.0], np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["y"], value=one)],
+        "shape_input_bomb",
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+    )
+    return save_graph(graph, path)
+
+
 def external_data_model(folder: Path) -> Path:
     """A model whose weight lives in a separate file (ONNX external data)."""
     rng = np.random.default_rng(3)

@@ -36,6 +36,10 @@ class ExecutionError(BackendError):
     """The runtime failed while running a valid request."""
 
 
+class OverBudget(BackendError):
+    """A model or run that needs more memory than its session's budget."""
+
+
 class WorkerLost(ExecutionError):
     """The process running a session's model was killed (call deadline) or died: the session is broken."""
 
@@ -89,6 +93,8 @@ class RuntimeOptions:
     eval_mem: bool = False
     core_mask: int = 0
     fallback_prior_device: str = "cpu"
+    # The session's memory budget (--max-session-memory; 0: none): what its model may materialize.
+    max_memory_bytes: int = 0
 
 
 @dataclass(frozen=True)

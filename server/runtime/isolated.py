@@ -7,8 +7,10 @@ from a picklable factory, opens the model, then serves calls over a pipe one at 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
+import resource
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from rknn_server.runtime.base import (
     LayerTensor,
     MemoryResult,
     ModelRuntime,
+    OverBudget,
     PerfResult,
     RuntimeOptions,
     VersionInfo,
@@ -37,13 +40,45 @@ _CLOSE_GRACE_S = 5.0
 _OPEN_TIMEOUT_S = 120.0
 
 
+# glibc's mallopt parameter for the number of malloc arenas: each reserves 64 MiB of address space.
+_M_ARENA_MAX = -8
+# What an allocation that hit the address-space limit says (numpy: MemoryError; ONNX Runtime: these).
+_ALLOCATION_FAILURES = ("bad_alloc", "allocate memory", "Cannot allocate")
+
+
+def _address_space() -> int:
+    """Bytes of address space this process maps now (VmSize)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _limit_memory(budget: int) -> None:
+    """Cap the worker's address space at what it maps now (Python, the runtime's libraries) plus the
+    session's budget, so a model or run that would need more fails in the worker, not the machine.
+    Few malloc arenas: each thread's reserved-but-unused arena would count against the cap."""
+    if budget <= 0:
+        return
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(_M_ARENA_MAX, 2)
+    cap = _address_space() + budget
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
 def _serve(
     conn: multiprocessing.connection.Connection, factory: BackendFactory, path: Path, options: RuntimeOptions
 ) -> None:
+    def portable(exc: BaseException) -> BackendError:
+        return _portable(exc, options.max_memory_bytes)
+
     try:
-        model = factory().open(path, options)
+        backend = factory()
+        _limit_memory(options.max_memory_bytes)
+        model = backend.open(path, options)
     except BaseException as exc:
-        conn.send(("err", _portable(exc)))
+        conn.send(("err", portable(exc)))
         return
     conn.send(("ok", (list(model.inputs), list(model.outputs))))
     while True:
@@ -63,11 +98,17 @@ def _serve(
             else:
                 conn.send(("ok", getattr(model, method)(*args)))
         except BaseException as exc:
-            conn.send(("err", _portable(exc)))
+            conn.send(("err", portable(exc)))
 
 
-def _portable(exc: BaseException) -> BackendError:
-    """Exceptions cross the pipe as backend errors with the original text."""
+def _portable(exc: BaseException, budget: int) -> BackendError:
+    """Exceptions cross the pipe as backend errors with the original text; an allocation that failed
+    under the memory cap is the session's budget, said in the client's terms."""
+    if budget and (isinstance(exc, MemoryError) or any(s in str(exc) for s in _ALLOCATION_FAILURES)):
+        return OverBudget(
+            f"the model needs more memory than the session budget max_session_memory={budget} "
+            "(--max-session-memory) allows"
+        )
     if isinstance(exc, BackendError):
         return exc
     return ExecutionError(f"{type(exc).__name__}: {exc}")

@@ -84,6 +84,21 @@ def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInf
     return peak
 
 
+def materialized_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> int:
+    """A lower bound of what loading and running the model allocates: its weights, plus the larger
+    of the tensors constant folding computes at load (a ConstantOfShape of a constant shape is one:
+    a few bytes of model, any size in memory) and the peak of live intermediates."""
+    constant = {i.name for i in model.graph.initializer}
+    folded = 0
+    for node in model.graph.node:
+        if all(not name or name in constant for name in node.input):
+            for name in node.output:
+                constant.add(name)
+                info = tensors.get(name)
+                folded += info.nbytes if info else 0
+    return initializer_bytes(model) + max(folded, peak_intermediate_bytes(model, tensors))
+
+
 @dataclass(frozen=True)
 class DumpTensor:
     """One tensor a per-layer dump delivers: which node wrote it (graph inputs: `InputOperator`)."""

@@ -4,6 +4,9 @@ mid-stream, and the toolkit's async_mode."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -64,10 +67,62 @@ def test_cancelled_stream_leaves_the_session_usable(make_daemon: DaemonFactory, 
         # Nothing of the cancelled stream leaks into the next one: all frames, in order.
         assert_same(list(session.map([x] for x in images)), want)
         assert_same([session.run([images[0]])], want[:1])
+    # The cancelled stream may be logged after the next one: it ends when its cancellation lands.
+    assert sorted(_pipeline_outcomes(daemon)) == ["CANCELLED", "OK"]
+
+
+def _half_frame(session, image: np.ndarray) -> list[rknn_pb2.InferenceRequest]:
+    """The header of a frame and the first half of its input's bytes."""
+    header, *chunks = session.frame_requests([image], frame_id=1)
+    data = b"".join(m.chunk.data for m in chunks)
+    return [header, rknn_pb2.InferenceRequest(chunk=rknn_pb2.TensorChunk(data=data[: len(data) // 2]))]
+
+
+def _pipeline_outcomes(daemon: DaemonProcess) -> list[str]:
     daemon.stop()
     events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
-    outcomes = [e["outcome"] for e in events if e.get("method") == "InferencePipeline"]
-    assert outcomes == ["CANCELLED", "OK"]
+    return [e["outcome"] for e in events if e.get("method") == "InferencePipeline"]
+
+
+def test_cancel_inside_a_frame_is_logged_as_cancelled(make_daemon: DaemonFactory, camera_model, images):
+    """The client cancels while the daemon holds half a frame: gRPC may end the request stream before
+    the cancellation reaches the handler, which must not read as the client's truncated frame."""
+    daemon = make_daemon()
+    with connect(daemon.url) as device, device.load(camera_model) as session:
+        messages = _half_frame(session, images[0])
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = rknn_pb2_grpc.RknnServerStub(channel)
+            for _ in range(20):
+                sent = threading.Event()
+                release = threading.Event()
+
+                def requests(
+                    sent: threading.Event, release: threading.Event
+                ) -> Iterator[rknn_pb2.InferenceRequest]:
+                    yield from messages
+                    sent.set()
+                    release.wait(30)
+
+                call = stub.InferencePipeline(requests(sent, release), timeout=60)
+                assert sent.wait(30)
+                time.sleep(0.05)  # let the half frame reach the daemon (not needed for the outcome)
+                call.cancel()
+                release.set()
+                assert call.code() == grpc.StatusCode.CANCELLED
+        assert_same([session.run([images[0]])], [session.run([images[0]])])
+    outcomes = _pipeline_outcomes(daemon)
+    assert outcomes and set(outcomes) == {"CANCELLED"}, outcomes
+
+
+def test_stream_ended_inside_a_frame_is_the_clients_error(host_daemon, camera_model, images):
+    with connect(host_daemon.url) as device, device.load(camera_model) as session:
+        messages = _half_frame(session, images[0])
+        with grpc.insecure_channel(host_daemon.address) as channel:
+            stub = rknn_pb2_grpc.RknnServerStub(channel)
+            with pytest.raises(grpc.RpcError) as failure:
+                list(stub.InferencePipeline(iter(messages), timeout=60))
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the stream ended inside frame 1 (input 0: 6144 of 12288 bytes)" in failure.value.details()
 
 
 def test_bad_frame_mid_stream_answers_earlier_frames_then_fails(host_daemon, camera_model, images):

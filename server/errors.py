@@ -99,11 +99,12 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
             f"the board's disk is full ({exc.strerror}); free space or lower the model cache quota"
         )
     if isinstance(exc, BackendError):
-        # A runtime's own text can quote server paths (ONNX Runtime names the files it loads).
         code = next(
             (c for kind, c in _BACKEND_CODES.items() if isinstance(exc, kind)), grpc.StatusCode.INTERNAL
         )
-        return code, without_paths(str(exc))
+        # A runtime's failure can quote a library's own text with server paths in it; the messages of
+        # the other kinds are composed by the runtimes about the client's input, and may quote it.
+        return code, without_paths(str(exc)) if code == grpc.StatusCode.INTERNAL else str(exc)
     return grpc.StatusCode.INTERNAL, _internal(exc)
 
 

@@ -1,0 +1,79 @@
+"""The HTML report of a real fan-out, opened offline in a real headless Chromium: the headline chart
+renders (as SVG, from the plotly.js inlined in the page) and is on the first screen."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from demo.daemon_process import DaemonProcess
+from rknn_client.farm import Farm
+from rknn_client.farm.report import OK_COLOR, write_html
+from rknn_client.farm.runner import Timing, run_fanout
+from tests.farm.conftest import write_farm_file
+
+SCREEN = (1280, 800)
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("no headless Chromium: `make install` installs the distribution's chromium when run as root")
+
+
+def browse(browser: str, page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Chromium, headless, offline (no network is reachable from the page: it must be self-contained)."""
+    return subprocess.run(
+        [
+            browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+            f"--user-data-dir={profile}", f"--window-size={SCREEN[0]},{SCREEN[1]}",
+            "--virtual-time-budget=15000", "--proxy-server=127.0.0.1:9", *args, page.as_uri(),
+        ],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def test_the_report_renders_its_headline_chart_on_the_first_screen(
+    boards: list[DaemonProcess], cnn_model: Path, tmp_path: Path
+) -> None:
+    browser = chromium()
+    with socket.socket() as s:  # a board nobody listens for: the report shows it failed
+        s.bind(("127.0.0.1", 0))
+        closed = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    farm_file = write_farm_file(tmp_path / "farm.toml", boards)
+    with farm_file.open("a") as out:
+        out.write(f'[[device]]\nname = "unplugged"\naddress = "{closed}"\n')
+    image = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    report = run_fanout(Farm.from_file(farm_file), cnn_model, [image], timing=Timing(warmup=1, runs=5))
+    page = tmp_path / "report.html"
+    write_html(report, page)
+
+    dom = browse(browser, page, tmp_path / "profile", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    headline = dom.stdout[dom.stdout.index('id="latency-chart"') : dom.stdout.index('id="top-layers-chart"')]
+    assert 'class="main-svg"' in headline  # plotly.js ran and drew the chart
+    assert headline.count('class="errorbar"') == 3  # a min-max whisker per board that ran
+    assert "FAILED (reserve)" in headline  # the unplugged board is named on the chart
+    for chart in ("top-layers-chart", "layer-comparison-chart"):
+        drawn = dom.stdout[dom.stdout.index(f'id="{chart}"') :]
+        assert 'class="main-svg"' in drawn[:20000], chart
+
+    shot = tmp_path / "screen.png"
+    taken = browse(browser, page, tmp_path / "profile", f"--screenshot={shot}")
+    assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.int16)
+    assert pixels.shape[:2] == (SCREEN[1], SCREEN[0])
+    top = pixels[: SCREEN[1] // 2]
+    assert (top.min(axis=2) < 200).sum() > 0.05 * top.shape[0] * top.shape[1]  # not a blank page
+    # The headline's bars (their colour) are on the first screen, not below it.
+    bar = np.array([int(OK_COLOR[i : i + 2], 16) for i in (1, 3, 5)])
+    bar_rows = np.nonzero((np.abs(pixels - bar).max(axis=2) < 12).sum(axis=1) > 20)[0]
+    assert bar_rows.size > 50, "no bar of the latency chart on the first screen"

@@ -1,6 +1,7 @@
 """`rknn-client farm ...`: list a farm's devices, fan a model out over them.
 
 rknn-client farm devices --farm farm.toml [--devices ADDR ...] [--json]
+rknn-client farm check farm.toml [--devices ADDR ...] [--json]
 rknn-client farm run MODEL --input a.npy (--farm farm.toml | --devices ADDR[,ADDR]) [--soc rk3588]
     [--label rack=r1] [--reference host|device:NAME] [--runs N] [--warmup N]
     [--json report.json] [--html report.html]
@@ -8,7 +9,8 @@ rknn-client farm run MODEL --input a.npy (--farm farm.toml | --devices ADDR[,ADD
 `farm run` exits 0 when every device ran and agreed with the reference, 3 when any failed or
 disagreed (the report says which), 1 on a usage or farm-file error, 130 when interrupted: the
 first Ctrl-C cancels the running devices, releases every reservation and writes the partial
-report; a second one exits at once.
+report; a second one exits at once. `farm check` exits 0 when the inventory is valid and every
+device answers, 1 otherwise (each problem on stderr).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rknn_client.farm.check import check, normalized_toml, result_dict, status_table
 from rknn_client.farm.inventory import FarmConfigError
 from rknn_client.farm.pool import Farm
 from rknn_client.farm.probe import DeviceStatus
@@ -116,6 +119,24 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    addresses = _addresses(args.devices)
+    if not args.farm_file and not addresses:
+        raise FarmConfigError("nothing to check: give farm.toml and/or --devices tcp://HOST:PORT,...")
+    result = check(args.farm_file, addresses)
+    if args.json:
+        print(json.dumps(result_dict(result), indent=2))
+    else:  # stdout stays valid TOML (`farm check farm.toml > normalized.toml`); the rest on stderr
+        print(normalized_toml(result.entries), end="")
+        print(status_table(result.statuses), end="", file=sys.stderr)
+    for problem in result.problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    count = len(result.problems)
+    verdict = f"{count} problem(s)" if count else f"ok: {len(result.entries)} device(s), all reachable"
+    print(verdict, file=sys.stderr)
+    return 1 if count else 0
+
+
 def _entry_dict(status: DeviceStatus) -> dict[str, object]:
     """An entry without its credentials."""
     e = status.entry
@@ -193,7 +214,7 @@ def _count(text: str) -> int:
 
 
 def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `farm devices` and `farm run` on rknn-client's subcommands. Each sets
+    """Register `farm devices`, `farm check` and `farm run` on rknn-client's subcommands. Each sets
     `standalone` (it needs no single connected device)."""
     farm = subparsers.add_parser("farm", help="test farms: list devices, fan a model out over many boards")
     sub = farm.add_subparsers(dest="farm_command", required=True)
@@ -201,6 +222,13 @@ def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     add_source_options(devices)
     devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
     devices.set_defaults(standalone=cmd_devices)
+    checker = sub.add_parser(
+        "check", help="validate a farm.toml (printed normalized) and reach each device (health and GetInfo)"
+    )
+    checker.add_argument("farm_file", type=Path, nargs="?", help="farm.toml to check")
+    checker.add_argument("--devices", action="append", metavar="ADDR[,ADDR]", help="more devices to check")
+    checker.add_argument("--json", action="store_true", help="print the result as JSON")
+    checker.set_defaults(standalone=cmd_check)
     run = sub.add_parser("run", help="run, time and compare one model on every matching device in parallel")
     add_source_options(run)
     run.add_argument("model", help="model file the devices load (.rknn on boards, .onnx on the host runtime)")

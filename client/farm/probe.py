@@ -52,7 +52,8 @@ class DeviceStatus:
     entry: DeviceEntry
     healthy: bool
     error: str = ""
-    soc: str = ""
+    soc: str = ""  # the entry's soc label, else what the daemon reports
+    reported_soc: str = ""  # what the daemon reports
     board: str = ""
     daemon_version: str = ""
     protocol_version: int = 0
@@ -99,6 +100,7 @@ def probe(entry: DeviceEntry, timeout_s: float = 3.0) -> DeviceStatus:
         entry,
         healthy=True,
         soc=entry.soc(reply.soc),
+        reported_soc=reply.soc,
         board=reply.board,
         daemon_version=reply.daemon_version,
         protocol_version=reply.protocol_version,

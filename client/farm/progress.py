@@ -24,6 +24,8 @@ class FanoutProgress:
         self.terminal = stream.isatty() if terminal is None else terminal
         # Each stage is one step, "time" once per timed run.
         self.total = len(STAGES) - 1 + timing.runs
+        self.runs = timing.runs
+        self._timed: dict[str, int] = {}
         self._lock = threading.Lock()
         self._bars: dict[str, Any] = {}
         if self.terminal:
@@ -44,6 +46,9 @@ class FanoutProgress:
         bar = self._bars.get(name)
         if bar is None:
             with self._lock:
+                if stage == "time":
+                    self._timed[name] = self._timed.get(name, 0) + 1
+                    stage = f"time {self._timed[name]}/{self.runs}"
                 print(f"{name}: {stage}", file=self.stream, flush=True)
             return
         if stage == "done":

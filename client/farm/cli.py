@@ -171,14 +171,14 @@ def interrupt_cancels(farm: Farm) -> Iterator[None]:
 def cmd_run(args: argparse.Namespace) -> int:
     farm = farm_from_args(args)
     inputs = [np.load(p) for p in args.input]
-    entries = entries_matching(farm, args.soc, dict(args.label or []))
-    if not entries:
-        raise FarmConfigError(
-            f"no device of the farm matches soc={args.soc or 'any'} labels={dict(args.label or [])}"
-        )
     timing = Timing(warmup=args.warmup, runs=args.runs)
     with interrupt_cancels(farm):
-        progress = FanoutProgress([e.name for e in entries], timing, sys.stderr)
+        entries = entries_matching(farm, args.soc, dict(args.label or []))
+        if not entries:
+            raise FarmConfigError(
+                f"no device of the farm matches soc={args.soc or 'any'} labels={dict(args.label or [])}"
+            )
+        progress = None if args.quiet else FanoutProgress([e.name for e in entries], timing, sys.stderr)
         try:
             report = run_fanout(
                 farm,
@@ -190,11 +190,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 threshold=args.threshold,
                 reserve_timeout_s=args.reserve_timeout,
-                observer=(lambda name, stage: None) if args.quiet else progress,
+                observer=progress or (lambda name, stage: None),
                 timing=timing,
             )
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
         print(table_text(report), end="")
         if args.json:
             write_json(report, args.json)

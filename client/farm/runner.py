@@ -249,6 +249,8 @@ def run_fanout(
             _compare(outcome.result, golden_outputs, golden_outputs, threshold)
     elif reference == HOST_REFERENCE:
         try:
+            if farm.cancelled:
+                raise Cancelled("cancelled before the reference ran")
             reference_text, golden_outputs, reference_layers = host_reference(
                 reference_model or model, inputs
             )

@@ -225,7 +225,12 @@ class Farm:
     ) -> Lease:
         """Reserve a healthy device with this SoC and labels (or this name), waiting up to `timeout`
         for one that answers but is reserved; NoReachableDevice at once when none answers."""
-        wanted = f"soc={soc or 'any'} labels={dict(labels or {})}" + (f" name={name}" if name else "")
+        wanted = (
+            " ".join(
+                f"{k}={v}" for k, v in (("name", name), ("soc", soc), ("labels", dict(labels or {}))) if v
+            )
+            or "soc=any"
+        )
         candidates = self.select(labels, name)
         if not candidates:
             raise NoMatchingDevice(f"no device of the farm matches {wanted} (devices: {self._names()})")

@@ -20,6 +20,27 @@ from tests.farm.conftest import write_farm_file
 
 SCREEN = (1280, 800)
 
+# Opens the report in a frame, clicks the devices table's "p50 ms" header twice and writes the row
+# order before, after one click and after two into #out.
+SORT_PROBE = """<!doctype html><html><body><pre id="out">pending</pre>
+<iframe id="report" src="report.html" width="1280" height="800"></iframe>
+<script>
+document.getElementById("report").addEventListener("load", function () {
+  var table = this.contentDocument.getElementById("devices");
+  var order = function () {
+    return Array.from(table.tBodies[0].rows).map(function (r) { return r.cells[0].textContent; }).join(",");
+  };
+  var header = Array.from(table.tHead.rows[0].cells).find(function (c) { return c.textContent === "p50 ms"; });
+  var seen = [order()];
+  header.click();
+  seen.push(order());
+  header.click();
+  seen.push(order());
+  document.getElementById("out").textContent = seen.join("|");
+});
+</script></body></html>
+"""
+
 
 def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
@@ -65,6 +86,21 @@ def test_the_report_renders_its_headline_chart_on_the_first_screen(
     for chart in ("top-layers-chart", "layer-comparison-chart"):
         drawn = dom.stdout[dom.stdout.index(f'id="{chart}"') :]
         assert 'class="main-svg"' in drawn[:20000], chart
+
+    # Sorting: a click on a header sorts by that column, a second reverses; the failed board stays last.
+    (tmp_path / "sort.html").write_text(SORT_PROBE)
+    probe = browse(
+        browser, tmp_path / "sort.html", tmp_path / "profile", "--allow-file-access-from-files", "--dump-dom"
+    )
+    seen = probe.stdout.split('<pre id="out">', 1)[1].split("</pre>", 1)[0].split("|")
+    shown = {d.name: round(d.latency.p50_us / 1000, 3) for d in report.devices if d.latency}  # as the cells
+    ascending = sorted(shown, key=lambda name: shown[name])  # stable, as the page's sort: ties keep order
+    descending = sorted(shown, key=lambda name: -shown[name])
+    assert seen == [
+        "b0,b1,b2,unplugged",
+        ",".join([*ascending, "unplugged"]),
+        ",".join([*descending, "unplugged"]),
+    ], probe.stderr[-2000:]
 
     shot = tmp_path / "screen.png"
     taken = browse(browser, page, tmp_path / "profile", f"--screenshot={shot}")

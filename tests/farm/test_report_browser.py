@@ -19,6 +19,7 @@ from rknn_client.farm.runner import Timing, run_fanout
 from tests.farm.conftest import write_farm_file
 
 SCREEN = (1280, 800)
+PLOT_BACKGROUND = (229, 236, 246)  # Plotly's default template: #E5ECF6
 
 # Opens the report in a frame, clicks the devices table's "p50 ms" header twice and writes the row
 # order before, after one click and after two into #out.
@@ -109,7 +110,15 @@ def test_the_report_renders_its_headline_chart_on_the_first_screen(
     assert pixels.shape[:2] == (SCREEN[1], SCREEN[0])
     top = pixels[: SCREEN[1] // 2]
     assert (top.min(axis=2) < 200).sum() > 0.05 * top.shape[0] * top.shape[1]  # not a blank page
-    # The headline's bars (their colour) are on the first screen, not below it.
-    bar = np.array([int(OK_COLOR[i : i + 2], 16) for i in (1, 3, 5)])
-    bar_rows = np.nonzero((np.abs(pixels - bar).max(axis=2) < 12).sum(axis=1) > 20)[0]
-    assert bar_rows.size > 50, "no bar of the latency chart on the first screen"
+
+    # The headline chart is on the first screen, not below it: its plot area (Plotly's background
+    # colour) spans most of the width, with bars (their colour) in it. A bar's height depends on the
+    # measured spread (the axis reaches the slowest run), so any visible bar will do.
+    def rows_of(colour: tuple[int, int, int], wide: int) -> np.ndarray:
+        close = np.abs(pixels - np.array(colour)).max(axis=2) < 12
+        return np.nonzero(close.sum(axis=1) > wide)[0]
+
+    plot_area = rows_of(PLOT_BACKGROUND, SCREEN[0] // 3)
+    assert plot_area.size > 150, "the latency chart's plot area is not on the first screen"
+    bar_colour = (int(OK_COLOR[1:3], 16), int(OK_COLOR[3:5], 16), int(OK_COLOR[5:7], 16))
+    assert rows_of(bar_colour, 20).size > 0, "no bar of the latency chart on the first screen"

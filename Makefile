@@ -19,8 +19,8 @@ $(DEV_STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@touch $(DEV_STAMP)
 
-# System tools some tests use (the armhf ABI check, systemd unit checks): installed when running as
-# root, else those tests skip and say why.
+# System tools some tests use (the armhf ABI check, systemd unit checks, the farm report in a headless
+# browser): installed when running as root, else those tests skip and say why.
 APT_INSTALL := apt-get update -qq && apt-get install -y -qq --no-install-recommends
 
 install: $(DEV_STAMP)
@@ -30,6 +30,9 @@ install: $(DEV_STAMP)
 		|| echo "gcc-arm-linux-gnueabihf could not be installed; the armhf ABI test will skip"
 	@command -v systemd-analyze >/dev/null || [ "$$(id -u)" != 0 ] || ($(APT_INSTALL) systemd) \
 		|| echo "systemd could not be installed; the unit checks will skip"
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] \
+		|| (echo "installing chromium with apt-get (the farm report's headless-browser test)" && $(APT_INSTALL) chromium) \
+		|| echo "chromium could not be installed; the farm report's browser test will skip"
 
 demo: $(DEMO_STAMP)
 	$(PY) -m demo.run_demo

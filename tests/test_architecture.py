@@ -14,7 +14,7 @@ else:  # pragma: no cover - the suite runs on 3.11, boards may not
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-PC_ONLY = {"adbutils", "onnxruntime", "onnx", "matplotlib", "pillow", "tqdm", "tomli"}
+PC_ONLY = {"adbutils", "onnxruntime", "onnx", "jinja2", "plotly", "pillow", "tqdm", "tomli"}
 
 
 def imported_modules(folder: Path) -> dict[Path, set[str]]:

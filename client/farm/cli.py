@@ -1,30 +1,43 @@
 """`rknn-client farm ...`: list a farm's devices, fan a model out over them.
 
 rknn-client farm devices --farm farm.toml [--devices ADDR ...] [--json]
+rknn-client farm check farm.toml [--devices ADDR ...] [--json]
 rknn-client farm run MODEL --input a.npy (--farm farm.toml | --devices ADDR[,ADDR]) [--soc rk3588]
-    [--label rack=r1] [--reference host|device:NAME] [--json report.json] [--html report.html]
+    [--label rack=r1] [--reference host|device:NAME] [--runs N] [--warmup N]
+    [--json report.json] [--html report.html]
 
 `farm run` exits 0 when every device ran and agreed with the reference, 3 when any failed or
-disagreed (the report says which), 1 on a usage or farm-file error.
+disagreed (the report says which), 1 on a usage or farm-file error, 130 when interrupted: the
+first Ctrl-C cancels the running devices, releases every reservation and writes the partial
+report; a second one exits at once. `farm check` exits 0 when the inventory is valid and every
+device answers, 1 otherwise (each problem on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from rknn_client.farm.check import check, normalized_toml, result_dict, status_table
 from rknn_client.farm.inventory import FarmConfigError
 from rknn_client.farm.pool import Farm
 from rknn_client.farm.probe import DeviceStatus
+from rknn_client.farm.progress import FanoutProgress
 from rknn_client.farm.report import table_text, write_html, write_json
-from rknn_client.farm.runner import entries_matching, run_fanout
+from rknn_client.farm.runner import Timing, entries_matching, run_fanout
 
 EXIT_DEVICES_FAILED = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _addresses(values: list[str] | None) -> list[str]:
@@ -106,48 +119,103 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    addresses = _addresses(args.devices)
+    if not args.farm_file and not addresses:
+        raise FarmConfigError("nothing to check: give farm.toml and/or --devices tcp://HOST:PORT,...")
+    result = check(args.farm_file, addresses)
+    if args.json:
+        print(json.dumps(result_dict(result), indent=2))
+    else:  # stdout stays valid TOML (`farm check farm.toml > normalized.toml`); the rest on stderr
+        print(normalized_toml(result.entries), end="")
+        print(status_table(result.statuses), end="", file=sys.stderr)
+    for problem in result.problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    count = len(result.problems)
+    verdict = f"{count} problem(s)" if count else f"ok: {len(result.entries)} device(s), all reachable"
+    print(verdict, file=sys.stderr)
+    return 1 if count else 0
+
+
 def _entry_dict(status: DeviceStatus) -> dict[str, object]:
     """An entry without its credentials."""
     e = status.entry
     return {"name": e.name, "address": e.address, "labels": dict(e.labels), "auth": e.auth is not None}
 
 
+@contextlib.contextmanager
+def interrupt_cancels(farm: Farm) -> Iterator[None]:
+    """While inside: the first SIGINT cancels the farm (in a thread of its own: a signal handler must
+    not block on the network), the second ends the process at once, without a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def second(signum: int, frame: object) -> None:
+        os._exit(EXIT_INTERRUPTED)
+
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, second)
+        print(
+            "\ninterrupted: cancelling the running devices and releasing every reservation", file=sys.stderr
+        )
+        threading.Thread(target=farm.cancel, name="farm-cancel").start()
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     farm = farm_from_args(args)
     inputs = [np.load(p) for p in args.input]
-    entries = entries_matching(farm, args.soc, dict(args.label or []))
-    if not entries:
-        raise FarmConfigError(
-            f"no device of the farm matches soc={args.soc or 'any'} labels={dict(args.label or [])}"
-        )
-
-    def observe(name: str, stage: str) -> None:
-        if not args.quiet:
-            print(f"{name}: {stage}", file=sys.stderr)
-
-    report = run_fanout(
-        farm,
-        Path(args.model),
-        inputs,
-        entries=entries,
-        reference=args.reference,
-        reference_model=args.reference_model,
-        concurrency=args.concurrency,
-        threshold=args.threshold,
-        reserve_timeout_s=args.reserve_timeout,
-        observer=observe,
-    )
-    print(table_text(report), end="")
-    if args.json:
-        write_json(report, args.json)
-    if args.html:
-        write_html(report, args.html)
+    timing = Timing(warmup=args.warmup, runs=args.runs)
+    with interrupt_cancels(farm):
+        entries = entries_matching(farm, args.soc, dict(args.label or []))
+        if not entries:
+            raise FarmConfigError(
+                f"no device of the farm matches soc={args.soc or 'any'} labels={dict(args.label or [])}"
+            )
+        progress = None if args.quiet else FanoutProgress([e.name for e in entries], timing, sys.stderr)
+        try:
+            report = run_fanout(
+                farm,
+                Path(args.model),
+                inputs,
+                entries=entries,
+                reference=args.reference,
+                reference_model=args.reference_model,
+                concurrency=args.concurrency,
+                threshold=args.threshold,
+                reserve_timeout_s=args.reserve_timeout,
+                observer=progress or (lambda name, stage: None),
+                timing=timing,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        print(table_text(report), end="")
+        if args.json:
+            write_json(report, args.json)
+        if args.html:
+            write_html(report, args.html)
+    if report.cancelled:
+        return EXIT_INTERRUPTED
     good = all(r.ok and r.agrees is not False for r in report.devices)
     return 0 if good else EXIT_DEVICES_FAILED
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; expected a count >= 0")
+    return value
+
+
 def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `farm devices` and `farm run` on rknn-client's subcommands. Each sets
+    """Register `farm devices`, `farm check` and `farm run` on rknn-client's subcommands. Each sets
     `standalone` (it needs no single connected device)."""
     farm = subparsers.add_parser("farm", help="test farms: list devices, fan a model out over many boards")
     sub = farm.add_subparsers(dest="farm_command", required=True)
@@ -155,6 +223,13 @@ def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     add_source_options(devices)
     devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
     devices.set_defaults(standalone=cmd_devices)
+    checker = sub.add_parser(
+        "check", help="validate a farm.toml (printed normalized) and reach each device (health and GetInfo)"
+    )
+    checker.add_argument("farm_file", type=Path, nargs="?", help="farm.toml to check")
+    checker.add_argument("--devices", action="append", metavar="ADDR[,ADDR]", help="more devices to check")
+    checker.add_argument("--json", action="store_true", help="print the result as JSON")
+    checker.set_defaults(standalone=cmd_check)
     run = sub.add_parser("run", help="run, time and compare one model on every matching device in parallel")
     add_source_options(run)
     run.add_argument("model", help="model file the devices load (.rknn on boards, .onnx on the host runtime)")
@@ -173,10 +248,22 @@ def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     run.add_argument("--reference-model", type=Path, help="model the host reference runs (default: MODEL)")
     run.add_argument("--concurrency", type=int, default=4, help="devices running at once")
     run.add_argument("--threshold", type=float, default=0.99, help="lowest cosine similarity that agrees")
+    run.add_argument("--warmup", type=_count, default=2, metavar="N", help="untimed runs before timing")
     run.add_argument(
-        "--reserve-timeout", type=float, default=300.0, metavar="S", help="wait S s for a busy device"
+        "--runs", type=_count, default=10, metavar="N", help="timed runs per device (the latency's spread)"
+    )
+    run.add_argument(
+        "--reserve-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="wait S s for a device reserved by someone else (an unreachable one fails at once)",
     )
     run.add_argument("--json", type=Path, help="write the JSON report here")
     run.add_argument("--html", type=Path, help="write the HTML report (with charts) here")
-    run.add_argument("--quiet", action="store_true", help="no per-device progress on stderr")
+    run.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no per-device progress on stderr (a bar per device on a terminal)",
+    )
     run.set_defaults(standalone=cmd_run)

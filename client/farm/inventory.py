@@ -29,6 +29,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rknn_client.farm.auth import DeviceAuth
+from rknn_client.transport.base import TransportError
+from rknn_client.transport.tcp import tcp_endpoint
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -91,7 +93,11 @@ def parse_address(
     """The device(s) one address stands for."""
     text = address.strip()
     if text.startswith("tcp://"):
-        return [DeviceEntry(name=name or text.removeprefix("tcp://"), address=text)]
+        try:
+            normalized = tcp_endpoint(text).description
+        except TransportError as exc:
+            raise FarmConfigError(str(exc)) from None
+        return [DeviceEntry(name=name or text.removeprefix("tcp://"), address=normalized)]
     if text.startswith("dns://"):
         return _dns_entries(name or text.removeprefix("dns://"), text, resolver)
     if text.startswith("adb:"):
@@ -126,51 +132,101 @@ def _auth(raw: Any, where: str, base: Path) -> DeviceAuth | None:
     return DeviceAuth(token_file=path if path.is_absolute() else base / path)
 
 
-def load_farm_file(path: Path | str, resolver: Callable[..., Any] = socket.getaddrinfo) -> list[DeviceEntry]:
-    """The devices a farm.toml describes; relative token files are relative to the file."""
+def read_farm_file(
+    path: Path | str, resolver: Callable[..., Any] = socket.getaddrinfo
+) -> tuple[list[DeviceEntry], list[str]]:
+    """The devices a farm.toml describes, and every problem found in it (one message each, naming
+    the file, the entry and what to fix): the devices with no problem are still returned."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
-        raise FarmConfigError(f"cannot read the farm file {path}: {exc}") from exc
+        return [], [f"cannot read the farm file {path}: {exc}"]
     except tomllib.TOMLDecodeError as exc:
-        raise FarmConfigError(f"{path} is not valid TOML: {exc}") from exc
+        return [], [f"{path} is not valid TOML: {exc}"]
+    problems: list[str] = []
     unknown = set(data) - {"defaults", "device"}
     if unknown:
-        raise FarmConfigError(
-            f"{path}: unknown section(s) {sorted(unknown)}; expected [defaults] and [[device]]"
-        )
+        problems.append(f"{path}: unknown section(s) {sorted(unknown)}; expected [defaults] and [[device]]")
     defaults = data.get("defaults", {})
-    default_labels = _labels(defaults.get("labels"), f"{path} [defaults]")
-    default_auth = _auth(defaults.get("auth"), f"{path} [defaults]", path.parent)
+    default_labels: dict[str, str] = {}
+    default_auth = None
+    try:
+        default_labels = _labels(defaults.get("labels"), f"{path} [defaults]")
+        default_auth = _auth(defaults.get("auth"), f"{path} [defaults]", path.parent)
+    except FarmConfigError as exc:
+        problems.append(str(exc))
+    devices = data.get("device", [])
+    if not isinstance(devices, list):
+        return [], [*problems, f"{path}: devices are [[device]] tables (an array), not [device]"]
     entries: list[DeviceEntry] = []
-    for position, raw in enumerate(data.get("device", []), start=1):
-        where = f"{path} device #{position}"
-        if not isinstance(raw, dict) or "address" not in raw:
-            raise FarmConfigError(f"{where}: every [[device]] needs an address")
-        unknown = set(raw) - {"name", "address", "labels", "auth"}
-        if unknown:
-            raise FarmConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
-        labels = {**default_labels, **_labels(raw.get("labels"), where)}
-        auth = _auth(raw.get("auth"), where, path.parent) or default_auth
-        name = str(raw["name"]) if "name" in raw else None
-        entries += [
-            replace(e, labels=labels, auth=auth) for e in parse_address(str(raw["address"]), name, resolver)
-        ]
-    return unique_names(entries)
+    for position, raw in enumerate(devices, start=1):
+        try:
+            entries += _device(
+                raw, f"{path} device #{position}", path.parent, default_labels, default_auth, resolver
+            )
+        except FarmConfigError as exc:
+            problems.append(str(exc))
+    named = _first_of_each_name(entries, problems)
+    return named, problems
 
 
-def unique_names(entries: Iterable[DeviceEntry]) -> list[DeviceEntry]:
-    """Refuse two devices of one name: names are how reports and reservations tell boards apart."""
+def _device(
+    raw: Any,
+    where: str,
+    base: Path,
+    default_labels: Mapping[str, str],
+    default_auth: DeviceAuth | None,
+    resolver: Callable[..., Any],
+) -> list[DeviceEntry]:
+    if not isinstance(raw, dict) or "address" not in raw:
+        raise FarmConfigError(f"{where}: every [[device]] needs an address")
+    unknown = set(raw) - {"name", "address", "labels", "auth"}
+    if unknown:
+        raise FarmConfigError(
+            f"{where}: unknown key(s) {sorted(unknown)}; expected name, address, labels, auth"
+        )
+    labels = {**default_labels, **_labels(raw.get("labels"), where)}
+    auth = _auth(raw.get("auth"), where, base) or default_auth
+    name = str(raw["name"]) if "name" in raw else None
+    try:
+        found = parse_address(str(raw["address"]), name, resolver)
+    except FarmConfigError as exc:
+        raise FarmConfigError(f"{where}: {exc}") from None
+    return [replace(e, labels=labels, auth=auth) for e in found]
+
+
+def load_farm_file(path: Path | str, resolver: Callable[..., Any] = socket.getaddrinfo) -> list[DeviceEntry]:
+    """The devices a farm.toml describes; relative token files are relative to the file. Raises
+    FarmConfigError listing every problem, one per line."""
+    entries, problems = read_farm_file(path, resolver)
+    if problems:
+        raise FarmConfigError("\n".join(problems))
+    return entries
+
+
+def _first_of_each_name(entries: Iterable[DeviceEntry], problems: list[str]) -> list[DeviceEntry]:
+    """Names are how reports and reservations tell boards apart: a second device of a name is a
+    problem (and left out)."""
     seen: dict[str, DeviceEntry] = {}
     for entry in entries:
         if entry.name in seen:
-            raise FarmConfigError(
+            problems.append(
                 f"two devices are named {entry.name!r} ({seen[entry.name].address} and {entry.address}); "
                 "give each a distinct name"
             )
-        seen[entry.name] = entry
+        else:
+            seen[entry.name] = entry
     return list(seen.values())
+
+
+def unique_names(entries: Iterable[DeviceEntry]) -> list[DeviceEntry]:
+    """Refuse two devices of one name."""
+    problems: list[str] = []
+    named = _first_of_each_name(entries, problems)
+    if problems:
+        raise FarmConfigError("\n".join(problems))
+    return named
 
 
 def gather(farm_file: Path | str | None = None, addresses: Iterable[str] = ()) -> list[DeviceEntry]:

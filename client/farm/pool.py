@@ -2,9 +2,12 @@
 
 `Farm.acquire()` probes the matching devices, queues a Reserve call on every healthy one at once
 (the daemons serve their queues first come, first served) and takes the first device granted,
-withdrawing from the other queues. Unhealthy devices are skipped and probed again every
-`reprobe_s`. The Lease renews its reservation in the background; if this process dies the
-renewals stop and the daemon hands the device to the next waiter after the TTL.
+withdrawing from the other queues. Only a device that answers and is reserved by someone else is
+waited for: an unreachable one (refused, unresolvable, NOT_SERVING, a version mismatch) is skipped
+at once and probed again every `reprobe_s` while waiting for the others, and when no matching
+device is reachable acquire fails at once with each one's reason. The Lease renews its reservation
+in the background; if this process dies the renewals stop and the daemon hands the device to the
+next waiter after the TTL. `Farm.cancel()` (Ctrl-C) ends every acquire and releases every lease.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +46,15 @@ class NoMatchingDevice(RknnError):
 
 
 class AcquireTimeout(RknnError):
-    """Matching devices exist, but none became free (and healthy) in time."""
+    """Matching devices answer, but none became free in time."""
+
+
+class NoReachableDevice(RknnError):
+    """Matching devices exist, but none of them answers (the message gives each one's reason)."""
+
+
+class Cancelled(RknnError):
+    """The farm was cancelled (Ctrl-C): no new reservation is handed out."""
 
 
 def default_holder(tag: str = "") -> str:
@@ -60,7 +71,12 @@ class Lease:
     """An exclusive reservation of one device; `with lease as device:` releases it at the end."""
 
     def __init__(
-        self, entry: DeviceEntry, device: Device, reply: rknn_pb2.ReserveResponse, holder: str
+        self,
+        entry: DeviceEntry,
+        device: Device,
+        reply: rknn_pb2.ReserveResponse,
+        holder: str,
+        on_release: Callable[[Lease], None] = lambda _: None,
     ) -> None:
         self.entry = entry
         self.device = device
@@ -71,6 +87,8 @@ class Lease:
         # From now on every call of this device proves the reservation.
         device.metadata = (*device.metadata, (RESERVATION_METADATA_KEY, reply.token))
         self.lost = ""
+        self._on_release = on_release
+        self._release_lock = threading.Lock()
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name=f"renew-{entry.name}", daemon=True)
         self._renewer.start()
@@ -90,16 +108,19 @@ class Lease:
                 continue  # the daemon may answer again before the TTL runs out
 
     def release(self) -> None:
-        """Give the device back (idempotent); a reservation already lost is not an error."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
+        """Give the device back (idempotent, from any thread); a reservation already lost is not an
+        error. Closing the device also cancels the calls still running on it."""
+        with self._release_lock:
+            if self._stop.is_set():
+                return
+            self._stop.set()
         self._renewer.join()
         try:
             if not self.lost:
                 _release(self.device, self._token)
         finally:
             self.device.close()
+            self._on_release(self)
 
     def __enter__(self) -> Device:
         return self.device
@@ -135,6 +156,41 @@ class Farm:
         self.ttl_s = ttl_s
         self.probe_timeout_s = probe_timeout_s
         self.reprobe_s = reprobe_s
+        self._lock = threading.Lock()
+        self._leases: set[Lease] = set()
+        self._wakeups: set[queue.Queue[str]] = set()
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """End every acquire in progress (they raise Cancelled) and release every lease held."""
+        with self._lock:
+            self._cancelled.set()
+            leases = list(self._leases)
+            wakeups = list(self._wakeups)
+        for done in wakeups:
+            done.put("")
+        for lease in leases:
+            lease.release()
+
+    def _lease(
+        self, entry: DeviceEntry, device: Device, reply: rknn_pb2.ReserveResponse, holder: str
+    ) -> Lease:
+        """A Lease this farm tracks; one granted after cancel() is given back at once."""
+        lease = Lease(entry, device, reply, holder, on_release=self._forget)
+        with self._lock:
+            if not self._cancelled.is_set():
+                self._leases.add(lease)
+                return lease
+        lease.release()
+        raise Cancelled(f"cancelled: the reservation of {entry.name} was given back")
+
+    def _forget(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
 
     @classmethod
     def from_sources(
@@ -167,8 +223,14 @@ class Farm:
         name: str | None = None,
         holder: str | None = None,
     ) -> Lease:
-        """Reserve a healthy device with this SoC and labels (or this name), waiting up to `timeout`."""
-        wanted = f"soc={soc or 'any'} labels={dict(labels or {})}" + (f" name={name}" if name else "")
+        """Reserve a healthy device with this SoC and labels (or this name), waiting up to `timeout`
+        for one that answers but is reserved; NoReachableDevice at once when none answers."""
+        wanted = (
+            " ".join(
+                f"{k}={v}" for k, v in (("name", name), ("soc", soc), ("labels", dict(labels or {}))) if v
+            )
+            or "soc=any"
+        )
         candidates = self.select(labels, name)
         if not candidates:
             raise NoMatchingDevice(f"no device of the farm matches {wanted} (devices: {self._names()})")
@@ -178,15 +240,18 @@ class Farm:
         attempts: dict[str, _Attempt] = {}
         state: dict[str, str] = {}
         next_probe: dict[str, float] = {}
+        with self._lock:
+            self._wakeups.add(done)
         try:
             while True:
+                self._check_cancelled()
                 now = time.monotonic()
                 due = [e for e in candidates if e.name not in attempts and next_probe.get(e.name, 0.0) <= now]
                 ready: list[DeviceStatus] = []
                 for status in self.statuses(due):
                     entry = status.entry
                     if not status.healthy:
-                        state[entry.name] = f"unhealthy: {status.error}"
+                        state[entry.name] = f"unreachable: {status.error}"
                         next_probe[entry.name] = now + self.reprobe_s
                     elif soc and status.soc != soc.lower():
                         candidates.remove(entry)
@@ -203,12 +268,19 @@ class Farm:
                     try:
                         if not status.reserved_by and (lease := self._reserve_now(entry, who)):
                             return lease
+                        self._check_cancelled()
                         attempts[entry.name] = self._queue(entry, who, deadline, done)
+                    except Cancelled:
+                        raise
                     except (TransportError, RknnError) as exc:
                         state[entry.name] = f"unreachable: {exc}"
                         next_probe[entry.name] = now + self.reprobe_s
                 if not candidates:
                     raise NoMatchingDevice(f"no device of the farm matches {wanted}: {self._describe(state)}")
+                if not attempts:  # every candidate left was just found unreachable
+                    raise NoReachableDevice(
+                        f"no device matching {wanted} is reachable: {self._describe(state)}"
+                    )
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise AcquireTimeout(
@@ -220,6 +292,8 @@ class Farm:
                     )
                 except queue.Empty:
                     continue
+                if finished not in attempts:  # woken by cancel()
+                    continue
                 attempt = attempts.pop(finished)
                 try:
                     reply = attempt.future.result()
@@ -229,10 +303,16 @@ class Farm:
                     if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                         next_probe[finished] = time.monotonic() + self.reprobe_s
                     continue
-                return Lease(attempt.entry, attempt.device, reply, who)
+                return self._lease(attempt.entry, attempt.device, reply, who)
         finally:
+            with self._lock:
+                self._wakeups.discard(done)
             for attempt in attempts.values():
                 _withdraw(attempt)
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled.is_set():
+            raise Cancelled("cancelled before a device was reserved")
 
     def _reserve_now(self, entry: DeviceEntry, holder: str) -> Lease | None:
         """Reserve a device that looked free, without queueing; None when someone was faster."""
@@ -249,7 +329,7 @@ class Farm:
             if isinstance(exc, FailedPrecondition):
                 return None
             raise
-        return Lease(entry, device, reply, holder)
+        return self._lease(entry, device, reply, holder)
 
     def _queue(
         self, entry: DeviceEntry, holder: str, deadline: float | None, done: queue.Queue[str]
@@ -294,4 +374,12 @@ def _release(device: Device, token: str) -> None:
         )
 
 
-__all__ = ["AcquireTimeout", "Farm", "Lease", "NoMatchingDevice", "default_holder"]
+__all__ = [
+    "AcquireTimeout",
+    "Cancelled",
+    "Farm",
+    "Lease",
+    "NoMatchingDevice",
+    "NoReachableDevice",
+    "default_holder",
+]

@@ -10,7 +10,8 @@
 
 Every test that uses `rknn_device` (or `rknn_lease`) gets an exclusive reservation of a matching
 healthy board for its duration, so pytest-xdist workers each work on their own board. Without
---rknn-farm / --rknn-device those tests are skipped.
+--rknn-farm / --rknn-device those tests are skipped. When no matching board is reachable, the test
+fails at once with each board's reason (`--rknn-unreachable skip` skips it instead).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from rknn_client.api import Device
-from rknn_client.farm.pool import Farm, Lease, default_holder
+from rknn_client.farm.pool import Farm, Lease, NoReachableDevice, default_holder
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,6 +39,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--rknn-lease-timeout", type=float, default=600.0, metavar="S", help="wait S s for a free board"
+    )
+    group.addoption(
+        "--rknn-unreachable",
+        choices=("fail", "skip"),
+        default="fail",
+        help="what a test does when no matching board is reachable (default: fail, with the reasons)",
     )
     group.addoption(
         "--rknn-reservation-ttl",
@@ -91,12 +98,17 @@ def rknn_lease(
     """An exclusive reservation of a matching board for this test."""
     marker = request.node.get_closest_marker("rknn_labels")
     labels = {str(k): str(v) for k, v in marker.kwargs.items()} if marker else {}
-    lease = rknn_farm.acquire(
-        soc=rknn_soc,
-        labels=labels,
-        timeout=pytestconfig.getoption("rknn_lease_timeout"),
-        holder=f"{rknn_farm.holder} {request.node.nodeid}",
-    )
+    try:
+        lease = rknn_farm.acquire(
+            soc=rknn_soc,
+            labels=labels,
+            timeout=pytestconfig.getoption("rknn_lease_timeout"),
+            holder=f"{rknn_farm.holder} {request.node.nodeid}",
+        )
+    except NoReachableDevice as exc:
+        if pytestconfig.getoption("rknn_unreachable") == "skip":
+            pytest.skip(str(exc))
+        pytest.fail(str(exc), pytrace=False)
     request.node.user_properties.append(("rknn_device", lease.entry.name))
     try:
         yield lease

@@ -1,22 +1,25 @@
 """A fan-out's report three ways: a terminal table, JSON for machines, an HTML page with charts.
 
-The HTML page embeds its own data (a JSON script element with id "farm-data", the same document
-as the JSON report) and its charts as PNG data URLs drawn with matplotlib, so it is one file
-that can be archived as a CI artifact.
+The HTML page (a jinja2 template) embeds its own data (a JSON script element with id "farm-data",
+the same document as the JSON report), interactive Plotly charts and plotly.js itself, so it is
+one file that works offline as a CI artifact. Its headline (the verdict and the latency of each
+board with its spread) fits the first screen; the slowest layers per board, each board's layer
+times against the reference and the agreement of every output follow, in sortable tables.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
 import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rknn_client.farm.runner import DeviceResult, FanoutReport
+from rknn_client.farm.runner import DeviceResult, FanoutReport, LayerTime
+
+# How many of each board's slowest layers the report shows.
+TOP_LAYERS = 10
+OK_COLOR, DISAGREE_COLOR, FAILED_COLOR = "#3b7dd8", "#e8890c", "#b0b0b0"
 
 
 def report_dict(report: FanoutReport) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def write_json(report: FanoutReport, path: Path) -> None:
     path.write_text(json.dumps(report_dict(report), indent=2) + "\n")
 
 
-def _status(result: DeviceResult) -> str:
+def status(result: DeviceResult) -> str:
     if not result.ok:
         return f"FAILED ({result.failed_stage})"
     if result.agrees is None:
@@ -49,20 +52,33 @@ def _status(result: DeviceResult) -> str:
     return "ok" if result.agrees else "DISAGREES"
 
 
+def _ms(us: float) -> str:
+    return f"{us / 1000:.3f}"
+
+
 def _cells(result: DeviceResult) -> list[str]:
     low = result.min_cosine
+    lat = result.latency
     return [
         result.name + (" *" if result.is_reference else ""),
         result.soc or "?",
-        _status(result),
-        f"{result.latency_us / 1000:.3f}" if result.ok else "-",
-        f"{result.inference_us / 1000:.3f}" if result.ok else "-",
+        status(result),
+        *([_ms(lat.p50_us), _ms(lat.p90_us), _ms(lat.min_us), _ms(lat.max_us)] if lat else ["-"] * 4),
         f"{result.memory_bytes / (1 << 20):.2f}" if result.ok else "-",
         f"{low:.6f}" if low is not None else "-",
     ]
 
 
-HEADERS = ["device", "soc", "status", "latency ms", "run ms", "memory MiB", "min cosine"]
+HEADERS = ["device", "soc", "status", "p50 ms", "p90 ms", "min ms", "max ms", "memory MiB", "min cosine"]
+
+
+def summary(report: FanoutReport) -> str:
+    """The verdict in one line: how many boards ran, failed and disagreed."""
+    total = len(report.devices)
+    ok = sum(r.ok for r in report.devices)
+    disagree = sum(r.ok and r.agrees is False for r in report.devices)
+    text = f"{ok} of {total} device(s) ran, {total - ok} failed, {disagree} disagree with the reference"
+    return ("CANCELLED (Ctrl-C), partial report: " if report.cancelled else "") + text
 
 
 def table_text(report: FanoutReport) -> str:
@@ -72,126 +88,223 @@ def table_text(report: FanoutReport) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [
+        summary(report),
+        f"latency: the runtime's time per inference over {report.runs} timed run(s) after "
+        f"{report.warmup} warm-up run(s)",
         f"reference: {report.reference}"
-        + (" (* marks it)" if any(r.is_reference for r in report.devices) else "")
+        + (" (* marks it)" if any(r.is_reference for r in report.devices) else ""),
+        f"agreement: every output's cosine similarity >= {report.threshold:g}",
     ]
-    notes.append(f"agreement: every output's cosine similarity >= {report.threshold:g}")
     notes += [f"{r.name}: {r.error}" for r in report.devices if r.error]
     return "\n".join([*lines, "", *notes]) + "\n"
 
 
-def _png(figure: Any) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+def _color(result: DeviceResult) -> str:
+    if not result.ok:
+        return FAILED_COLOR
+    return DISAGREE_COLOR if result.agrees is False else OK_COLOR
 
 
-def latency_chart(report: FanoutReport) -> str:
-    """Bar chart of each device's latency; failed devices appear with a 'failed' mark."""
-    from matplotlib.figure import Figure
+def latency_figure(report: FanoutReport) -> Any:
+    """The headline: p50 per device with min-max whiskers and a p90 mark; failed devices named."""
+    import plotly.graph_objects as go
 
-    names = [r.name for r in report.devices]
-    values = [r.latency_us / 1000 if r.ok else 0.0 for r in report.devices]
-    figure = Figure(figsize=(max(4.0, 1.2 * len(names)), 3.2))
-    axes = figure.subplots()
-    bars = axes.bar(names, values, color=["#3b7dd8" if r.ok else "#cccccc" for r in report.devices])
-    for bar, result in zip(bars, report.devices, strict=True):
-        label = f"{result.latency_us / 1000:.2f}" if result.ok else "failed"
-        axes.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
-    axes.set_ylabel("latency per inference (ms)")
-    axes.set_title("Latency by device")
-    axes.tick_params(axis="x", labelrotation=20)
-    return _png(figure)
+    timed = [r for r in report.devices if r.latency]
+    names = [r.name for r in timed]
+    figure = go.Figure()
+    figure.add_bar(
+        name="p50",
+        x=names,
+        y=[r.latency.p50_us / 1000 for r in timed if r.latency],
+        marker_color=[_color(r) for r in timed],
+        error_y={
+            "type": "data",
+            "symmetric": False,
+            "array": [(r.latency.max_us - r.latency.p50_us) / 1000 for r in timed if r.latency],
+            "arrayminus": [(r.latency.p50_us - r.latency.min_us) / 1000 for r in timed if r.latency],
+            "color": "#444",
+        },
+        customdata=[
+            [
+                r.latency.p90_us / 1000,
+                r.latency.min_us / 1000,
+                r.latency.max_us / 1000,
+                r.latency.runs,
+                status(r),
+            ]
+            for r in timed
+            if r.latency
+        ],
+        hovertemplate="<b>%{x}</b> (%{customdata[4]})<br>p50 %{y:.3f} ms<br>p90 %{customdata[0]:.3f} ms"
+        "<br>min %{customdata[1]:.3f} ms, max %{customdata[2]:.3f} ms<br>%{customdata[3]} runs<extra></extra>",
+    )
+    figure.add_scatter(
+        name="p90",
+        x=names,
+        y=[r.latency.p90_us / 1000 for r in timed if r.latency],
+        mode="markers",
+        marker={"symbol": "line-ew-open", "size": 28, "color": "#c0392b", "line": {"width": 3}},
+        hoverinfo="skip",
+    )
+    failed = [r for r in report.devices if not r.ok]
+    for result in failed:
+        figure.add_annotation(
+            x=result.name, y=0, text=f"FAILED ({result.failed_stage})", showarrow=False, yanchor="bottom"
+        )
+    if failed:  # a category of its own, so a failed device keeps its place on the axis
+        figure.update_xaxes(categoryorder="array", categoryarray=[r.name for r in report.devices])
+    figure.update_layout(
+        title=f"Latency per inference: p50 bar, min-max whisker, p90 mark ({report.runs} runs)",
+        yaxis_title="ms",
+        height=340,
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        showlegend=False,
+        bargap=0.45,
+    )
+    return figure
 
 
-def layer_names(report: FanoutReport) -> list[str]:
-    """Every layer any device reported, in first-seen execution order."""
-    return list(dict.fromkeys(layer.name for r in report.devices for layer in r.layers))
+def slowest_layers(layers: list[LayerTime], count: int = TOP_LAYERS) -> list[LayerTime]:
+    return sorted(layers, key=lambda layer: layer.time_us, reverse=True)[:count]
 
 
-def layer_chart(report: FanoutReport, names: list[str]) -> str:
-    """Grouped horizontal bars: per layer, one bar per device that reported layer times."""
-    from matplotlib.figure import Figure
+def top_layers_figure(report: FanoutReport) -> Any:
+    """One small bar chart per device: its slowest layers, slowest at the top."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     devices = [r for r in report.devices if r.layers]
-    figure = Figure(figsize=(7.0, max(2.5, 0.35 * len(names) * max(1, len(devices)) + 1)))
-    axes = figure.subplots()
-    height = 0.8 / max(1, len(devices))
+    columns = min(3, len(devices))
+    rows = math.ceil(len(devices) / columns)
+    figure = make_subplots(
+        rows=rows, cols=columns, subplot_titles=[r.name for r in devices], horizontal_spacing=0.22
+    )
     for i, result in enumerate(devices):
-        times = {layer.name: layer.time_us for layer in result.layers}
-        axes.barh(
-            [k + i * height for k in range(len(names))],
-            [times.get(n, 0.0) for n in names],
-            height=height,
-            label=result.name,
+        top = slowest_layers(result.layers)[::-1]
+        figure.add_trace(
+            go.Bar(
+                x=[layer.time_us for layer in top],
+                y=[layer.name for layer in top],
+                orientation="h",
+                marker_color=_color(result),
+                customdata=[layer.op_type for layer in top],
+                hovertemplate=f"{result.name}<br>%{{y}} (%{{customdata}})<br>%{{x:.1f}} µs<extra></extra>",
+            ),
+            row=i // columns + 1,
+            col=i % columns + 1,
         )
-    axes.set_yticks([k + height * (len(devices) - 1) / 2 for k in range(len(names))], labels=names)
-    axes.invert_yaxis()
-    axes.set_xlabel("time (µs)")
-    axes.set_title("Per-layer time by device")
-    if devices:
-        axes.legend()
-    return _png(figure)
+    figure.update_xaxes(title_text="µs")
+    figure.update_layout(
+        height=60 + 28 * TOP_LAYERS * rows, showlegend=False, margin={"l": 20, "r": 20, "t": 40, "b": 40}
+    )
+    return figure
 
 
-def _td(text: object, cls: str = "") -> str:
-    return f'<td class="{cls}">{html.escape(str(text))}</td>' if cls else f"<td>{html.escape(str(text))}</td>"
+def layer_comparison(report: FanoutReport) -> list[dict[str, Any]]:
+    """Per layer of the reference: its time, and each device's time and ratio to it."""
+    rows = []
+    devices = [r for r in report.devices if r.layers and not r.is_reference]
+    times = [{layer.name: layer.time_us for layer in r.layers} for r in devices]
+    for layer in report.reference_layers:
+        cells = []
+        for device_times in times:
+            mine = device_times.get(layer.name)
+            ratio = mine / layer.time_us if mine is not None and layer.time_us > 0 else None
+            cells.append({"time_us": mine, "ratio": ratio})
+        rows.append(
+            {"layer": layer.name, "op_type": layer.op_type, "reference_us": layer.time_us, "devices": cells}
+        )
+    return rows
+
+
+def comparison_figure(report: FanoutReport) -> Any:
+    """Each device's layer time against the reference's, log-log: above the diagonal is slower."""
+    import plotly.graph_objects as go
+
+    reference = {layer.name: layer.time_us for layer in report.reference_layers}
+    figure = go.Figure()
+    low, high = math.inf, 0.0
+    for result in report.devices:
+        if result.is_reference or not result.layers:
+            continue
+        pairs = [
+            (reference[x.name], x.time_us, x.name) for x in result.layers if reference.get(x.name, 0) > 0
+        ]
+        pairs = [p for p in pairs if p[1] > 0]
+        if not pairs:
+            continue
+        low = min(low, *(min(a, b) for a, b, _ in pairs))
+        high = max(high, *(max(a, b) for a, b, _ in pairs))
+        figure.add_scatter(
+            name=result.name,
+            x=[a for a, _, _ in pairs],
+            y=[b for _, b, _ in pairs],
+            mode="markers",
+            text=[n for _, _, n in pairs],
+            customdata=[b / a for a, b, _ in pairs],
+            hovertemplate=f"{result.name}<br>%{{text}}<br>reference %{{x:.1f}} µs<br>this %{{y:.1f}} µs"
+            "<br>x%{customdata:.2f}<extra></extra>",
+        )
+    if high > 0:
+        figure.add_scatter(
+            name="same time",
+            x=[low, high],
+            y=[low, high],
+            mode="lines",
+            line={"dash": "dot", "color": "#888"},
+        )
+    figure.update_xaxes(type="log", title_text="reference layer time (µs)")
+    figure.update_yaxes(type="log", title_text="device layer time (µs)")
+    figure.update_layout(height=420, margin={"l": 60, "r": 20, "t": 30, "b": 50})
+    return figure
+
+
+def _chart(figure: Any, div_id: str) -> str:
+    """A figure's div and script; plotly.js itself is inlined once by the template."""
+    html: str = figure.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=div_id,
+        config={"displaylogo": False, "responsive": True},
+    )
+    return html
 
 
 def html_page(report: FanoutReport) -> str:
-    data = json.dumps(report_dict(report)).replace("</", "<\\/")
-    device_rows = "\n".join(
-        "<tr>" + "".join(_td(c) for c in _cells(r)) + _td(r.error, "error") + "</tr>" for r in report.devices
+    import jinja2
+    from plotly.offline import get_plotlyjs
+
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("rknn_client.farm"),
+        autoescape=jinja2.select_autoescape(default=True),
+        undefined=jinja2.StrictUndefined,
     )
-    names = layer_names(report)
     with_layers = [r for r in report.devices if r.layers]
-    layer_rows = []
-    for name in names:
-        cells = []
-        for result in with_layers:
-            times = {layer.name: layer.time_us for layer in result.layers}
-            cells.append(_td(f"{times[name]:.1f}" if name in times else "-"))
-        layer_rows.append("<tr>" + _td(name) + "".join(cells) + "</tr>")
-    layer_section = (
-        f'<img id="layer-chart" alt="per-layer time by device" src="{layer_chart(report, names)}">\n'
-        '<table id="layers"><tr><th>layer</th>'
-        + "".join(f"<th>{html.escape(r.name)} (µs)</th>" for r in with_layers)
-        + "</tr>\n"
-        + "\n".join(layer_rows)
-        + "</table>"
-        if names
-        else "<p>No device reported per-layer times.</p>"
+    compared = [r for r in report.devices if r.layers and not r.is_reference]
+    outputs = max((len(r.cosine) for r in report.devices), default=0)
+    charts = {"latency": _chart(latency_figure(report), "latency-chart")}
+    if with_layers:
+        charts["top_layers"] = _chart(top_layers_figure(report), "top-layers-chart")
+    if compared and report.reference_layers:
+        charts["comparison"] = _chart(comparison_figure(report), "layer-comparison-chart")
+    return environment.get_template("report.html.j2").render(
+        report=report,
+        title=f"RKNN farm report: {Path(report.model).name}",
+        summary=summary(report),
+        headers=HEADERS,
+        rows=[(r, _cells(r)) for r in report.devices],
+        failed=any(not r.ok for r in report.devices),
+        disagree=any(r.ok and r.agrees is False for r in report.devices),
+        charts=charts,
+        top={r.name: slowest_layers(r.layers) for r in with_layers},
+        top_count=TOP_LAYERS,
+        compared=compared,
+        comparison=layer_comparison(report),
+        outputs=outputs,
+        plotly_js=get_plotlyjs(),
+        # In a <script> element, "</" would end it early.
+        data=json.dumps(report_dict(report)).replace("</", "<\\/"),
     )
-    title = f"RKNN farm report: {Path(report.model).name}"
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{html.escape(title)}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; margin: 1em 0; }}
-th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }}
-td.error {{ color: #a00; font-family: monospace; white-space: pre-wrap; }}
-</style>
-</head>
-<body>
-<h1>{html.escape(title)}</h1>
-<p>Model {html.escape(report.model)}, started {html.escape(report.started_at)}, {report.duration_s:.1f}s.
-Reference: {html.escape(report.reference)}. Agreement: every output's cosine similarity &ge; {report.threshold:g}.</p>
-<h2>Devices</h2>
-<table id="devices">
-<tr>{"".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)}<th>error</th></tr>
-{device_rows}
-</table>
-<h2>Latency</h2>
-<img id="latency-chart" alt="latency by device" src="{latency_chart(report)}">
-<h2>Per-layer time</h2>
-{layer_section}
-<script type="application/json" id="farm-data">{data}</script>
-</body>
-</html>
-"""
 
 
 def write_html(report: FanoutReport, path: Path) -> None:

@@ -1,9 +1,10 @@
 """Fan-out: one model on every chosen device in parallel, each compared with a reference.
 
 Each device is reserved for its run (so nobody else's sessions skew its timing), then runs the
-inputs once, measures per-layer and total time and memory. Its outputs are compared with the
-reference's by cosine similarity. A device that fails is recorded with the stage and error; it
-never stops the others.
+inputs once (the outputs compared with the reference's by cosine similarity), then warm-up runs
+and `runs` timed runs (the latency's spread), per-layer times and memory. A device that fails,
+is unreachable or is cancelled (`Farm.cancel()`, Ctrl-C) is recorded with the stage and error;
+it never stops the others.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_client.api import Device
+from rknn_client.api import Device, PerfReport
 from rknn_client.farm.compare import cosine_similarity
 from rknn_client.farm.inventory import DeviceEntry
-from rknn_client.farm.pool import Farm
+from rknn_client.farm.pool import Cancelled, Farm, NoMatchingDevice, NoReachableDevice
 from rknn_client.transport.private import start_private_daemon
 
-# Called with (device name, stage) as each device moves on: reserve, load, run, perf, memory,
-# done, failed.
+# Called with (device name, stage) as each device moves on: each of STAGES in order ("time" once
+# per timed run), then "done" or "failed".
 Observer = Callable[[str, str], None]
+STAGES = ("reserve", "load", "run", "warm-up", "time", "perf", "memory")
 HOST_REFERENCE = "host"
 DEVICE_REFERENCE_PREFIX = "device:"
 
@@ -35,6 +37,23 @@ class LayerTime:
     name: str
     op_type: str
     time_us: float
+
+
+@dataclass
+class LatencyStats:
+    """The spread of the timed runs: the runtime's own time of one inference, in µs."""
+
+    runs: int
+    p50_us: float
+    p90_us: float
+    min_us: float
+    max_us: float
+
+    @classmethod
+    def of(cls, times_us: Sequence[float]) -> LatencyStats:
+        values = np.asarray(times_us, dtype=np.float64)
+        p50, p90 = np.percentile(values, [50, 90])
+        return cls(len(values), float(p50), float(p90), float(values.min()), float(values.max()))
 
 
 @dataclass
@@ -51,8 +70,8 @@ class DeviceResult:
     runtime: str = ""
     runtime_version: str = ""
     driver_version: str = ""
-    latency_us: float = 0.0  # EvalPerf total time of one inference
-    inference_us: int = 0  # runtime time of the compared run
+    latency: LatencyStats | None = None
+    perf_total_us: float = 0.0  # EvalPerf's total of one profiled inference (the layers' run)
     memory_bytes: int = 0
     cosine: list[float] = field(default_factory=list)  # one per output, against the reference
     agrees: bool | None = None  # every cosine >= threshold; None when nothing was compared
@@ -72,6 +91,10 @@ class FanoutReport:
     started_at: str
     duration_s: float
     devices: list[DeviceResult]
+    warmup: int = 0
+    runs: int = 0
+    reference_layers: list[LayerTime] = field(default_factory=list)  # per-layer times of the reference
+    cancelled: bool = False  # stopped early (Ctrl-C): the devices not finished say so
 
 
 @dataclass
@@ -84,6 +107,14 @@ def _quiet(name: str, stage: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How a device's latency is measured: `warmup` untimed runs, then `runs` timed ones."""
+
+    warmup: int = 2
+    runs: int = 10
+
+
 def run_on_device(
     farm: Farm,
     entry: DeviceEntry,
@@ -91,11 +122,14 @@ def run_on_device(
     inputs: Sequence[np.ndarray],
     reserve_timeout_s: float | None,
     observer: Observer = _quiet,
+    timing: Timing = Timing(),
 ) -> DeviceOutcome:
     """Reserve one device, run, time and measure the model there; failures become the result."""
     result = DeviceResult(entry.name, entry.address, dict(entry.labels))
     stage = "reserve"
     try:
+        if farm.cancelled:
+            raise Cancelled("cancelled before it started")
         observer(entry.name, stage)
         with farm.acquire(name=entry.name, timeout=reserve_timeout_s) as device:
             stage = "load"
@@ -105,23 +139,38 @@ def run_on_device(
                 stage = "run"
                 observer(entry.name, stage)
                 outputs = session.run(list(inputs))
-                result.inference_us = session.last_run_time_us
+                stage = "warm-up"
+                observer(entry.name, stage)
+                for _ in range(timing.warmup):
+                    session.run(list(inputs))
+                stage = "time"
+                times = []
+                for _ in range(timing.runs):
+                    observer(entry.name, stage)
+                    session.run(list(inputs))
+                    times.append(float(session.last_run_time_us))
+                result.latency = LatencyStats.of(times) if times else None
                 stage = "perf"
                 observer(entry.name, stage)
                 perf = session.perf(fix_freq=True)
-                result.latency_us = perf.total_time_us
-                result.layers = [LayerTime(r.name or r.op_type, r.op_type, r.time_us) for r in perf.layers]
+                result.perf_total_us = perf.total_time_us
+                result.layers = layer_times(perf)
                 stage = "memory"
                 observer(entry.name, stage)
                 result.memory_bytes = session.memory().total_memory
     except Exception as exc:  # a failing device is a result, not the end of the run
-        result.error = f"{type(exc).__name__}: {exc}"
+        cancelled = farm.cancelled and not isinstance(exc, (NoReachableDevice, NoMatchingDevice))
+        result.error = "cancelled (Ctrl-C)" if cancelled else f"{type(exc).__name__}: {exc}"
         result.failed_stage = stage
         observer(entry.name, "failed")
         return DeviceOutcome(result, None)
     result.ok = True
     observer(entry.name, "done")
     return DeviceOutcome(result, outputs)
+
+
+def layer_times(perf: PerfReport) -> list[LayerTime]:
+    return [LayerTime(r.name or r.op_type, r.op_type, r.time_us) for r in perf.layers]
 
 
 def _describe(result: DeviceResult, entry: DeviceEntry, device: Device) -> None:
@@ -133,13 +182,17 @@ def _describe(result: DeviceResult, entry: DeviceEntry, device: Device) -> None:
     result.driver_version = info.driver_version
 
 
-def host_reference(model: Path, inputs: Sequence[np.ndarray]) -> tuple[str, list[np.ndarray]]:
-    """Outputs of the host runtime (ONNX Runtime in a private daemon): the toolkit's simulator."""
+def host_reference(
+    model: Path, inputs: Sequence[np.ndarray]
+) -> tuple[str, list[np.ndarray], list[LayerTime]]:
+    """Outputs and per-layer times of the host runtime (ONNX Runtime in a private daemon): the
+    toolkit's simulator."""
     with Device(start_private_daemon()) as device:
         info = device.info()
-        with device.load(model) as session:
+        with device.load(model, perf_debug=True) as session:
             outputs = session.run(list(inputs))
-    return f"host runtime ({info.runtime_version}, private daemon)", outputs
+            layers = layer_times(session.perf(fix_freq=False))
+    return f"host runtime ({info.runtime_version}, private daemon)", outputs, layers
 
 
 def _compare(
@@ -165,36 +218,51 @@ def run_fanout(
     threshold: float = 0.99,
     reserve_timeout_s: float | None = 300.0,
     observer: Observer = _quiet,
+    timing: Timing = Timing(),
 ) -> FanoutReport:
     """Run `model` on every device of `entries` (default: the whole farm), compare, and report.
 
     `reference` is "host" (the host runtime runs `reference_model`, default `model`) or
-    "device:NAME" (that farm device runs first and is the golden one).
+    "device:NAME" (that farm device runs first and is the golden one). After `farm.cancel()` the
+    devices still running stop and the report (`cancelled`) says which did not finish.
     """
     chosen = list(farm.entries if entries is None else entries)
     started = datetime.now(timezone.utc)
     start = time.monotonic()
     results: dict[str, DeviceResult] = {}
     golden_outputs: list[np.ndarray] | None = None
+    reference_layers: list[LayerTime] = []
+
+    def run_one(entry: DeviceEntry) -> DeviceOutcome:
+        return run_on_device(farm, entry, model, inputs, reserve_timeout_s, observer, timing)
+
     if reference.startswith(DEVICE_REFERENCE_PREFIX):
         golden_name = reference.removeprefix(DEVICE_REFERENCE_PREFIX)
         golden = _by_name(farm.entries, golden_name)
-        outcome = run_on_device(farm, golden, model, inputs, reserve_timeout_s, observer)
+        outcome = run_one(golden)
         outcome.result.is_reference = True
         results[golden.name] = outcome.result
         golden_outputs = outcome.outputs
+        reference_layers = outcome.result.layers
         reference_text = f"device {golden.name}"
         if golden_outputs is not None:
             _compare(outcome.result, golden_outputs, golden_outputs, threshold)
     elif reference == HOST_REFERENCE:
-        reference_text, golden_outputs = host_reference(reference_model or model, inputs)
+        try:
+            if farm.cancelled:
+                raise Cancelled("cancelled before the reference ran")
+            reference_text, golden_outputs, reference_layers = host_reference(
+                reference_model or model, inputs
+            )
+        except Exception:
+            if not farm.cancelled:  # Ctrl-C reaches the private daemon too; then nothing is compared
+                raise
+            reference_text = "host runtime (cancelled)"
     else:
         raise ValueError(f"reference {reference!r} is neither 'host' nor 'device:NAME'")
     rest = [e for e in chosen if e.name not in results]
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        outcomes = list(
-            pool.map(lambda e: run_on_device(farm, e, model, inputs, reserve_timeout_s, observer), rest)
-        )
+        outcomes = list(pool.map(run_one, rest))
     for outcome in outcomes:
         if outcome.outputs is not None and golden_outputs is not None:
             _compare(outcome.result, outcome.outputs, golden_outputs, threshold)
@@ -208,6 +276,10 @@ def run_fanout(
         started_at=started.isoformat(timespec="seconds"),
         duration_s=time.monotonic() - start,
         devices=[results[n] for n in order],
+        warmup=timing.warmup,
+        runs=timing.runs,
+        reference_layers=reference_layers,
+        cancelled=farm.cancelled,
     )
 
 

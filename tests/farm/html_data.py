@@ -1,19 +1,16 @@
-"""Read a farm HTML report back: its embedded data, tables and chart images."""
+"""Read a farm HTML report back: its embedded data, tables and the ids of its Plotly charts."""
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass
 class ParsedReport:
     data: dict[str, object]
-    images: dict[str, bytes]  # id -> decoded image bytes
+    charts: list[str]  # ids of the Plotly chart divs, in page order
     tables: dict[str, list[list[str]]] = field(default_factory=dict)  # id -> rows of cell texts
 
 
@@ -22,7 +19,7 @@ class _Reader(HTMLParser):
         super().__init__()
         self.script = ""
         self.in_data = False
-        self.images: dict[str, bytes] = {}
+        self.charts: list[str] = []
         self.tables: dict[str, list[list[str]]] = {}
         self.table: str | None = None
         self.cell: list[str] | None = None
@@ -31,11 +28,8 @@ class _Reader(HTMLParser):
         a = dict(attrs)
         if tag == "script" and a.get("id") == "farm-data":
             self.in_data = True
-        elif tag == "img":
-            src = a.get("src") or ""
-            prefix = "data:image/png;base64,"
-            if src.startswith(prefix):
-                self.images[a.get("id") or ""] = base64.b64decode(src[len(prefix) :])
+        elif tag == "div" and "plotly-graph-div" in (a.get("class") or "").split():
+            self.charts.append(a.get("id") or "")
         elif tag == "table":
             self.table = a.get("id") or ""
             self.tables[self.table] = []
@@ -63,4 +57,4 @@ class _Reader(HTMLParser):
 def parse_report(text: str) -> ParsedReport:
     reader = _Reader()
     reader.feed(text)
-    return ParsedReport(json.loads(reader.script), reader.images, reader.tables)
+    return ParsedReport(json.loads(reader.script), reader.charts, reader.tables)

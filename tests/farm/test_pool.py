@@ -1,5 +1,5 @@
 """Reservations through real daemons: selection, exclusivity, FIFO, expiry of a killed holder,
-unhealthy devices skipped and probed again."""
+unreachable devices skipped at once (and taken when they come up while waiting)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,32 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import HealthServicer
 
 from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import connect
 from rknn_client.errors import FailedPrecondition
-from rknn_client.farm import AcquireTimeout, DeviceEntry, Farm, Lease, NoMatchingDevice, parse_address
+from rknn_client.farm import (
+    AcquireTimeout,
+    DeviceEntry,
+    Farm,
+    Lease,
+    NoMatchingDevice,
+    NoReachableDevice,
+    parse_address,
+)
 from rknn_client.farm.probe import probe
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.version import PROTOCOL_VERSION
 from tests.farm.conftest import SOCS
 
 
@@ -155,30 +170,93 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_unhealthy_devices_are_skipped_and_probed_again(tmp_path: Path, boards: list[DaemonProcess]) -> None:
+def test_unreachable_devices_are_skipped_at_once(boards: list[DaemonProcess]) -> None:
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    farm = Farm.from_sources(None, [dead, boards[1].url])
+    assert [s.healthy for s in farm.statuses()] == [False, True]
+    started = time.monotonic()
+    with farm.acquire(timeout=300) as device:  # the dead one is skipped, not waited for
+        assert device.info().soc == SOCS[1]
+    with pytest.raises(NoReachableDevice, match=r"127\.0\.0\.1:\d+: unreachable: .*not reachable"):
+        farm.acquire(soc="rk3399", timeout=300)  # only the dead address could be an rk3399
+    with pytest.raises(NoReachableDevice, match=r"no-such-board\.invalid"):
+        Farm.from_sources(None, ["tcp://no-such-board.invalid:50515"]).acquire(timeout=300)
+    assert time.monotonic() - started < 30
+
+
+class _SickDaemon(rknn_pb2_grpc.RknnServerServicer):
+    """A peer that answers GetInfo from a future protocol only this test speaks."""
+
+    def GetInfo(
+        self, request: rknn_pb2.GetInfoRequest, context: grpc.ServicerContext
+    ) -> rknn_pb2.GetInfoResponse:
+        return rknn_pb2.GetInfoResponse(
+            daemon_version="99.0",
+            protocol_version=PROTOCOL_VERSION + 5,
+            min_client_protocol_version=PROTOCOL_VERSION + 1,
+        )
+
+
+@pytest.fixture
+def sick_peers() -> Iterator[tuple[str, str]]:
+    """Two in-process gRPC servers: one whose health is NOT_SERVING, one of a newer protocol."""
+    servers, urls = [], []
+    for serving in (False, True):
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        health = HealthServicer()
+        health.set(
+            "",
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        rknn_pb2_grpc.add_RknnServerServicer_to_server(_SickDaemon(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        urls.append(f"tcp://127.0.0.1:{port}")
+    yield urls[0], urls[1]
+    for server in servers:
+        server.stop(None)
+
+
+def test_not_serving_and_protocol_mismatch_are_unreachable(
+    sick_peers: tuple[str, str], boards: list[DaemonProcess]
+) -> None:
+    not_serving, newer = sick_peers
+    farm = Farm.from_sources(None, [not_serving, newer])
+    started = time.monotonic()
+    with pytest.raises(NoReachableDevice) as refused:
+        farm.acquire(timeout=300)
+    assert time.monotonic() - started < 30
+    assert "reports health NOT_SERVING" in str(refused.value)
+    assert "needs clients >= " in str(refused.value)
+    with Farm.from_sources(None, [not_serving, newer, boards[0].url]).acquire(timeout=300) as device:
+        assert device.info().soc == SOCS[0]
+
+
+def test_a_device_coming_up_while_waiting_is_taken(tmp_path: Path, boards: list[DaemonProcess]) -> None:
     port = free_port()
     dead = f"tcp://127.0.0.1:{port}"
     farm = Farm.from_sources(None, [dead, boards[1].url], reprobe_s=0.2, probe_timeout_s=1.0)
-    statuses = farm.statuses()
-    assert [s.healthy for s in statuses] == [False, True]
-    with farm.acquire(timeout=30) as device:  # the dead one is skipped
-        assert device.info().soc == SOCS[1]
     late: list[Lease] = []
-    waiter = threading.Thread(target=lambda: late.append(farm.acquire(soc="rk3399", timeout=120)))
-    waiter.start()  # only the dead address could be an rk3399: it waits for it to come up
-    revived = start_daemon(
-        tmp_path / "revived-cache",
-        tmp_path / "revived.log",
-        ["--runtime", "host", "--soc", "rk3399", "--listen", dead],
-        listen_tcp=False,
-    )
-    try:
-        waiter.join(120)
-        assert [lease.entry.name for lease in late] == [f"127.0.0.1:{port}"]
-    finally:
-        for lease in late:
-            lease.release()
-        revived.stop()
+    with farm.acquire(timeout=30, holder="hog"):
+        # The live board is reserved, so it waits there, probing the dead address again meanwhile.
+        waiter = threading.Thread(target=lambda: late.append(farm.acquire(timeout=120)))
+        waiter.start()
+        wait_until(lambda: probe(farm.entries[1]).reservation_waiters == 1, "queued on the live board")
+        revived = start_daemon(
+            tmp_path / "revived-cache",
+            tmp_path / "revived.log",
+            ["--runtime", "host", "--soc", "rk3399", "--listen", dead],
+            listen_tcp=False,
+        )
+        try:
+            waiter.join(120)
+            assert [lease.entry.name for lease in late] == [f"127.0.0.1:{port}"]
+        finally:
+            for lease in late:
+                lease.release()
+            revived.stop()
 
 
 def test_a_waiter_queued_everywhere_keeps_one_device_and_frees_the_rest(boards: list[DaemonProcess]) -> None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from demo.daemon_process import DaemonProcess
 
@@ -99,3 +103,30 @@ def test_without_a_farm_the_tests_are_skipped(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout
     assert "1 skipped" in run.stdout and "--rknn-farm" in run.stdout
+
+
+@pytest.mark.parametrize(("option", "outcome", "code"), [("fail", "1 error", 1), ("skip", "1 skipped", 0)])
+def test_an_unreachable_board_fails_or_skips_the_test_at_once(
+    tmp_path: Path, option: str, outcome: str, code: int
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    (tmp_path / "test_needs_board.py").write_text("def test_board(rknn_device):\n    pass\n")
+    started = time.monotonic()
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-q", "-p", "rknn_client.farm.pytest_plugin", "-o", "addopts=",
+            "-rs", "--rknn-device", dead, "--rknn-lease-timeout", "300", "--rknn-unreachable", option,
+            "--rootdir", str(tmp_path), str(tmp_path),
+        ],
+        capture_output=True, text=True, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, cwd=tmp_path,
+    )  # fmt: skip
+    assert time.monotonic() - started < 60
+    assert run.returncode == code, run.stdout
+    assert outcome in run.stdout
+    assert (
+        "is reachable" in run.stdout
+        and "unreachable" in run.stdout
+        and dead.removeprefix("tcp://") in run.stdout
+    )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +17,10 @@ from demo.daemon_process import DaemonProcess
 from rknn_client.farm import Farm
 from rknn_client.farm.compare import cosine_similarity
 from rknn_client.farm.report import report_dict, table_text, write_html, write_json
-from rknn_client.farm.runner import run_fanout
+from rknn_client.farm.runner import Timing, run_fanout
 from tests import models
-from tests.farm.conftest import SOCS
-from tests.farm.html_data import PNG_SIGNATURE, parse_report
+from tests.farm.conftest import SOCS, write_farm_file
+from tests.farm.html_data import parse_report
 
 
 @pytest.fixture
@@ -41,15 +43,21 @@ def test_cosine_similarity() -> None:
 def test_every_board_reports_latency_and_agreement(
     farm_file: Path, cnn_model: Path, image: Path, tmp_path: Path
 ) -> None:
-    report = run_fanout(Farm.from_file(farm_file), cnn_model, [np.load(image)], concurrency=3)
+    report = run_fanout(
+        Farm.from_file(farm_file), cnn_model, [np.load(image)], concurrency=3, timing=Timing(warmup=1, runs=5)
+    )
     assert [d.name for d in report.devices] == ["b0", "b1", "b2"]
     assert [d.soc for d in report.devices] == list(SOCS)
     for device in report.devices:
         assert device.ok, device.error
-        assert device.latency_us > 0 and device.memory_bytes > 0
+        lat = device.latency
+        assert lat is not None and lat.runs == 5
+        assert 0 < lat.min_us <= lat.p50_us <= lat.p90_us <= lat.max_us
+        assert device.memory_bytes > 0 and device.perf_total_us > 0
         assert device.agrees is True and device.cosine == [pytest.approx(1.0, abs=1e-6)]
         assert {layer.op_type for layer in device.layers} >= {"Conv", "Gemm"}
     assert report.reference.startswith("host runtime")
+    assert {layer.op_type for layer in report.reference_layers} >= {"Conv", "Gemm"}
     table = table_text(report)
     for name, soc in zip(("b0", "b1", "b2"), SOCS, strict=True):
         assert any(line.split()[:3] == [name, soc, "ok"] for line in table.splitlines())
@@ -64,13 +72,24 @@ def test_every_board_reports_latency_and_agreement(
     assert [(d["name"], d["ok"], d["agrees"]) for d in devices] == [
         (n, True, True) for n in ("b0", "b1", "b2")
     ]
-    assert all(d["latency_us"] > 0 and d["min_cosine"] > 0.999 for d in devices)
-    assert parsed.images["latency-chart"].startswith(PNG_SIGNATURE)
-    assert parsed.images["layer-chart"].startswith(PNG_SIGNATURE)
+    assert all(d["latency"]["p50_us"] > 0 and d["min_cosine"] > 0.999 for d in devices)
+    # The headline chart comes first, before the layer charts.
+    assert parsed.charts == ["latency-chart", "top-layers-chart", "layer-comparison-chart"]
     assert [row[0] for row in parsed.tables["devices"][1:]] == ["b0", "b1", "b2"]
+    assert [row[0] for row in parsed.tables["agreement"]] == ["device", "b0", "b1", "b2"]
+    for device in report.devices:  # each device's slowest layers, slowest first
+        top = parsed.tables[f"top-{device.name}"][1:]
+        times = [float(row[2]) for row in top]
+        assert times == sorted(times, reverse=True) and len(top) == min(10, len(device.layers))
+        assert times[0] == pytest.approx(max(layer.time_us for layer in device.layers), abs=0.06)
     layer_table = parsed.tables["layers"]
-    assert layer_table[0] == ["layer", "b0 (µs)", "b1 (µs)", "b2 (µs)"]
-    assert any("conv1" in row[0] or "Conv" in row[0] for row in layer_table[1:])
+    assert layer_table[0][:3] == ["layer", "op", "reference (µs)"]
+    assert layer_table[0][3:] == [h for n in ("b0", "b1", "b2") for h in (f"{n} (µs)", f"{n} / ref")]
+    assert len(layer_table) - 1 == len(report.reference_layers)
+    conv = next(row for row in layer_table[1:] if row[1] == "Conv")
+    reference_us = next(x.time_us for x in report.reference_layers if x.name == conv[0])
+    b0_us = next(x.time_us for x in report.devices[0].layers if x.name == conv[0])
+    assert conv[2:5] == [f"{reference_us:.1f}", f"{b0_us:.1f}", f"{b0_us / reference_us:.2f}"]
 
 
 def test_a_board_dying_mid_run_leaves_the_others_reporting(
@@ -88,7 +107,7 @@ def test_a_board_dying_mid_run_leaves_the_others_reporting(
     )
     ok = {d.name: d for d in report.devices if d.ok}
     assert sorted(ok) == ["b0", "b1"]
-    assert all(d.agrees and d.latency_us > 0 for d in ok.values())
+    assert all(d.agrees and d.latency and d.latency.p50_us > 0 for d in ok.values())
     dead = report.devices[2]
     assert (dead.name, dead.ok, dead.failed_stage) == ("b2", False, "run")
     assert "not reachable" in dead.error and dead.agrees is None
@@ -97,7 +116,40 @@ def test_a_board_dying_mid_run_leaves_the_others_reporting(
     parsed = parse_report((tmp_path / "report.html").read_text())
     rows = {row[0]: row for row in parsed.tables["devices"][1:]}
     assert rows["b2"][2] == "FAILED (run)" and "not reachable" in rows["b2"][-1]
-    assert parsed.images["latency-chart"].startswith(PNG_SIGNATURE)
+    assert parsed.charts[0] == "latency-chart"
+
+
+def test_an_unreachable_board_fails_in_seconds_and_the_others_report(
+    boards: list[DaemonProcess], cnn_model: Path, image: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    farm_file = write_farm_file(tmp_path / "farm.toml", boards)
+    with farm_file.open("a") as out:
+        out.write(f'[[device]]\nname = "unplugged"\naddress = "{closed}"\n')
+    started = time.monotonic()
+    failed_after: list[float] = []
+
+    def observer(name: str, stage: str) -> None:
+        if name == "unplugged" and stage == "failed":
+            failed_after.append(time.monotonic() - started)
+
+    report = run_fanout(
+        Farm.from_file(farm_file),
+        cnn_model,
+        [np.load(image)],
+        concurrency=4,
+        reserve_timeout_s=300,
+        observer=observer,
+        timing=Timing(warmup=1, runs=3),
+    )
+    assert failed_after and failed_after[0] < 20, failed_after  # not the 300 s reserve timeout
+    assert [d.name for d in report.devices] == ["b0", "b1", "b2", "unplugged"]
+    assert all(d.ok and d.agrees for d in report.devices[:3])
+    dead = report.devices[3]
+    assert (dead.ok, dead.failed_stage) == (False, "reserve")
+    assert "NoReachableDevice" in dead.error and "Connection refused" in dead.error
 
 
 def test_golden_device_reference(farm_file: Path, cnn_model: Path, image: Path) -> None:

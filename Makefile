@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TYPECHECK := build/typecheck
 
-.PHONY: install demo test lint typecheck proto proto-check unit bench clean
+.PHONY: install demo test lint typecheck proto proto-check unit bench clean toolkit
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,13 @@ typecheck: $(STAMP)
 	@ln -sfn ../../client $(TYPECHECK)/rknn_client
 	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p rknn_proto -p rknn_server -p rknn_client
 
-unit: install
+# The real RKNN-Toolkit2 that tests/toolkit drive through the bridge: installed once into
+# ~/.cache/rknn_client (kept between runs and clones), with the stand-in for torch (docs/toolkit-bridge.md).
+toolkit: $(STAMP)
+	@$(VENV)/bin/rknn-client toolkit status >/dev/null 2>&1 || $(VENV)/bin/rknn-client toolkit install --torch-stub \
+		|| echo "RKNN-Toolkit2 could not be installed; tests/toolkit will skip"
+
+unit: install toolkit
 	$(PY) -m pytest -q
 
 test: lint typecheck proto-check unit

@@ -25,6 +25,7 @@ from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import RknnError
 from rknn_client.farm.cli import add_farm_commands
 from rknn_client.report import memory_text, perf_text
+from rknn_client.toolkit.cli import add_toolkit_commands
 from rknn_client.transport.base import TransportError
 
 
@@ -193,6 +194,7 @@ def parser() -> argparse.ArgumentParser:
     )
     acc.set_defaults(func=None)
     add_farm_commands(sub)
+    add_toolkit_commands(sub)
     return p
 
 

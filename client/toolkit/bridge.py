@@ -194,12 +194,19 @@ class ToolkitBridge:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             try:
-                return self._replies.get(timeout=min(left, 0.5))
+                reply = self._replies.get(timeout=min(left, 0.5))
             except queue.Empty:
                 if self.process.poll() is not None and self._replies.empty():
                     time.sleep(0.1)  # a last reply may still be on its way through the reader thread
                     if self._replies.empty():
                         return None
+                continue
+            if reply is None:  # the reply pipe closed: the worker is ending, let it say how
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._stop("it closed its reply pipe but kept running")
+            return reply
         self._stop(f"no answer within {timeout:g}s")
         return None
 

@@ -68,6 +68,18 @@ def _flush_streams(call_id: int) -> None:
         os.write(fd, f"{SYNC} {call_id}\n".encode())
 
 
+def _reason(error: BaseException) -> str:
+    """The exception as one message; the toolkit puts whole tracebacks in its messages: keep their end."""
+    text = str(error).strip()
+    if "Traceback (most recent call last)" in text:
+        lines = text.splitlines()
+        frames = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
+        text = "\n".join(lines[frames[-1] + 1 :] if frames else lines).strip()
+        if text.startswith(f"{type(error).__name__}: "):
+            return text
+    return f"{type(error).__name__}: {text}"
+
+
 class Worker:
     def __init__(self, reply_fd: int, scratch: str) -> None:
         self.reply = os.fdopen(reply_fd, "w", encoding="utf-8")
@@ -151,12 +163,7 @@ class Worker:
             try:
                 reply = self.handle(request)
             except BaseException as error:  # the toolkit raises where it should return -1
-                where = traceback.extract_tb(error.__traceback__)
-                reply = {
-                    "ok": False,
-                    "error": f"{type(error).__name__}: {error}",
-                    "where": f"{where[-1].filename}:{where[-1].lineno}" if where else "",
-                }
+                reply = {"ok": False, "error": _reason(error)}
                 if isinstance(error, (KeyboardInterrupt, SystemExit)):
                     reply["fatal"] = True
             _flush_streams(call_id)

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -243,7 +244,11 @@ class ToolkitBridge:
             return os.fspath(value)
         if hasattr(value, "op_type") and hasattr(value, "compute"):  # a custom op instance
             cls = type(value)
-            return {CUSTOM_OP: {"name": cls.__name__, "source": inspect.getsource(cls)}}
+            try:
+                source = textwrap.dedent(inspect.getsource(cls))
+            except (OSError, TypeError):
+                raise TypeError(f"the source of custom op class {cls.__name__} cannot be read") from None
+            return {CUSTOM_OP: {"name": cls.__name__, "source": source}}
         raise TypeError(
             f"{type(value).__name__} cannot cross to the toolkit (expected JSON values or arrays)"
         )

@@ -46,6 +46,8 @@ METHODS = frozenset(
         "inference",
         "accuracy_analysis",
         "get_sdk_version",
+        "optimize_onnx",
+        "clear_op_cache",
     ]
 )
 
@@ -86,6 +88,7 @@ class Worker:
         self.scratch = scratch
         self.rknn = None
         self.saved = 0
+        self.version = "unknown"
 
     def send(self, message: dict) -> None:
         self.reply.write(json.dumps(message) + "\n")
@@ -144,6 +147,8 @@ class Worker:
             return {"ok": False, "error": f"the bridge has no method {method!r}"}
         if self.rknn is None:
             return {"ok": False, "error": "no RKNN object yet (call 'new' first)"}
+        if not hasattr(self.rknn, method):
+            return {"ok": False, "error": f"rknn-toolkit2 {self.version} has no RKNN.{method}()"}
         os.chdir(request.get("cwd") or os.getcwd())
         args = self.decode(request.get("args") or [])
         kwargs = self.decode(request.get("kwargs") or {})
@@ -184,9 +189,9 @@ def main() -> int:
         try:
             from importlib.metadata import version
 
-            toolkit = version("rknn-toolkit2")
+            worker.version = version("rknn-toolkit2")
         except Exception:
-            toolkit = "unknown"
+            pass
     except BaseException as error:
         last = traceback.format_exception_only(type(error), error)[-1].strip()
         worker.send({"ready": False, "error": last})
@@ -194,7 +199,7 @@ def main() -> int:
     worker.send(
         {
             "ready": True,
-            "toolkit": toolkit,
+            "toolkit": worker.version,
             "python": sys.version.split()[0],
         }
     )

@@ -131,7 +131,9 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_model_the_toolkit_refuses_gives_its_own_reason(toolkit: Toolkit, classifier, tmp_path: Path) -> None:
+def test_a_model_the_toolkit_refuses_gives_its_own_reason(
+    toolkit: Toolkit, classifier, tmp_path: Path
+) -> None:
     model, _, _ = classifier
     dynamic = onnx.load(str(model))
     dynamic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
@@ -143,12 +145,16 @@ def test_a_model_the_toolkit_refuses_gives_its_own_reason(toolkit: Toolkit, clas
     finally:
         bridge.close()
     assert not reply.ok
-    assert reply.error.startswith("ValueError: The input shape ['batch', 3, 32, 32] of 'input' is not support!")
+    assert reply.error.startswith(
+        "ValueError: The input shape ['batch', 3, 32, 32] of 'input' is not support!"
+    )
     assert "input_size_list" in reply.error and "Traceback" not in reply.error
     assert any("is not support" in text for _, text in reply.lines), reply.lines
 
 
-def test_an_exception_in_the_toolkit_comes_back_as_an_error(toolkit: Toolkit, classifier, tmp_path: Path) -> None:
+def test_an_exception_in_the_toolkit_comes_back_as_an_error(
+    toolkit: Toolkit, classifier, tmp_path: Path
+) -> None:
     """The toolkit raises (instead of returning -1) on NHWC calibration files: the reply carries its reason."""
     model, _, _ = classifier
     np.save(tmp_path / "nhwc.npy", np.zeros((1, SIZE, SIZE, 3), np.float32))

@@ -49,13 +49,15 @@ class Reply:
 
 
 class _Stream:
-    """Forwards one of the worker's output streams to ours as it arrives, keeping each call's lines."""
+    """Forwards one of the worker's output streams to ours as it arrives, keeping each call's lines
+    (those before the call's sync marker; what follows it belongs to the next call)."""
 
     def __init__(self, name: str, pipe: IO[bytes], target: Callable[[], IO[str]]) -> None:
         self.name = name
         self.target = target
-        self.lines: list[str] = []
-        self.synced = -1
+        self.current: list[str] = []
+        self.finished: dict[int, str] = {}
+        self.ended = False
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._pump, args=(pipe,), daemon=True)
         self.thread.start()
@@ -65,25 +67,23 @@ class _Stream:
         out.write(text)
         out.flush()
         with self.cond:
-            self.lines.append(text)
+            self.current.append(text)
 
     def _pump(self, pipe: IO[bytes]) -> None:
         pending = ""
         while chunk := os.read(pipe.fileno(), 65536):
             pending += chunk.decode("utf-8", errors="replace")
-            while (cut := max(pending.rfind("\n"), pending.rfind("\r"))) >= 0 or (
-                pending and "\x1e" not in pending
-            ):
-                if cut < 0:  # a partial line with no marker in it (a prompt, a progress bar)
-                    self._emit(pending)
-                    pending = ""
-                    break
-                head, pending = pending[: cut + 1], pending[cut + 1 :]
-                self._take(head)
+            cut = max(pending.rfind("\n"), pending.rfind("\r"))
+            if cut >= 0:
+                self._take(pending[: cut + 1])
+                pending = pending[cut + 1 :]
+            if pending and "\x1e" not in pending:  # a partial line (a prompt, a progress bar): show it now
+                self._emit(pending)
+                pending = ""
         if pending:
             self._emit(pending)
         with self.cond:
-            self.synced = sys.maxsize
+            self.ended = True
             self.cond.notify_all()
 
     def _take(self, text: str) -> None:
@@ -92,16 +92,24 @@ class _Stream:
             if at:
                 self._emit(text[:at])
             with self.cond:
-                self.synced = int(text[at + len(SYNC) : end].strip() or -1)
+                self.finished[int(text[at + len(SYNC) : end].strip() or -1)] = "".join(self.current)
+                self.current = []
                 self.cond.notify_all()
             text = text[end + 1 :]
         if text:
             self._emit(text)
 
-    def take_lines(self, call_id: int, timeout: float) -> list[str]:
+    def take_lines(self, call_id: int | None, timeout: float) -> list[str]:
+        """The lines of call `call_id` (waiting up to `timeout` for its marker); None: everything left
+        once the stream ends (the worker died mid-call)."""
         with self.cond:
-            self.cond.wait_for(lambda: self.synced >= call_id, timeout)
-            text, self.lines = "".join(self.lines), []
+            if call_id is None:
+                self.cond.wait_for(lambda: self.ended, timeout)
+                text = "".join(self.finished.pop(k) for k in sorted(self.finished)) + "".join(self.current)
+                self.current = []
+            else:
+                self.cond.wait_for(lambda: call_id in self.finished or self.ended, timeout)
+                text = self.finished.pop(call_id, "")
         return text.splitlines()
 
 
@@ -286,15 +294,15 @@ class ToolkitBridge:
             except (BrokenPipeError, OSError):
                 return Reply(False, error=self._gone(method))
             answer = self._wait_reply(timeout_s)
-            lines = self._collect(self._next_id if answer is not None else sys.maxsize)
+            lines = self._collect(self._next_id if answer is not None else None)
             if answer is None:
                 return Reply(False, error=self._gone(method), lines=lines)
             if not answer.get("ok"):
                 return Reply(False, error=str(answer.get("error")), lines=lines)
             return Reply(True, value=self._decode(answer.get("value")), lines=lines)
 
-    def _collect(self, call_id: int) -> list[tuple[str, str]]:
-        timeout = SYNC_TIMEOUT_S if call_id != sys.maxsize else 2.0
+    def _collect(self, call_id: int | None) -> list[tuple[str, str]]:
+        timeout = SYNC_TIMEOUT_S if call_id is not None else 2.0
         return [(s.name, line) for s in self._streams for line in s.take_lines(call_id, timeout)]
 
     def _gone(self, method: str) -> str:

@@ -94,20 +94,40 @@ def test_a_call_past_its_timeout_stops_the_worker(toolkit: Toolkit, classifier) 
         bridge.close()
 
 
-def test_the_worker_dies_with_its_client(toolkit: Toolkit, tmp_path: Path) -> None:
-    script = (
-        "import sys, time\n"
-        "from rknn_client.toolkit import ToolkitBridge\n"
-        "bridge = ToolkitBridge.start()\n"
-        "print(bridge.process.pid, flush=True)\n"
-        "time.sleep(600)\n"
-    )
+CLIENT = """
+import sys
+from rknn_client.toolkit import ToolkitBridge
+bridge = ToolkitBridge.start()
+print(bridge.process.pid, flush=True)
+if len(sys.argv) > 1:
+    bridge.call("config", target_platform="rk3588")
+    bridge.call("load_onnx", sys.argv[1])
+    bridge.call("build", do_quantization=True, dataset=sys.argv[2])
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+def test_the_worker_dies_with_its_client(toolkit: Toolkit, classifier, tmp_path: Path, busy: bool) -> None:
+    """Idle, the worker sees its request pipe close; busy in a call (here: build blocked reading a
+    dataset FIFO that never gets data), its watchdog sees its parent gone."""
+    model, _, _ = classifier
+    fifo = tmp_path / "dataset.txt"
+    os.mkfifo(fifo)
+    argv = [sys.executable, "-c", CLIENT] + ([str(model), str(fifo)] if busy else [])
     env = {**os.environ, ENV_PYTHON: str(toolkit.python)}
-    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
-    worker = 0
+    client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    worker, writer = 0, -1
     try:
         assert client.stdout is not None
         worker = int(client.stdout.readline())
+        deadline = time.monotonic() + 120
+        while busy and writer < 0 and time.monotonic() < deadline:
+            try:  # succeeds once the worker is inside build(), opening the FIFO to read it
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                time.sleep(0.05)
+        assert writer >= 0 or not busy, "the worker never reached the dataset"
         os.kill(client.pid, signal.SIGKILL)
         client.wait(timeout=30)
         deadline = time.monotonic() + 30
@@ -115,6 +135,8 @@ def test_the_worker_dies_with_its_client(toolkit: Toolkit, tmp_path: Path) -> No
             time.sleep(0.1)
         assert not _running(worker), "the worker outlived its client"
     finally:
+        if writer >= 0:
+            os.close(writer)
         if client.poll() is None:
             client.kill()
             client.wait()

@@ -176,6 +176,9 @@ class ToolkitBridge:
         ready = bridge._wait_reply(start_timeout_s)
         if ready is None or not ready.get("ready"):
             detail = (ready or {}).get("error") or bridge._death_note("while importing rknn.api")
+            said = [text for stream, text in bridge._collect(None) if stream == "stderr" and text.strip()]
+            if ready is None and said:
+                detail += f": {said[-1].strip()}"
             bridge.close()
             return Missing(f"the toolkit in {found.python} could not start: {detail}")
         bridge.info = ready

@@ -203,3 +203,22 @@ def test_unknown_methods_and_unsendable_arguments_are_refused(toolkit: Toolkit) 
         assert bridge.call("config", target_platform="rk3588").value == 0
     finally:
         bridge.close()
+
+
+def test_a_toolkit_that_cannot_start_is_missing_with_the_reason(
+    toolkit: Toolkit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interpreter that answers the version probe but whose worker dies before it is ready
+    (as when torch's CUDA libraries are missing): the start reports that, with the install hint."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *worker.py*) echo "OSError: libcublas.so.12: cannot open shared object file" >&2; exit 7;; esac\n'
+        f'exec "{toolkit.python}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv(ENV_PYTHON, str(wrapper))
+    started = ToolkitBridge.start()
+    assert isinstance(started, Missing), started
+    assert "while importing rknn.api (exit status 7): OSError: libcublas.so.12" in started.reason
+    assert "rknn-client toolkit install" in started.message()

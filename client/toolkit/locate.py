@@ -6,7 +6,6 @@ interpreter: what we find is another Python whose environment has `rknn-toolkit2
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -25,6 +24,10 @@ _PROBE = (
     "print(m.version('rknn-toolkit2'))\n"
     "print(sys.version.split()[0])\n"
     "print('yes' if u.find_spec('rknn') else 'no')\n"
+    "try:\n"
+    "    m.version('torch'); print('real')\n"
+    "except m.PackageNotFoundError:\n"
+    "    print('stub' if u.find_spec('torch') else 'missing')\n"
 )
 
 
@@ -36,7 +39,7 @@ class Toolkit:
     version: str
     python_version: str
     source: str  # how it was found, in words
-    torch: str = "unknown"  # "real", "stub" (tests only) or "unknown" (not installed by us)
+    torch: str  # "real", "stub" (the --torch-stub stand-in: no torch distribution) or "missing"
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def probe(python: Path, source: str, torch: str = "unknown") -> Toolkit | Missing:
+def probe(python: Path, source: str) -> Toolkit | Missing:
     """Ask `python` which rknn-toolkit2 it has (metadata only: importing rknn.api takes seconds)."""
     if not python.exists():
         return Missing(f"{source}: {python} does not exist")
@@ -81,22 +84,14 @@ def probe(python: Path, source: str, torch: str = "unknown") -> Toolkit | Missin
     except OSError as error:
         return Missing(f"{source}: {python} cannot be run ({error.strerror})")
     lines = done.stdout.split()
-    if done.returncode != 0 or len(lines) != 3:
+    if done.returncode != 0 or len(lines) != 4:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         if "PackageNotFoundError" in last:
             return Missing(f"{source}: {python} has no rknn-toolkit2 installed")
         return Missing(f"{source}: {python} could not be asked for its rknn-toolkit2 version ({last})")
     if lines[2] != "yes":
         return Missing(f"{source}: {python} has rknn-toolkit2 metadata but no `rknn` package")
-    return Toolkit(python=python, version=lines[0], python_version=lines[1], source=source, torch=torch)
-
-
-def _managed_stamp(venv: Path) -> dict[str, str] | None:
-    try:
-        stamp = json.loads((venv / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-    return stamp if isinstance(stamp, dict) else None
+    return Toolkit(python=python, version=lines[0], python_version=lines[1], source=source, torch=lines[3])
 
 
 def locate(version: str | None = None) -> Toolkit | Missing:
@@ -111,9 +106,8 @@ def locate(version: str | None = None) -> Toolkit | Missing:
     if version is None and cache_root().is_dir():
         candidates += sorted(cache_root().glob("toolkit2-*"), reverse=True)
     for venv in candidates:
-        stamp = _managed_stamp(venv)
-        if stamp is not None:
-            return probe(venv_python(venv), f"managed venv {venv}", stamp.get("torch", "unknown"))
+        if (venv / STAMP).is_file():
+            return probe(venv_python(venv), f"managed venv {venv}")
     where = managed_dir(wanted)
     if where.exists():
         return Missing(f"{ENV_PYTHON} is not set and {where} is an unfinished install")

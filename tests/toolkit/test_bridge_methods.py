@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,35 @@ def test_a_method_this_toolkit_version_lacks_is_named(toolkit: Toolkit) -> None:
     if reply.ok:
         pytest.skip(f"rknn-toolkit2 {toolkit.version} has export_encrypted_rknn_model")
     assert f"rknn-toolkit2 {toolkit.version} has no RKNN.export_encrypted_rknn_model()" in reply.error
+
+
+TORCHSCRIPT = """
+import sys, torch
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1))
+net.eval()
+torch.jit.trace(net, torch.zeros(1, 3, 16, 16)).save(sys.argv[1])
+"""
+
+
+def test_load_pytorch_needs_real_torch(toolkit: Toolkit, tmp_path: Path) -> None:
+    """With real torch (the default install) a TorchScript model converts; with the stand-in the call
+    fails and says why."""
+    model = tmp_path / "net.pt"
+    if toolkit.torch == "stub":
+        model.write_bytes(b"not made: no torch here")
+    else:
+        subprocess.run([str(toolkit.python), "-I", "-c", TORCHSCRIPT, str(model)], check=True, timeout=300)
+    bridge = start(toolkit)
+    try:
+        assert bridge.call("config", target_platform="rk3588").value == 0
+        loaded = bridge.call("load_pytorch", str(model), input_size_list=[[1, 3, 16, 16]])
+        if toolkit.torch == "stub":
+            text = loaded.error + "".join(line for _, line in loaded.lines)
+            assert (not loaded.ok or loaded.value == -1) and "stand-in for torch" in text, loaded
+            return
+        assert (loaded.ok, loaded.value) == (True, 0), loaded.error
+        assert bridge.call("build", do_quantization=False).value == 0
+        assert bridge.call("export_rknn", str(tmp_path / "net.rknn")).value == 0
+    finally:
+        bridge.close()
+    assert (tmp_path / "net.rknn").read_bytes()[:4] == b"RKNN"

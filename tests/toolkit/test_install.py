@@ -72,7 +72,7 @@ def test_a_stamped_managed_venv_is_found(cache: Path, toolkit: Toolkit) -> None:
     (venv / "bin" / "python").symlink_to(toolkit.python)
     (venv / "lib").symlink_to(real / "lib")
     (venv / "pyvenv.cfg").write_bytes((real / "pyvenv.cfg").read_bytes())
-    (venv / STAMP).write_text(json.dumps({"version": "2.5.0", "torch": "stub"}))
+    (venv / STAMP).write_text(json.dumps({"version": "2.5.0"}))
     found = locate()
     assert isinstance(found, Toolkit), found
     assert found.version == toolkit.version and found.source == f"managed venv {venv}"

@@ -222,3 +222,28 @@ def test_a_toolkit_that_cannot_start_is_missing_with_the_reason(
     assert isinstance(started, Missing), started
     assert "while importing rknn.api (exit status 7): OSError: libcublas.so.12" in started.reason
     assert "rknn-client toolkit install" in started.message()
+
+
+def test_every_loader_refuses_a_corrupt_file_and_the_worker_keeps_serving(
+    toolkit: Toolkit, tmp_path: Path
+) -> None:
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"\x00garbage, not a model\xff" * 64)
+    loaders: list[tuple[str, list[object], dict[str, object]]] = [
+        ("load_onnx", [str(junk)], {}),
+        ("load_tflite", [str(junk)], {}),
+        ("load_caffe", [str(junk), str(junk)], {}),
+        ("load_darknet", [str(junk), str(junk)], {}),
+        ("load_tensorflow", [str(junk), ["input"], [[1, 3, 8, 8]], ["output"]], {}),
+    ]
+    bridge = start(toolkit)
+    try:
+        for method, args, kwargs in loaders:
+            assert bridge.call("config", target_platform="rk3588").value == 0
+            reply = bridge.call(method, *args, **kwargs)
+            said = reply.error + "".join(text for _, text in reply.lines)
+            assert not reply.ok or reply.value == -1, (method, reply)
+            assert f"{method}: " in said, (method, said)  # the toolkit names the failing call
+            assert bridge.alive, method
+    finally:
+        bridge.close()

@@ -120,12 +120,20 @@ def _worker_script() -> Path:
 class ToolkitBridge:
     """A running worker. Make one with `ToolkitBridge.start()`; call toolkit methods with `call()`."""
 
-    def __init__(self, toolkit: Toolkit, process: subprocess.Popen[bytes], request_fd: int, reply_fd: int,
-                 scratch: Path, ready: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        toolkit: Toolkit,
+        process: subprocess.Popen[bytes],
+        request_fd: int,
+        reply_fd: int,
+        scratch: Path,
+    ) -> None:
         self.toolkit = toolkit
         self.process = process
         self.scratch = scratch
-        self.info = ready
+        self.info: dict[str, Any] = {}  # the worker's hello: toolkit and Python versions
+        self._stopped_because: str | None = None
+        self._sent_files: list[Path] = []
         self._requests = os.fdopen(request_fd, "w", encoding="utf-8")
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read_replies, args=(reply_fd,), daemon=True).start()
@@ -158,13 +166,21 @@ class ToolkitBridge:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         try:
             process = subprocess.Popen(
-                [str(found.python), "-I", "-u", str(_worker_script()), str(request_r), str(reply_w), str(scratch)],
+                [
+                    str(found.python),
+                    "-I",
+                    "-u",
+                    str(_worker_script()),
+                    str(request_r),
+                    str(reply_w),
+                    str(scratch),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=(request_r, reply_w),
                 env=env,
-            )  # fmt: skip
+            )
         except OSError as error:
             for fd in (request_r, request_w, reply_r, reply_w):
                 os.close(fd)
@@ -172,7 +188,7 @@ class ToolkitBridge:
             return Missing(f"{found.python} cannot be run ({error.strerror})")
         os.close(request_r)
         os.close(reply_w)
-        bridge = cls(found, process, request_w, reply_r, scratch, {})
+        bridge = cls(found, process, request_w, reply_r, scratch)
         ready = bridge._wait_reply(start_timeout_s)
         if ready is None or not ready.get("ready"):
             detail = (ready or {}).get("error") or bridge._death_note("while importing rknn.api")
@@ -230,7 +246,7 @@ class ToolkitBridge:
         return f"the toolkit worker ended {doing} ({how})"
 
     def _stop(self, why: str) -> None:
-        self.stopped_because = why
+        self._stopped_because = why
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=30)
@@ -242,6 +258,7 @@ class ToolkitBridge:
             self._sent += 1
             path = self.scratch / f"in-{self._sent}.npy"
             np.save(path, np.ascontiguousarray(value), allow_pickle=False)
+            self._sent_files.append(path)
             return {ARRAY: str(path)}
         if isinstance(value, np.generic):
             return value.item()
@@ -285,8 +302,12 @@ class ToolkitBridge:
             if self.process.poll() is not None:
                 return Reply(False, error=self._gone(method))
             try:
-                request = {"method": method, "args": self._encode(list(args)),
-                           "kwargs": self._encode(kwargs), "cwd": os.getcwd()}  # fmt: skip
+                request = {
+                    "method": method,
+                    "args": self._encode(list(args)),
+                    "kwargs": self._encode(kwargs),
+                    "cwd": os.getcwd(),
+                }
             except (TypeError, OSError) as error:
                 return Reply(False, error=f"{method}: {error}")
             self._next_id += 1
@@ -297,6 +318,9 @@ class ToolkitBridge:
             except (BrokenPipeError, OSError):
                 return Reply(False, error=self._gone(method))
             answer = self._wait_reply(timeout_s)
+            for path in self._sent_files:  # a long inference loop must not fill the disk
+                path.unlink(missing_ok=True)
+            self._sent_files.clear()
             lines = self._collect(self._next_id if answer is not None else None)
             if answer is None:
                 return Reply(False, error=self._gone(method), lines=lines)
@@ -309,7 +333,7 @@ class ToolkitBridge:
         return [(s.name, line) for s in self._streams for line in s.take_lines(call_id, timeout)]
 
     def _gone(self, method: str) -> str:
-        why = getattr(self, "stopped_because", None)
+        why = self._stopped_because
         note = f"the toolkit worker was stopped: {why}" if why else self._death_note(f"during {method}")
         return f"{method}: {note}; its RKNN state is lost. If this repeats, {INSTALL_HINT}"
 

@@ -60,6 +60,7 @@ def test_simulator_inference_matches_onnxruntime_on_the_float_model(built: Toolk
         assert out.shape == expected.shape == (1, 10)
         assert cosine(out, expected) > 0.999
         assert int(np.argmax(out)) == int(np.argmax(expected))
+    assert not list(built.scratch.iterdir()), "arrays of finished calls must not pile up"
 
 
 def test_accuracy_analysis_writes_the_toolkits_layout(

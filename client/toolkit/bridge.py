@@ -285,6 +285,8 @@ class ToolkitBridge:
         if isinstance(value, dict):
             if set(value) == {ARRAY}:
                 path = Path(value[ARRAY])
+                if path.parent != self.scratch:  # only the worker's own result files are read (and removed)
+                    raise ValueError(f"the worker named an array outside its scratch dir: {path}")
                 array = np.load(path, allow_pickle=False)
                 path.unlink(missing_ok=True)
                 return array
@@ -326,7 +328,13 @@ class ToolkitBridge:
                 return Reply(False, error=self._gone(method), lines=lines)
             if not answer.get("ok"):
                 return Reply(False, error=str(answer.get("error")), lines=lines)
-            return Reply(True, value=self._decode(answer.get("value")), lines=lines)
+            try:
+                value = self._decode(answer.get("value"))
+            except (OSError, ValueError) as error:
+                return Reply(
+                    False, error=f"{method}: unreadable result from the toolkit worker: {error}", lines=lines
+                )
+            return Reply(True, value=value, lines=lines)
 
     def _collect(self, call_id: int | None) -> list[tuple[str, str]]:
         timeout = SYNC_TIMEOUT_S if call_id is not None else 2.0

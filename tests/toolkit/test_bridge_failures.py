@@ -247,3 +247,42 @@ def test_every_loader_refuses_a_corrupt_file_and_the_worker_keeps_serving(
             assert bridge.alive, method
     finally:
         bridge.close()
+
+
+FAKE_WORKER = """
+import json, os, sys
+requests, replies = os.fdopen(int(sys.argv[-3])), os.fdopen(int(sys.argv[-2]), "w")
+replies.write(json.dumps({"ready": True}) + "\\n"); replies.flush()
+for line in requests:
+    request = json.loads(line)
+    call = request["id"]
+    for stream in (sys.stdout, sys.stderr):
+        stream.write("\\x1erknn-bridge-sync %d\\n" % call); stream.flush()
+    value = 0 if request["method"] in ("new", "release") else {"$ndarray": os.environ["VICTIM"]}
+    replies.write(json.dumps({"id": call, "ok": True, "value": value}) + "\\n")
+    replies.flush()
+"""
+
+
+def test_result_files_outside_the_scratch_dir_are_neither_read_nor_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that names someone else's file as its result (a bug, or a hostile interpreter) gets
+    an error; the file is left alone."""
+    victim = tmp_path / "victim.npy"
+    np.save(victim, np.arange(3))
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("VICTIM", str(victim))
+    fake = Toolkit(python=wrapper, version="2.5.0", python_version="3", source="test", torch="missing")
+    bridge = ToolkitBridge.start(fake)
+    assert isinstance(bridge, ToolkitBridge), bridge
+    try:
+        reply = bridge.call("inference", inputs=[np.zeros(2)])
+    finally:
+        bridge.close()
+    assert not reply.ok and "outside its scratch dir" in reply.error
+    np.testing.assert_array_equal(np.load(victim), np.arange(3))

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 SYNC = "\x1erknn-bridge-sync"
@@ -94,7 +95,7 @@ class Worker:
         self.reply.write(json.dumps(message) + "\n")
         self.reply.flush()
 
-    def decode(self, value):  # type: ignore[no-untyped-def]
+    def decode(self, value: Any) -> Any:
         import numpy as np
 
         if isinstance(value, dict):
@@ -107,7 +108,7 @@ class Worker:
             return [self.decode(v) for v in value]
         return value
 
-    def encode(self, value):  # type: ignore[no-untyped-def]
+    def encode(self, value: Any) -> Any:
         import numpy as np
 
         if isinstance(value, np.ndarray):
@@ -126,7 +127,7 @@ class Worker:
         return repr(value)
 
     @staticmethod
-    def custom_op(spec: dict):  # type: ignore[no-untyped-def]
+    def custom_op(spec: dict) -> Any:
         """A custom op class sent as its source: defined here beside numpy and the toolkit's helpers."""
         import numpy as np
         from rknn.api import custom_op
@@ -136,7 +137,7 @@ class Worker:
         exec(compile(spec["source"], "<custom op {}>".format(spec["name"]), "exec"), namespace)
         return namespace[spec["name"]]()
 
-    def handle(self, request: dict) -> dict:
+    def handle(self, request: dict) -> dict[str, Any]:
         method = request.get("method")
         if method == "new":
             from rknn.api import RKNN
@@ -155,15 +156,19 @@ class Worker:
         value = getattr(self.rknn, method)(*args, **kwargs)
         return {"ok": True, "value": self.encode(value)}
 
-    def serve(self, requests) -> None:  # type: ignore[no-untyped-def]
+    def serve(self, requests: Iterable[str]) -> None:
         for line in requests:
             request = json.loads(line)
             call_id = int(request.get("id", 0))
             if request.get("method") == "release":
-                if self.rknn is not None:
-                    self.rknn.release()
+                reply: dict[str, Any] = {"ok": True, "value": None}
+                try:
+                    if self.rknn is not None:
+                        self.rknn.release()
+                except Exception as error:
+                    reply = {"ok": False, "error": _reason(error)}
                 _flush_streams(call_id)
-                self.send({"id": call_id, "ok": True, "value": None})
+                self.send({"id": call_id, **reply})
                 return
             try:
                 reply = self.handle(request)

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test lint typecheck proto proto-check unit bench clean
+.PHONY: install demo test lint typecheck proto proto-check unit bench clean toolkit
 
 $(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,7 +51,13 @@ lint: $(DEV_STAMP)
 typecheck: $(DEV_STAMP)
 	cd src && ../$(VENV)/bin/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p rknn_proto -p rknn_server -p rknn_client
 
-unit: install
+# The real RKNN-Toolkit2 that tests/toolkit drive through the bridge: installed once into
+# ~/.cache/rknn_client (kept between runs and clones), with the stand-in for torch (docs/toolkit-bridge.md).
+toolkit: $(DEV_STAMP)
+	@$(VENV)/bin/rknn-client toolkit status >/dev/null 2>&1 || $(VENV)/bin/rknn-client toolkit install --torch-stub \
+		|| echo "RKNN-Toolkit2 could not be installed; tests/toolkit will skip"
+
+unit: install toolkit
 	$(PY) -m pytest -q
 
 test: lint typecheck proto-check unit

@@ -39,6 +39,7 @@ from rknn_client.input_files import InputFileError, check_input_files, image_siz
 from rknn_client.progress import byte_bar
 from rknn_client.report import memory_text, perf_text, readable_size
 from rknn_client.timing import measure, sample_inputs
+from rknn_client.toolkit.cli import add_toolkit_commands
 from rknn_client.transport.base import TransportError
 
 # A transfer shorter than this shows no bar (only a few MB and up take that long).
@@ -291,6 +292,7 @@ def parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("exec", help="run an unmodified RKNN-Toolkit2/RKNNLite script on rknn_client")
     ex.add_argument("script", help="the script; `rknn.api` and `rknnlite.api` resolve to rknn_client")
     ex.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    add_toolkit_commands(sub)
     return p
 
 

@@ -1,0 +1,36 @@
+"""NOT PyTorch: rknn-client's stand-in, installed only by `rknn-client toolkit install --torch-stub`.
+
+`rknn.api` imports torch at import time and uses just `torch.nn.Module` (as a base class) and
+`torch.no_grad()` (as a decorator) until a PyTorch model is loaded. The PyPI torch wheel needs
+gigabytes of CUDA libraries merely to import, so tests may install this instead: ONNX, TFLite, Caffe
+and Darknet conversion, build, export and the simulator work; anything that really needs torch
+(load_pytorch) fails with the message below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__version__ = "2.4.0+rknn.client.stub"
+STUB_NOTE = (
+    "this environment has rknn-client's stand-in for torch (toolkit installed with --torch-stub), "
+    "not PyTorch; reinstall with `rknn-client toolkit install` (without --torch-stub) to use it"
+)
+
+
+class no_grad:
+    """Decorator / context manager that does nothing (there are no tensors to track)."""
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return fn
+
+    def __enter__(self) -> no_grad:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def __getattr__(name: str) -> Any:
+    raise AttributeError(f"torch.{name}: {STUB_NOTE}")

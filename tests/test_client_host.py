@@ -166,9 +166,10 @@ def test_rknn_server_env_selects_the_daemon(host_daemon: DaemonProcess, cnn_mode
     rknn.release()
 
 
-def test_export_rknn_refuses_with_a_reason(capsys) -> None:
-    assert RKNN().export_rknn("x.rknn") == -1
-    assert "Rockchip" in capsys.readouterr().err
+def test_export_rknn_before_build_refuses_with_a_reason(capsys, tmp_path: Path) -> None:
+    assert RKNN().export_rknn(str(tmp_path / "x.rknn")) == -1
+    assert "load_onnx() and build() first" in capsys.readouterr().err
+    assert not (tmp_path / "x.rknn").exists()
 
 
 def test_load_rknn_on_the_host_runtime_says_what_to_do(
@@ -180,4 +181,4 @@ def test_load_rknn_on_the_host_runtime_says_what_to_do(
     assert rknn.load_rknn(str(model)) == 0
     assert rknn.init_runtime(target=None, device_id=host_daemon.url) == -1
     err = capsys.readouterr().err
-    assert "RKNN model" in err and "rknnrt" in err and "load_onnx" in err
+    assert "real RKNN model" in err and "host runtime cannot run RKNN models" in err and "load_onnx" in err

@@ -23,15 +23,18 @@ from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import TlsFiles, TokenTable, listen_policy
 from rknn_server.guard import Guard
+from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
+from rknn_server.metrics import DaemonMetrics, StateCollector
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
 from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions
-from rknn_server.runtime.isolated import IsolatedRuntime
+from rknn_server.runtime.isolated import IsolatedRuntime, same_backend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
 from rknn_server.sessions import Session, SessionRegistry
+from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
 SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
@@ -63,20 +66,23 @@ class DaemonConfig:
     tls: TlsFiles | None = None
     insecure: bool = False
     backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
+    metrics_listen: ListenAddress | None = None  # HTTP: /metrics and the KServe v2 health endpoints
 
 
-def _same(backend: Backend) -> Backend:
-    return backend
-
-
-def make_opener(config: DaemonConfig):  # type: ignore[no-untyped-def]
+def make_opener(config: DaemonConfig, metrics: DaemonMetrics):  # type: ignore[no-untyped-def]
     """How sessions load models: in this process, or each in a worker process of its own."""
 
     def in_process(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
         return backend.open(path, options)
 
     def in_worker(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
-        return IsolatedRuntime(functools.partial(_same, backend), path, options, config.call_timeout_s)
+        return IsolatedRuntime(
+            functools.partial(same_backend, backend),
+            path,
+            options,
+            config.call_timeout_s,
+            metrics.worker_lost,
+        )
 
     return in_worker if config.isolation == "process" else in_process
 
@@ -107,6 +113,8 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     credentials = _server_credentials(config.tls) if config.tls else None
     exposure = listen_policy(config.listen, tokens is not None or credentials is not None, config.insecure)
     warnings = list(exposure)
+    if config.metrics_listen is not None:
+        warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
     if config.call_timeout_s and config.isolation != "process":
         warnings.append(
             "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
@@ -126,6 +134,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             plugin_dir=config.plugin_dir,
         )
     cache = ModelCache(config.model_cache, config.cache_limits)
+    metrics = DaemonMetrics()
     executor = ThreadPoolExecutor(
         max_workers=max(4, config.max_sessions, config.max_inflight_requests), thread_name_prefix="runtime"
     )
@@ -141,7 +150,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         cache,
         registry,
         executor,
-        make_opener(config),
+        make_opener(config, metrics),
         ServiceConfig(
             tensor_limits=config.tensor_limits,
             runtime_reason=reason,
@@ -155,9 +164,17 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             warnings=tuple(warnings),
             instance_id=secrets.token_hex(8),
         ),
+        metrics,
     )
+    guard = Guard(tokens, config.auth_loopback, config.max_inflight_requests)
+    metrics.watch(
+        StateCollector(
+            registry.__len__, service.reservations.info_fields, lambda: guard.inflight_by_client, cache
+        )
+    )
+    metrics.watch(BoardTelemetry(config.sysfs_root))
     server = grpc.aio.server(
-        interceptors=[Guard(tokens, config.auth_loopback, config.max_inflight_requests)],
+        interceptors=[guard],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -182,11 +199,22 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         if address.scheme == "tcp" and port == 0:
             raise OSError(f"cannot listen on {address.display()}: the address is in use or not available")
         bound.append(address.display(port))
+    serving = asyncio.Event()
+    http_server = None
+    if config.metrics_listen is not None:
+        endpoint = HttpEndpoint(
+            Routes(metrics.exposition, serving.is_set), HttpAccess(tokens, config.auth_loopback)
+        )
+        http_server, http_port = await endpoint.start(config.metrics_listen)
     await server.start()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
+    serving.set()
     for text in bound:
         print(f"listening on {text}", flush=True)
+    if http_server is not None and config.metrics_listen is not None:
+        address = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1)
+        print(f"metrics on {address}/metrics", flush=True)
     log.info(
         "daemon_started",
         version=__version__,
@@ -210,6 +238,9 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ready.set()
     await stop.wait()
     log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(registry))
+    serving.clear()
+    if http_server is not None:
+        http_server.close()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
     reaper.cancel()

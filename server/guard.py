@@ -7,6 +7,7 @@ certificate. Health and reflection stay open so that probes work without credent
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
@@ -42,8 +43,9 @@ class Guard(grpc.aio.ServerInterceptor):
         self.auth_loopback = auth_loopback
         self.max_inflight = max_inflight
         self.inflight = 0
+        self.inflight_by_client: Counter[str] = Counter()  # read by the metrics at scrape time
 
-    async def _admit(self, context: Context) -> None:
+    async def _admit(self, context: Context) -> str:
         """Check the caller, count the call in, and record who it is (for limits and logs)."""
         peer = context.peer() or ""
         token = bearer_token(tuple(context.invocation_metadata() or ()))
@@ -65,16 +67,24 @@ class Guard(grpc.aio.ServerInterceptor):
         _IDENTITY.set(identity)
         structlog.contextvars.bind_contextvars(client=identity)
         self.inflight += 1
+        self.inflight_by_client[identity] += 1
+        return identity
+
+    def _leave(self, identity: str) -> None:
+        self.inflight -= 1
+        self.inflight_by_client[identity] -= 1
+        if self.inflight_by_client[identity] <= 0:
+            del self.inflight_by_client[identity]
 
     def _unary_response(self, inner: Any) -> Callable[..., Any]:
         """Wrap a handler that answers once (its type in grpc's stubs is the sync one, hence Any)."""
 
         async def behavior(request: Any, context: Context) -> Any:
-            await self._admit(context)
+            identity = await self._admit(context)
             try:
                 return await inner(request, context)
             finally:
-                self.inflight -= 1
+                self._leave(identity)
 
         return behavior
 
@@ -82,12 +92,12 @@ class Guard(grpc.aio.ServerInterceptor):
         """Wrap a handler that answers with a stream."""
 
         async def behavior(request: Any, context: Context) -> AsyncIterator[Any]:
-            await self._admit(context)
+            identity = await self._admit(context)
             try:
                 async for response in inner(request, context):
                     yield response
             finally:
-                self.inflight -= 1
+                self._leave(identity)
 
         return behavior
 

@@ -177,10 +177,20 @@ class Upload:
         self._cache.end_upload(self.manifest.digest)
 
 
+@dataclass
+class CacheStats:
+    """Counts read by the metrics: uploads skipped as the model was cached (hits), models stored, evicted."""
+
+    hits: int = 0
+    stored: int = 0
+    evictions: int = 0
+
+
 class ModelCache:
     def __init__(self, root: Path, limits: CacheLimits) -> None:
         self.root = root
         self.limits = limits
+        self.stats = CacheStats()
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()
         self._uploading: set[str] = set()
@@ -219,6 +229,8 @@ class ModelCache:
         """(cached, held bytes per file) for a model about to be uploaded."""
         validate_manifest(manifest, self.limits)
         if self.has(manifest.digest):
+            with self._lock:
+                self.stats.hits += 1
             self.touch(manifest.digest)
             return True, [0] * len(manifest.files)
         partial = self.partial_dir(manifest.digest)
@@ -286,6 +298,8 @@ class ModelCache:
             os.replace(staging, target)
         shutil.rmtree(partial, ignore_errors=True)
         self.touch(manifest.digest)
+        with self._lock:
+            self.stats.stored += 1
         return target / manifest.files[0].name
 
     def main_file(self, digest: str) -> Path:
@@ -353,6 +367,7 @@ class ModelCache:
                     continue
                 shutil.rmtree(d, ignore_errors=True)
                 used -= sizes[d]
+                self.stats.evictions += 1
             if used + incoming > self.limits.quota_bytes:
                 raise ResourceExhausted(
                     f"model cache is full: {used} bytes held by models in use, {incoming} more needed, "

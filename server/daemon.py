@@ -238,11 +238,11 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ready.set()
     await stop.wait()
     log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(registry))
-    serving.clear()
-    if http_server is not None:
-        http_server.close()
+    serving.clear()  # /v2/health/ready answers 503 while the calls in flight finish
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
+    if http_server is not None:
+        http_server.close()
     reaper.cancel()
     for session in registry.drain():
         registry.close(session, "daemon shutting down")

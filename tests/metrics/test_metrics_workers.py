@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 from rknn_client import connect
 from rknn_client.errors import RknnError
 from tests import models
-from tests.metrics.conftest import samples, scrape
+from tests.metrics.conftest import get, samples, scrape
 from tests.reliability.stall_backend import STALL_VALUE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +88,29 @@ def test_a_stalled_call_is_in_flight_then_its_killed_worker_is_counted(
     assert samples(during["rknn_worker_lost"], "rknn_worker_lost_total") == {}
     assert failures and f"did not answer run within {CALL_TIMEOUT_S}" in str(failures[0])
     assert samples(after["rknn_worker_lost"], "rknn_worker_lost_total") == {(("reason", "timeout"),): 1}
+
+
+def test_readiness_turns_503_while_a_stopping_daemon_finishes_its_calls(
+    metrics_daemon_factory, tmp_path: Path, _stall_backend: Path
+) -> None:
+    daemon = metrics_daemon_factory("--grace", "60", "--backend", "tests.reliability.stall_backend:factory")
+    ready, live = f"{daemon.base}/v2/health/ready", f"{daemon.base}/v2/health/live"
+    assert get(ready)[0] == 200 and get(live)[0] == 200
+    model = models.small_cnn(tmp_path / "cnn.onnx")
+    with connect(daemon.daemon.url) as device:
+        session = device.load(model)
+        call = threading.Thread(
+            target=lambda: session.run([np.full((1, 3, 16, 16), STALL_VALUE, np.float32)]), daemon=True
+        )
+        call.start()
+        _wait_for(_stall_backend / "started")
+        daemon.daemon.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 90
+        while "daemon_stopping" not in daemon.daemon.log_text():
+            assert time.monotonic() < deadline, "the daemon did not start stopping"
+            time.sleep(0.05)
+        assert get(ready)[0] == 503
+        assert get(live)[0] == 200
+        (_stall_backend / "release").touch()
+        call.join(90)
+    assert daemon.daemon.process.wait(90) == 0

@@ -14,6 +14,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from demo.daemon_process import START_TIMEOUT_S, DaemonProcess, start_daemon
+from tests.rknnrt.fake_sysfs import put, rk3588_board
 
 METRICS_LINE = "metrics on "
 
@@ -89,3 +90,15 @@ def samples(family: Metric, name: str | None = None) -> dict[tuple[tuple[str, st
     """A family's samples named `name` (default: the family's own), keyed by their sorted labels."""
     wanted = name or family.name
     return {tuple(sorted(s.labels.items())): s.value for s in family.samples if s.name == wanted}
+
+
+def telemetry_board(root: Path) -> Path:
+    """An RK3588 with NPU load in debugfs, two thermal zones (one unreadable) and /proc/meminfo."""
+    rk3588_board(root)
+    put(root, "sys/kernel/debug/rknpu/load", "NPU load:  Core0: 12%, Core1:  0%, Core2: 100%,\n")
+    put(root, "sys/class/thermal/thermal_zone0/type", "soc-thermal\n")
+    put(root, "sys/class/thermal/thermal_zone0/temp", "45250\n")
+    put(root, "sys/class/thermal/thermal_zone1/type", "npu-thermal\n")
+    put(root, "sys/class/thermal/thermal_zone1/temp", "")  # a sensor that reads nothing: no sample
+    put(root, "proc/meminfo", "MemTotal:        8010000 kB\nMemFree:  100 kB\nMemAvailable:    5000000 kB\n")
+    return root

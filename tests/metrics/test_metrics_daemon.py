@@ -13,24 +13,11 @@ from rknn_client import connect
 from rknn_client.errors import InvalidInput
 from rknn_proto.manifest import describe_files
 from tests import models
-from tests.metrics.conftest import MetricsDaemon, samples, scrape, start_metrics_daemon
-from tests.rknnrt.fake_sysfs import put, rk3588_board
+from tests.metrics.conftest import MetricsDaemon, samples, scrape, start_metrics_daemon, telemetry_board
 
 RUNS = 5
 INPUT = np.ones((1, 3, 16, 16), dtype=np.float32)
 OUTPUT_BYTES = 10 * 4  # small_cnn answers (1, 10) float32
-
-
-def telemetry_board(root: Path) -> Path:
-    """An RK3588 with NPU load in debugfs, two thermal zones (one unreadable) and /proc/meminfo."""
-    rk3588_board(root)
-    put(root, "sys/kernel/debug/rknpu/load", "NPU load:  Core0: 12%, Core1:  0%, Core2: 100%,\n")
-    put(root, "sys/class/thermal/thermal_zone0/type", "soc-thermal\n")
-    put(root, "sys/class/thermal/thermal_zone0/temp", "45250\n")
-    put(root, "sys/class/thermal/thermal_zone1/type", "npu-thermal\n")
-    put(root, "sys/class/thermal/thermal_zone1/temp", "")  # a sensor that reads nothing: no sample
-    put(root, "proc/meminfo", "MemTotal:        8010000 kB\nMemFree:  100 kB\nMemAvailable:    5000000 kB\n")
-    return root
 
 
 @pytest.fixture(scope="module")

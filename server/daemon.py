@@ -200,27 +200,28 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             raise OSError(f"cannot listen on {address.display()}: the address is in use or not available")
         bound.append(address.display(port))
     serving = asyncio.Event()
-    http_server = None
+    http_server, metrics_url = None, ""
     if config.metrics_listen is not None:
         endpoint = HttpEndpoint(
             Routes(metrics.exposition, serving.is_set), HttpAccess(tokens, config.auth_loopback)
         )
         http_server, http_port = await endpoint.start(config.metrics_listen)
+        metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"
     await server.start()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()
     for text in bound:
         print(f"listening on {text}", flush=True)
-    if http_server is not None and config.metrics_listen is not None:
-        address = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1)
-        print(f"metrics on {address}/metrics", flush=True)
+    if metrics_url:
+        print(f"metrics on {metrics_url}", flush=True)
     log.info(
         "daemon_started",
         version=__version__,
         runtime=backend.name,
         reason=reason,
         listen=bound,
+        metrics=metrics_url or None,
         soc=backend.soc(),
         auth="token" if tokens else "none",
         tls=credentials is not None,

@@ -109,25 +109,10 @@ class HttpEndpoint:
             return
         self._connections += 1
         try:
-            try:
-                status, content_type, body = await self._answer(reader, writer)
-            except (OSError, asyncio.TimeoutError):
-                raise
-            except Exception as exc:
-                log.error("http_request_failed", error=f"{type(exc).__name__}: {exc}")
-                status, content_type, body = 500, TEXT, b"the daemon failed to answer; see its log\n"
-            head = (
-                f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n"
-            )
-            if status == 401:
-                head += 'WWW-Authenticate: Bearer realm="rknn_server"\r\n'
-            if status == 405:
-                head += "Allow: GET\r\n"
-            writer.write(head.encode() + b"\r\n" + body)
+            writer.write(_response(*await self._answer(reader, writer)))
             await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError):
-            pass
+            pass  # the client went away, or was too slow to send its request or read the answer
         finally:
             self._connections -= 1
             writer.close()
@@ -154,8 +139,24 @@ class HttpEndpoint:
         if not admits(self.access, loopback, bearer_token(list(headers.items()))):
             return 401, TEXT, b"send the daemon's token: 'Authorization: Bearer <token>'\n"
         if route == "/metrics":
-            return 200, METRICS_CONTENT_TYPE, self.routes.metrics()
+            try:
+                return 200, METRICS_CONTENT_TYPE, self.routes.metrics()
+            except Exception as exc:
+                log.error("metrics_failed", error=f"{type(exc).__name__}: {exc}")
+                return 500, TEXT, b"the daemon failed to collect its metrics; see its log\n"
         return 404, TEXT, b"not found; this listener serves /metrics, /v2/health/live and /v2/health/ready\n"
+
+
+def _response(status: int, content_type: str, body: bytes) -> bytes:
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+    )
+    if status == 401:
+        head += 'WWW-Authenticate: Bearer realm="rknn_server"\r\n'
+    if status == 405:
+        head += "Allow: GET\r\n"
+    return head.encode() + b"\r\n" + body
 
 
 async def _read_line(reader: asyncio.StreamReader) -> str:

@@ -9,7 +9,6 @@ documented in docs/metrics-and-inference-protocol.md.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,8 +54,7 @@ class DaemonMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._models: set[str] = set()
-        self._models_lock = threading.Lock()
+        self._models: set[str] = set()  # model labels in use; runs are observed on the event loop only
         r = self.registry
         self.rpcs = Counter(
             "rknn_rpc", "RPCs finished, by method and status code", ["method", "outcome"], registry=r
@@ -113,9 +111,7 @@ class DaemonMetrics:
 
     def _model_label(self, digest: str) -> str:
         label = digest[:MODEL_LABEL_CHARS]
-        with self._models_lock:
-            if label in self._models:
-                return label
+        if label not in self._models:
             if len(self._models) >= MAX_MODEL_LABELS:
                 return OTHER_MODEL
             self._models.add(label)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rknn_server.auth import TokenTable
-from rknn_server.http_endpoint import HttpAccess, admits, check_exposure, parse_metrics_listen
+from rknn_server.http_endpoint import HEAD_TIMEOUT_S, HttpAccess, admits, check_exposure, parse_metrics_listen
 from tests.metrics.conftest import MetricsDaemon, get, scrape
 
 TOKEN = "metrics-token-0123456789abcdef"
@@ -24,11 +25,13 @@ def token_file(folder: Path) -> Path:
     return path
 
 
-def raw_request(daemon: MetricsDaemon, data: bytes) -> bytes:
-    """Send bytes to the HTTP listener and read its whole answer (it closes after one)."""
+def raw_request(daemon: MetricsDaemon, data: bytes, end: bool = True) -> bytes:
+    """Send bytes to the HTTP listener (then end the request stream, if `end`) and read its whole answer."""
     host, _, port = daemon.base.removeprefix("http://").rpartition(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(data)
+        if end:
+            sock.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
@@ -67,7 +70,7 @@ def test_a_strict_http_parser_keeps_serving(metrics_daemon_factory) -> None:
     assert raw_request(daemon, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 431 ")
     many = b"".join(b"X-%d: y\r\n" % i for i in range(100))
     assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
-    assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\nHost") == b""  # ended mid-head: nothing to answer
+    assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\nHost").startswith(b"HTTP/1.1 400 ")
     assert raw_request(daemon, b"\xff\xfe /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400 ")
     assert "rknn_rpc" in scrape(daemon.metrics_url)
     assert daemon.daemon.process.poll() is None
@@ -112,3 +115,11 @@ def test_a_non_loopback_metrics_port_opens_with_a_token_or_insecure() -> None:
     assert (
         check_exposure(parse_metrics_listen("tcp://127.0.0.1:9464"), has_tokens=False, insecure=False) == []
     )
+
+
+def test_a_silent_client_is_dropped_at_the_head_deadline(metrics_daemon_factory) -> None:
+    daemon = metrics_daemon_factory()
+    started = time.monotonic()
+    assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\n", end=False) == b""
+    assert HEAD_TIMEOUT_S <= time.monotonic() - started < HEAD_TIMEOUT_S + 20
+    assert "rknn_rpc" in scrape(daemon.metrics_url)

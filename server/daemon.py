@@ -169,7 +169,11 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     guard = Guard(tokens, config.auth_loopback, config.max_inflight_requests)
     metrics.watch(
         StateCollector(
-            registry.__len__, service.reservations.info_fields, lambda: guard.inflight_by_client, cache
+            registry.__len__,
+            service.reservations.info_fields,
+            lambda: guard.inflight_by_client,
+            lambda: guard.refused,
+            cache,
         )
     )
     metrics.watch(BoardTelemetry(config.sysfs_root))

@@ -43,7 +43,9 @@ class Guard(grpc.aio.ServerInterceptor):
         self.auth_loopback = auth_loopback
         self.max_inflight = max_inflight
         self.inflight = 0
-        self.inflight_by_client: Counter[str] = Counter()  # read by the metrics at scrape time
+        # Read by the metrics at scrape time: calls served per client, calls refused per status code.
+        self.inflight_by_client: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
 
     async def _admit(self, context: Context) -> str:
         """Check the caller, count the call in, and record who it is (for limits and logs)."""
@@ -52,12 +54,14 @@ class Guard(grpc.aio.ServerInterceptor):
         name = self.tokens.identify(token) if self.tokens is not None and token is not None else None
         if self.tokens is not None and name is None and (self.auth_loopback or not is_local_peer(peer)):
             problem = "carries no token" if token is None else "carries a token this daemon does not accept"
+            self.refused[grpc.StatusCode.UNAUTHENTICATED.name] += 1
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"the call {problem}; send gRPC metadata 'authorization: Bearer <token>' "
                 "(rknn_client: token= or RKNN_SERVER_TOKEN)",
             )
         if self.inflight >= self.max_inflight:
+            self.refused[grpc.StatusCode.RESOURCE_EXHAUSTED.name] += 1
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the daemon is serving {self.inflight} calls, the limit max_inflight_requests="

@@ -127,18 +127,21 @@ class DaemonMetrics:
 
 
 class StateCollector(Collector):
-    """The daemon's own state, read at scrape time: sessions, reservations, calls in flight, model cache."""
+    """The daemon's own state, read at scrape time: sessions, reservations, calls in flight and refused,
+    model cache."""
 
     def __init__(
         self,
         sessions: Callable[[], int],
         reservation: Callable[[], Mapping[str, Any]],
         inflight: Callable[[], Mapping[str, int]],
+        refused: Callable[[], Mapping[str, int]],
         cache: ModelCache,
     ) -> None:
         self._sessions = sessions
         self._reservation = reservation
         self._inflight = inflight
+        self._refused = refused
         self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
@@ -160,6 +163,14 @@ class StateCollector(Collector):
         for client, count in sorted(self._inflight().items()):
             inflight.add_metric([client], count)
         yield inflight
+        refused = CounterMetricFamily(
+            "rknn_rpc_refused",
+            "Calls refused before a handler: no or a wrong token, or max_inflight_requests reached",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(self._refused().items()):
+            refused.add_metric([outcome], count)
+        yield refused
         entries, size = cache_usage(self._cache.root / "models")
         yield GaugeMetricFamily("rknn_model_cache_entries", "Models in the cache", value=entries)
         yield GaugeMetricFamily("rknn_model_cache_bytes", "Bytes of the models in the cache", value=size)

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from rknn_client import connect
+from rknn_client.errors import AuthenticationFailed
 from rknn_server.auth import TokenTable
 from rknn_server.http_endpoint import HEAD_TIMEOUT_S, HttpAccess, admits, check_exposure, parse_metrics_listen
-from tests.metrics.conftest import MetricsDaemon, get, scrape
+from tests.metrics.conftest import MetricsDaemon, get, samples, scrape
 
 TOKEN = "metrics-token-0123456789abcdef"
 
@@ -51,12 +53,26 @@ def test_the_access_rule() -> None:
     assert admits(strict, loopback=True, token=TOKEN)
 
 
-def test_a_tokened_metrics_port_needs_the_token(metrics_daemon_factory, tmp_path: Path) -> None:
+def test_a_tokened_metrics_port_needs_the_token(
+    metrics_daemon_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RKNN_SERVER_TOKEN", raising=False)
     daemon = metrics_daemon_factory("--auth-token-file", str(token_file(tmp_path)), "--auth-loopback")
     status, body = get(daemon.metrics_url)
     assert status == 401 and b"Bearer" in body and b"rknn_" not in body
     assert get(daemon.metrics_url, token="not-the-token-0123456789")[0] == 401
     assert "rknn_rpc" in scrape(daemon.metrics_url, token=TOKEN)
+    # gRPC calls refused at the gate are counted apart from the calls served.
+    for token in (None, "not-the-token-0123456789"):
+        with connect(daemon.daemon.url, token=token) as device, pytest.raises(AuthenticationFailed):
+            device.info(refresh=True)
+    with connect(daemon.daemon.url, token=TOKEN) as device:
+        device.info(refresh=True)
+    found = scrape(daemon.metrics_url, token=TOKEN)
+    assert samples(found["rknn_rpc_refused"], "rknn_rpc_refused_total") == {
+        (("outcome", "UNAUTHENTICATED"),): 2
+    }
+    assert samples(found["rknn_rpc"], "rknn_rpc_total") == {(("method", "GetInfo"), ("outcome", "OK")): 1}
     # Health needs no token: load balancers and probes ask it.
     assert get(f"{daemon.base}/v2/health/live")[0] == 200
     assert get(f"{daemon.base}/v2/health/ready")[0] == 200

@@ -8,6 +8,7 @@ and a frame's chunks are built and sent while the caller waits for an earlier fr
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
@@ -112,6 +113,11 @@ class Pipeline:
         if self._pending:
             self._call.cancel()
             self._pending.clear()
+            return
+        # Every frame is answered: read the daemon's end of the stream, or dropping the call would cancel
+        # it while the daemon completes it (its log and metrics would count a finished stream as cancelled).
+        with contextlib.suppress(grpc.RpcError):
+            collections.deque(self._responses, maxlen=0)
 
     def __enter__(self) -> Pipeline:
         return self

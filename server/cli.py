@@ -14,7 +14,8 @@ from rknn_proto.version import DEFAULT_PORT, MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
-from rknn_server.listen import DEFAULT_LISTEN, parse_listen
+from rknn_server.http_endpoint import parse_metrics_listen
+from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.logs import configure
 from rknn_server.memory import MemoryLimits, parse_size
 from rknn_server.model_cache import CacheLimits
@@ -32,6 +33,13 @@ def _listen_arg(text: str) -> str:
 def _size_arg(text: str) -> int:
     try:
         return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _metrics_listen_arg(text: str) -> ListenAddress:
+    try:
+        return parse_metrics_listen(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -171,6 +179,14 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     security.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback listener without token or TLS (warns)"
+    )
+    p.add_argument(
+        "--metrics-listen",
+        type=_metrics_listen_arg,
+        default=None,
+        metavar="ADDR",
+        help="serve Prometheus /metrics and /v2/health/{live,ready} over HTTP on tcp://HOST:PORT "
+        "(default: off; a non-loopback address needs --auth-token-file or --insecure)",
     )
     limits = p.add_argument_group("limits", "a request beyond one gets RESOURCE_EXHAUSTED naming it")
     defaults = codec.TensorLimits()
@@ -337,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None,
         insecure=args.insecure,
         backend=args.backend,
+        metrics_listen=args.metrics_listen,
     )
     try:
         return run(config)

@@ -23,16 +23,19 @@ from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.guard import CallLimits, Guard
+from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
 from rknn_server.memory import MemoryLimits
+from rknn_server.metrics import DaemonMetrics, StateCollector
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
 from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions
-from rknn_server.runtime.isolated import IsolatedRuntime
+from rknn_server.runtime.isolated import IsolatedRuntime, same_backend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
 from rknn_server.sessions import Session, SessionRegistry
+from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
 SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
@@ -72,6 +75,7 @@ class DaemonConfig:
     stream_idle_timeout_s: float = 30.0
     # Memory budgets (server/memory.py): incoming frames' buffers, and what one session may use.
     memory: MemoryLimits = field(default_factory=MemoryLimits.for_machine)
+    metrics_listen: ListenAddress | None = None  # HTTP: /metrics and the KServe v2 health endpoints
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -87,18 +91,20 @@ KEEPALIVE_OPTIONS = [
 ]
 
 
-def _same(backend: Backend) -> Backend:
-    return backend
-
-
-def make_opener(config: DaemonConfig):  # type: ignore[no-untyped-def]
+def make_opener(config: DaemonConfig, metrics: DaemonMetrics):  # type: ignore[no-untyped-def]
     """How sessions load models: in this process, or each in a worker process of its own."""
 
     def in_process(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
         return backend.open(path, options)
 
     def in_worker(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
-        return IsolatedRuntime(functools.partial(_same, backend), path, options, config.call_timeout_s)
+        return IsolatedRuntime(
+            functools.partial(same_backend, backend),
+            path,
+            options,
+            config.call_timeout_s,
+            metrics.worker_lost,
+        )
 
     return in_worker if config.isolation == "process" else in_process
 
@@ -187,6 +193,8 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             "--trust-loopback: every process on this machine (and in its network namespace, and adb users) "
             "may call without a token or certificate"
         )
+    if config.metrics_listen is not None:
+        warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
     if config.call_timeout_s and config.isolation != "process":
         warnings.append(
             "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
@@ -208,6 +216,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     cache = ModelCache(config.model_cache, config.cache_limits)
     if config.verify_cache:
         _verify_cache(cache)
+    metrics = DaemonMetrics()
     executor = ThreadPoolExecutor(
         max_workers=max(4, config.max_sessions, config.max_inflight_requests), thread_name_prefix="runtime"
     )
@@ -223,7 +232,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         cache,
         registry,
         executor,
-        make_opener(config),
+        make_opener(config, metrics),
         ServiceConfig(
             tensor_limits=config.tensor_limits,
             runtime_reason=reason,
@@ -238,9 +247,21 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             instance_id=secrets.token_hex(8),
             memory=config.memory,
         ),
+        metrics,
     )
+    guard = Guard(access, _call_limits(config))
+    metrics.watch(
+        StateCollector(
+            registry.__len__,
+            service.reservations.info_fields,
+            lambda: guard.per_client,
+            lambda: guard.refused,
+            cache,
+        )
+    )
+    metrics.watch(BoardTelemetry(config.sysfs_root))
     server = grpc.aio.server(
-        interceptors=[Guard(access, _call_limits(config))],
+        interceptors=[guard],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -263,17 +284,29 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         bound.append(address.display(port))
         if address.scheme == "tcp":
             access.listeners.append((address.host, port))
+    serving = asyncio.Event()
+    http_server, metrics_url = None, ""
+    if config.metrics_listen is not None:
+        endpoint = HttpEndpoint(
+            Routes(metrics.exposition, serving.is_set), HttpAccess(tokens, not config.trust_loopback)
+        )
+        http_server, http_port = await endpoint.start(config.metrics_listen)
+        metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"
     await server.start()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
+    serving.set()
     for text in bound:
         print(f"listening on {text}", flush=True)
+    if metrics_url:
+        print(f"metrics on {metrics_url}", flush=True)
     log.info(
         "daemon_started",
         version=__version__,
         runtime=backend.name,
         reason=reason,
         listen=bound,
+        metrics=metrics_url or None,
         soc=backend.soc(),
         auth=[
             kind for kind, on in (("token", tokens), ("client-certificate", access.client_certificates)) if on
@@ -295,8 +328,11 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ready.set()
     await stop.wait()
     log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(registry))
+    serving.clear()  # /v2/health/ready answers 503 while the calls in flight finish
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
+    if http_server is not None:
+        http_server.close()
     reaper.cancel()
     maintenance.cancel()
     for session in registry.drain():

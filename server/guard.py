@@ -80,19 +80,23 @@ class Guard(grpc.aio.ServerInterceptor):
         self.access = access
         self.limits = limits
         self.inflight = 0
+        # Read by the metrics at scrape time: calls in flight per client, calls refused per status code.
         self.per_client: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
 
     async def _count_in(self, context: Context, identity: str, shared: bool) -> None:
         """Count the call against its client's cap and (unless it only waits) the shared one."""
         limits = self.limits
         per_client = min(limits.max_inflight_per_client, limits.max_inflight)
         if self.per_client[identity] >= per_client:
+            self.refused[grpc.StatusCode.RESOURCE_EXHAUSTED.name] += 1
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this client has {self.per_client[identity]} calls in flight, the limit "
                 f"max_inflight_per_client={per_client}; finish or cancel some first",
             )
         if shared and self.inflight >= limits.max_inflight:
+            self.refused[grpc.StatusCode.RESOURCE_EXHAUSTED.name] += 1
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the daemon is serving {self.inflight} calls, the limit max_inflight_requests="
@@ -117,6 +121,7 @@ class Guard(grpc.aio.ServerInterceptor):
         try:
             identity = self.access.admit(context.peer() or "", token, _certificate_subject(context))
         except Unauthenticated as exc:
+            self.refused[grpc.StatusCode.UNAUTHENTICATED.name] += 1
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         _IDENTITY.set(identity)
         structlog.contextvars.bind_contextvars(client=identity)

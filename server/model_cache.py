@@ -130,10 +130,20 @@ def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> 
         )
 
 
+@dataclass
+class CacheStats:
+    """Counts read by the metrics: uploads skipped as the model was cached (hits), models stored, evicted."""
+
+    hits: int = 0
+    stored: int = 0
+    evictions: int = 0
+
+
 class ModelCache:
     def __init__(self, root: Path, limits: CacheLimits) -> None:
         self.root = root
         self.limits = limits
+        self.stats = CacheStats()
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()
         self._claims: dict[str, Claim] = {}
@@ -172,6 +182,8 @@ class ModelCache:
         """(cached, held bytes per file) for a model about to be uploaded."""
         validate_manifest(manifest, self.limits)
         if self.has(manifest.digest):
+            with self._lock:
+                self.stats.hits += 1
             self.touch(manifest.digest)
             return True, [0] * len(manifest.files)
         self.expire_partials()
@@ -263,6 +275,8 @@ class ModelCache:
         with self._lock:
             self._damaged.pop(manifest.digest, None)
         self.touch(manifest.digest)
+        with self._lock:
+            self.stats.stored += 1
         return target / manifest.files[0].name
 
     def main_file(self, digest: str) -> Path:
@@ -422,6 +436,7 @@ class ModelCache:
                 shutil.rmtree(entry.path, ignore_errors=True)
                 used -= entry.size
                 free += entry.size
+                self.stats.evictions += entry.path.parent.name == "models"
                 log.info(
                     "cache_evicted", path=f"{entry.path.parent.name}/{entry.path.name[:12]}", bytes=entry.size
                 )

@@ -50,7 +50,7 @@ class PlatformInfo:
         return self.soc in MRT_SOCS
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
     try:
         return path.read_text(errors="replace").strip("\x00\n ")
     except OSError:
@@ -71,7 +71,7 @@ def _driver_version(root: Path, soc: str) -> str:
     if soc in _PROCFS_DRIVER_SOCS:
         files = ("proc/rknpu/version", *files[:3])
     for name in files:
-        text = _read_text(root / name)
+        text = read_text(root / name)
         if text:
             match = _DRIVER_RE.search(text)
             return match.group(1) if match else text
@@ -79,7 +79,7 @@ def _driver_version(root: Path, soc: str) -> str:
 
 
 def _render_node_is_npu(root: Path, node: str) -> bool:
-    uevent = _read_text(root / "sys/class/drm" / node / "device/uevent").lower()
+    uevent = read_text(root / "sys/class/drm" / node / "device/uevent").lower()
     return "npu" in uevent
 
 
@@ -118,7 +118,7 @@ def devfreq_devices(root: Path, kind: str) -> list[Path]:
 def _ints(paths: list[Path]) -> tuple[int, ...]:
     values = []
     for path in paths:
-        text = _read_text(path)
+        text = read_text(path)
         if text.isdigit():
             values.append(int(text))
     return tuple(values)
@@ -140,14 +140,14 @@ def read_frequencies(root: Path) -> tuple[FrequencyReading, ...]:
 
 def probe_platform(root: Path) -> PlatformInfo:
     compatible = tuple(
-        entry for entry in _read_text(root / "proc/device-tree/compatible").split("\x00") if entry
+        entry for entry in read_text(root / "proc/device-tree/compatible").split("\x00") if entry
     )
     soc = soc_from_compatible(compatible)
     return PlatformInfo(
         root=root,
         soc=soc,
         compatible=compatible,
-        board_model=_read_text(root / "proc/device-tree/model"),
+        board_model=read_text(root / "proc/device-tree/model"),
         driver_version=_driver_version(root, soc),
         npu_device=_npu_device(root, soc),
         frequencies=read_frequencies(root),

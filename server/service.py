@@ -34,6 +34,7 @@ from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhaust
 from rknn_server.frames import QUANT_CODES, IncomingFrame, TruncatedStream, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
 from rknn_server.memory import MemoryBudget, MemoryLimits
+from rknn_server.metrics import DaemonMetrics
 from rknn_server.model_cache import ModelCache
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
@@ -101,8 +102,9 @@ def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
 class _Call:
     """One RPC's bookkeeping: protocol check, log event, error mapping."""
 
-    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, method: str, context: grpc.aio.ServicerContext, metrics: DaemonMetrics) -> None:
         self.method = method
+        self.metrics = metrics
         self.context = context
         self.session = ""
         self.bytes_in = 0
@@ -117,13 +119,15 @@ class _Call:
             )
 
     def done(self, outcome: str) -> None:
+        seconds = time.perf_counter() - self.start
+        self.metrics.rpc_done(self.method, outcome, seconds, self.bytes_in, self.bytes_out)
         log.info(
             "rpc",
             method=self.method,
             session=self.session[:12] or None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
-            duration_ms=round((time.perf_counter() - self.start) * 1000, 3),
+            duration_ms=round(seconds * 1000, 3),
             outcome=outcome,
         )
 
@@ -160,6 +164,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         executor: ThreadPoolExecutor,
         opener: RuntimeOpener,
         config: ServiceConfig,
+        metrics: DaemonMetrics,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -167,6 +172,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.executor = executor
         self.opener = opener
         self.config = config
+        self.metrics = metrics
         self.reservations = ReservationBook()
         self.frame_memory = MemoryBudget(config.memory.max_memory)
         self.pipeline = Pipeline(registry, config.tensor_limits, self.frame_memory, self._run)
@@ -179,7 +185,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     ) -> T:
         call = None
         try:
-            call = _Call(method, context)
+            call = _Call(method, context, self.metrics)
             result = await body(call)
         except asyncio.CancelledError:
             if call is not None:
@@ -381,7 +387,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
         call = None
         try:
-            call = _Call("Inference", context)
+            call = _Call("Inference", context, self.metrics)
             header, session, frame = await self._receive_frame(call, request_iterator)
             outputs, run_us = await self._run(session, frame.inputs(), frame.formats())
             metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
@@ -425,16 +431,24 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
 
         return await self._unary("Run", context, body)
 
-    async def _in_session(self, session: Session, fn: Callable[..., T], *args: Any) -> T:
-        """Run one runtime call of a session, alone; a lost worker marks the session broken."""
+    async def _in_session(self, session: Session, fn: Callable[..., T], *args: Any, timed: bool = False) -> T:
+        """Run one runtime call of a session, alone; a lost worker marks the session broken.
+
+        `timed` calls (model runs) count the wait for the session's lock as queueing and the runtime
+        call as compute, per model."""
+        queued = time.perf_counter()
         async with session.lock:
+            started = time.perf_counter()
             if session.broken:
                 raise FailedPrecondition(
                     f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again"
                 )
             work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
             try:
-                return await asyncio.shield(work)
+                result = await asyncio.shield(work)
+                if timed:
+                    self.metrics.model_run(session.digest, started - queued, time.perf_counter() - started)
+                return result
             except asyncio.CancelledError:
                 # The caller went away, but the runtime is still busy: keep the session locked (so that
                 # the reaper cannot free a model mid-call) until the call really ends.
@@ -452,7 +466,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
         call = None
         try:
-            call = _Call("DumpLayers", context)
+            call = _Call("DumpLayers", context, self.metrics)
             _, session, frame = await self._receive_frame(call, request_iterator)
             async with session.lock:
                 # Some runtimes start their capture when asked for the iterator: that call blocks too.
@@ -508,7 +522,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
     ) -> tuple[list[np.ndarray], int]:
         start = time.perf_counter()
-        outputs = await self._in_session(session, session.runtime.run, arrays, formats)
+        outputs = await self._in_session(session, session.runtime.run, arrays, formats, timed=True)
         return outputs, int((time.perf_counter() - start) * 1e6)
 
     async def InferencePipeline(
@@ -517,7 +531,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         call = None
         traffic = Traffic()
         try:
-            call = _Call("InferencePipeline", context)
+            call = _Call("InferencePipeline", context, self.metrics)
             async with contextlib.aclosing(self.pipeline.stream(request_iterator, traffic)) as responses:
                 async for response in responses:
                     yield response

@@ -101,6 +101,12 @@ def _serve(
             conn.send(("err", portable(exc)))
 
 
+def same_backend(backend: Backend) -> Backend:
+    """The factory of a backend built in the daemon: pickled with it, it makes the worker import only the
+    backend's module (not the daemon's, with its gRPC server and metrics)."""
+    return backend
+
+
 def _portable(exc: BaseException, budget: int) -> BackendError:
     """Exceptions cross the pipe as backend errors with the original text; an allocation that failed
     under the memory cap is the session's budget, said in the client's terms."""
@@ -120,8 +126,15 @@ def _listed(formats: Sequence[InputFormat] | None) -> list[InputFormat] | None:
 
 class IsolatedRuntime(ModelRuntime):
     def __init__(
-        self, factory: BackendFactory, path: Path, options: RuntimeOptions, call_timeout_s: float | None
+        self,
+        factory: BackendFactory,
+        path: Path,
+        options: RuntimeOptions,
+        call_timeout_s: float | None,
+        on_lost: Callable[[str], None] = lambda reason: None,
     ) -> None:
+        """`on_lost("timeout" | "died")` is told of each worker killed or found dead (for the metrics)."""
+        self._on_lost = on_lost
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._timeout = call_timeout_s
@@ -140,6 +153,7 @@ class IsolatedRuntime(ModelRuntime):
         timeout = timeout if timeout is not None else self._timeout
         if not self._conn.poll(timeout):
             self.kill()
+            self._on_lost("timeout")
             raise WorkerLost(
                 f"the runtime did not answer {method} within {timeout}s; its worker process was killed "
                 "and this session is broken (init_runtime again)"
@@ -149,6 +163,7 @@ class IsolatedRuntime(ModelRuntime):
         except (EOFError, OSError):
             code = self._process.exitcode
             self.kill()
+            self._on_lost("died")
             raise WorkerLost(
                 f"the runtime's worker process died during {method} (exit code {code}); "
                 "this session is broken (init_runtime again)"

@@ -65,7 +65,7 @@ def test_npu_node_soc_id_and_runtime_come_from_the_host() -> None:
 
 def test_grpc_port_and_native_grpc_probes() -> None:
     [container] = objects()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    [port] = container["ports"]
+    port = next(p for p in container["ports"] if p["name"] == "grpc")
     assert port["containerPort"] == 50515
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"] == {"port": 50515}
@@ -81,11 +81,14 @@ def test_args_match_compose_board_command() -> None:
     token = args[args.index("--auth-token-file") + 1]
     mount = next(m for m in container["volumeMounts"] if token.startswith(m["mountPath"] + "/"))
     assert mount["name"] == "auth-token"
-    assert without_token(args) == without_token(compose_command)
+    # The manifest adds the metrics listener that its Prometheus annotations scrape.
+    assert without(without(args, "--metrics-listen"), "--auth-token-file") == without(
+        compose_command, "--auth-token-file"
+    )
 
 
-def without_token(command: list[str]) -> list[str]:
-    at = command.index("--auth-token-file")
+def without(command: list[str], option: str) -> list[str]:
+    at = command.index(option)
     return command[:at] + command[at + 2 :]
 
 
@@ -96,3 +99,18 @@ def test_headless_service_selects_the_daemonset_pods() -> None:
     assert service["clusterIP"] == "None"
     assert service["selector"].items() <= pod_labels.items()
     assert [(p["port"], p["targetPort"]) for p in service["ports"]] == [(50515, "grpc")]
+
+
+def test_prometheus_scrapes_the_metrics_listener() -> None:
+    template = objects()["DaemonSet"]["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    [container] = template["spec"]["containers"]
+    args = container["args"]
+    listen = args[args.index("--metrics-listen") + 1]
+    port = next(p for p in container["ports"] if p["name"] == "metrics")
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert listen == f"tcp://0.0.0.0:{annotations['prometheus.io/port']}"
+    assert port["containerPort"] == int(annotations["prometheus.io/port"])
+    # A non-loopback metrics port is refused without a token: the pod must have one.
+    assert "--auth-token-file" in args and "--insecure" not in args

@@ -159,7 +159,7 @@ def test_doctor_uses_the_token_like_every_other_command(
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-doctor-token\n")
     token_file.chmod(0o600)
-    daemon = make_daemon("--auth-token-file", str(token_file), "--auth-loopback")
+    daemon = make_daemon("--auth-token-file", str(token_file))
     monkeypatch.delenv(ENV_TOKEN, raising=False)
     refused = broken(diagnose(daemon.url))
     assert refused.name == "gRPC handshake" and "UNAUTHENTICATED" in refused.detail

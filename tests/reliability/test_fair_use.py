@@ -73,7 +73,7 @@ def test_idle_streams_of_one_client_do_not_lock_out_another(
     daemons: StartDaemon, token_file: Path, cnn: Path
 ) -> None:
     daemon = daemons(
-        "--auth-token-file", str(token_file), "--auth-loopback",
+        "--auth-token-file", str(token_file),
         "--stream-idle-timeout", str(IDLE_TIMEOUT_S), "--max-inflight-per-client", str(PER_CLIENT),
     )  # fmt: skip
     release = threading.Event()
@@ -140,7 +140,7 @@ def test_waiting_reservations_do_not_take_the_shared_slots(
     """Reserve calls waiting for the board hold nothing but a timer: they count against their own
     client's share only, so they cannot fill --max-inflight-requests for everyone else."""
     daemon = daemons(
-        "--auth-token-file", str(token_file), "--auth-loopback",
+        "--auth-token-file", str(token_file),
         "--max-inflight-requests", "3", "--max-inflight-per-client", "3",
     )  # fmt: skip
     md = (("authorization", f"Bearer {TOKEN}"),)

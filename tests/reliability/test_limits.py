@@ -18,7 +18,7 @@ def test_limits_are_reported_and_enforced_per_client(
     daemons: StartDaemon, token_file: Path, cnn: Path, tmp_path: Path
 ) -> None:
     daemon = daemons(
-        "--auth-token-file", str(token_file), "--auth-loopback", "--max-sessions", "3",
+        "--auth-token-file", str(token_file), "--max-sessions", "3",
         "--max-sessions-per-client", "2", "--max-tensor-rank", "5", "--max-tensor-elements", "100000",
         "--max-chunk-bytes", "65536", "--max-inflight-requests", "8", "--max-model-bytes", "4000000",
     )  # fmt: skip

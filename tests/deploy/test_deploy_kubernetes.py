@@ -71,22 +71,15 @@ def test_grpc_port_and_native_grpc_probes() -> None:
         assert container[probe]["grpc"] == {"port": 50515}
 
 
-def test_args_match_compose_board_command() -> None:
-    yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes-validate")
-    compose_command = yaml.safe_load((DEPLOY.parent / "docker-compose.yml").read_text())["services"]["board"][
-        "command"
-    ]
+def test_runs_the_image_command_with_the_token_of_its_secret() -> None:
+    """Like the compose board service: the image's CMD and variables, only the token's path changed."""
     [container] = objects()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    args = container["args"]
-    token = args[args.index("--auth-token-file") + 1]
+    assert "args" not in container and "command" not in container
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert set(env) == {"RKNN_SERVER_AUTH_TOKEN_FILE"}
+    token = env["RKNN_SERVER_AUTH_TOKEN_FILE"]
     mount = next(m for m in container["volumeMounts"] if token.startswith(m["mountPath"] + "/"))
     assert mount["name"] == "auth-token"
-    assert without_token(args) == without_token(compose_command)
-
-
-def without_token(command: list[str]) -> list[str]:
-    at = command.index("--auth-token-file")
-    return command[:at] + command[at + 2 :]
 
 
 def test_headless_service_selects_the_daemonset_pods() -> None:

@@ -160,7 +160,12 @@ def read_config(path: Path) -> dict[str, object]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # board images with Python 3.10: the [server] extra installs tomli
-        import tomli as tomllib
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise OptionError(
+                f"reading the config file {path} on Python 3.10 needs tomli: pip install tomli"
+            ) from None
     try:
         with path.open("rb") as file:
             return tomllib.load(file)
@@ -205,7 +210,7 @@ def parse_layered(
 ) -> argparse.Namespace:
     """Parse argv over defaults from `--config FILE` (or $RKNN_SERVER_CONFIG) and the environment."""
     environ = os.environ if environ is None else environ
-    early = argparse.ArgumentParser(add_help=False)
+    early = argparse.ArgumentParser(prog=parser.prog, usage=parser.usage, add_help=False)
     early.add_argument("--config", type=Path)
     known, _ = early.parse_known_args(argv)
     config = known.config or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)

@@ -98,7 +98,8 @@ def document(parser: argparse.ArgumentParser) -> None:
         text = action.help or ""
         variable = f"env {env_name(action.option_strings[-1])}"
         if "default" not in text:
-            text = f"{text} (default: {_shown_default(action)}; {variable})".replace("%", "%%")
+            shown = _shown_default(action).replace("%", "%%")  # help text is a %-format
+            text = f"{text} (default: {shown}; {variable})"
         elif text.endswith(")"):  # the help's own "(... default: ...)" takes the variable too
             text = f"{text[:-1]}; {variable})"
         else:

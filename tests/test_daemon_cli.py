@@ -245,3 +245,27 @@ def test_a_missing_or_broken_config_file_is_reported(tmp_path: Path) -> None:
     result = rknn_server("--config", str(broken))
     assert result.returncode == 2
     assert f"config file {broken} is not valid TOML" in result.stderr
+
+
+def test_a_private_daemon_ignores_the_callers_rknn_server_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's TLS files (or any daemon setting) in its environment must not reach the private daemon it
+    starts: it would read RKNN_SERVER_TLS_CERT as its own certificate, or refuse an unknown variable."""
+    from rknn_client.transport.private import start_private_daemon
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("RKNN_SERVER_TLS_CERT", str(tmp_path / "client-cert.pem"))
+    monkeypatch.setenv("RKNN_SERVER_TLS_KEY", str(tmp_path / "client-key.pem"))
+    monkeypatch.setenv("RKNN_SERVER_MAX_SESSIONS", "many")
+    endpoint = start_private_daemon()
+    try:
+        with grpc.insecure_channel(endpoint.grpc_target) as channel:
+            reply = rknn_pb2_grpc.RknnServerStub(channel).GetInfo(
+                rknn_pb2.GetInfoRequest(),
+                metadata=[("authorization", f"Bearer {endpoint.token}")],
+                timeout=30,
+            )
+        assert reply.limits.max_sessions == 16
+    finally:
+        endpoint.close()

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,13 +49,21 @@ class DaemonProcess:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
 
+def clean_environ() -> dict[str, str]:
+    """This process's environment without the daemon's RKNN_SERVER_* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RKNN_SERVER_")}
+
+
 def start_daemon(
     cache_dir: Path,
     log_path: Path,
     extra_args: Sequence[str] = (),
     listen_tcp: bool = True,
     cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> DaemonProcess:
+    """`env` adds RKNN_SERVER_* settings; those of the calling environment are not passed on, so a
+    developer's shell cannot change what a test or benchmark runs."""
     cmd = [
         sys.executable,
         "-m",
@@ -75,7 +83,7 @@ def start_daemon(
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**clean_environ(), **(env or {}), "PYTHONUNBUFFERED": "1"},
         cwd=cwd,
     )
     log.close()

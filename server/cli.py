@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -17,8 +18,9 @@ from rknn_server.daemon import DaemonConfig, run
 from rknn_server.http_endpoint import parse_metrics_listen
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.logs import configure
-from rknn_server.memory import MemoryLimits, parse_size
+from rknn_server.memory import MemoryLimits, format_size
 from rknn_server.model_cache import CacheLimits
+from rknn_server.options import CONFIG_ENV, Repeat, document, env_name, parse_layered, size
 from rknn_server.runtime.select import BackendUnavailable
 
 
@@ -30,11 +32,8 @@ def _listen_arg(text: str) -> str:
     return text
 
 
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+USAGE = "rknn_server [serve] [OPTION ...]\n       rknn_server health [ADDR] [OPTION ...]"
+COMMANDS = ("serve", "health")
 
 
 def _metrics_listen_arg(text: str) -> ListenAddress:
@@ -45,119 +44,49 @@ def _metrics_listen_arg(text: str) -> ListenAddress:
 
 
 def serve_parser() -> argparse.ArgumentParser:
+    """The daemon's options, grouped by topic. A new option is one add_argument call in its group (plus
+    its DaemonConfig field in daemon_config): its environment variable, config-file key and the default
+    shown in --help come from server/options.py."""
     p = argparse.ArgumentParser(
         prog="rknn_server",
-        description="Board daemon: lets a PC run, profile and inspect models on this board's NPU over gRPC.",
-        epilog="Subcommand: 'rknn_server health [ADDR]' exits 0 when the daemon at ADDR is serving.",
+        usage=USAGE,
+        description="Board daemon: lets a PC run, profile and inspect models on this board's NPU over gRPC. "
+        "Commands: serve (the default) runs the daemon; health probes one (see 'rknn_server health --help').",
+        epilog="Every option can also be set by the environment variable shown beside it "
+        "(RKNN_SERVER_LISTEN takes a comma list) or by a key named like the long option in the TOML file "
+        f'of --config (or ${CONFIG_ENV}), e.g. cache-quota = "16GiB" or listen = ["tcp://0.0.0.0:50515"]. '
+        "The command line wins over the environment, which wins over the file. Sizes take bytes or units "
+        "(512MiB, 16GiB); S is seconds.",
     )
     p.add_argument("--version", action="version", version=f"rknn_server {__version__}")
     p.add_argument(
-        "--listen",
-        action="append",
-        type=_listen_arg,
-        metavar="ADDR",
-        help="tcp://HOST:PORT or unix-abstract:NAME; repeatable; port 0 picks a free port "
-        f"(default: {' and '.join(DEFAULT_LISTEN)})",
-    )
-    p.add_argument("--runtime", choices=("auto", "host", "rknnrt"), default="auto", help="runtime backend")
-    p.add_argument("--soc", default="", help="declare the SoC (e.g. rk3588) when the probe cannot see it")
-    p.add_argument(
-        "--runtime-lib", type=Path, default=None, metavar="PATH", help="librknnrt.so/librknnmrt.so to load"
-    )
-    p.add_argument(
-        "--plugin-dir",
+        "--config",
         type=Path,
-        default=None,
-        metavar="DIR",
-        help="custom-op plugins for the rknnrt runtime",
+        metavar="FILE",
+        help=f"TOML file of option defaults, keys named like the long options (env {CONFIG_ENV})",
     )
-    p.add_argument(
-        "--sysfs-root",
-        type=Path,
-        default=Path("/"),
-        metavar="DIR",
-        help="where the board probe reads /proc, /sys and /dev (default: /)",
-    )
-    p.add_argument(
-        "--model-cache",
-        type=Path,
-        default=Path("~/.cache/rknn_server").expanduser(),
-        help="model cache folder",
-    )
-    cache = p.add_argument_group(
-        "model cache",
-        "Everything on disk counts against --cache-quota: models, uploads in progress and abandoned "
-        "partial uploads; a new upload evicts the least recently used of them first.",
-    )
-    cache.add_argument(
-        "--cache-quota", type=int, default=CacheLimits.quota_bytes, help="model cache size in bytes"
-    )
-    cache.add_argument(
-        "--max-model-bytes", type=int, default=CacheLimits.max_model_bytes, help="largest model accepted"
-    )
-    cache.add_argument(
-        "--max-model-files",
-        type=int,
-        default=CacheLimits.max_model_files,
-        help="most files in one model (main file plus external data), checked before anything is written",
-    )
-    cache.add_argument(
-        "--partial-ttl",
-        type=float,
-        default=CacheLimits.partial_ttl_s,
-        metavar="S",
-        help="drop the bytes of an upload left unfinished for S s (0: keep them until evicted for room; "
-        "default %(default)s)",
-    )
-    cache.add_argument(
-        "--verify-interval",
-        type=float,
-        default=DaemonConfig.verify_interval_s,
-        metavar="S",
-        help="re-hash every cached model every S s and remove the damaged ones (0: only when a file's "
-        "size, mtime or inode changed; default %(default)s)",
-    )
-    cache.add_argument(
-        "--verify-cache",
-        action="store_true",
-        help="at start-up, before serving, re-hash every cached model, remove and log the damaged ones, "
-        "then go on serving",
-    )
-    p.add_argument(
-        "--session-idle-timeout", type=float, default=300.0, metavar="S", help="free idle sessions after S s"
-    )
-    p.add_argument("--max-sessions", type=int, default=16, help="most sessions open at once")
-    p.add_argument(
-        "--isolation",
-        choices=("thread", "process"),
-        default="thread",
-        help="run each session in the daemon (thread) or in a worker process of its own (process)",
-    )
-    p.add_argument(
-        "--call-timeout", type=float, default=None, metavar="S", help="kill a session's worker after S s"
-    )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per host-runtime session")
-    p.add_argument(
-        "--backend",
-        default="",
-        metavar="MODULE:CALLABLE",
-        help="serve with the Backend this factory returns instead of --runtime (out-of-tree runtimes, tests)",
-    )
-    p.add_argument(
-        "--grace", type=float, default=10.0, metavar="S", help="on SIGTERM, let calls finish for S s"
-    )
+
     security = p.add_argument_group(
-        "security",
+        "listeners and security",
         "A TCP listener on a non-loopback address needs --auth-token-file or mutual TLS (--tls-client-ca), "
         "or an explicit --insecure; TLS without a client CA encrypts but authenticates nobody. Once a token "
         "file or a client CA is given, every caller on every listener needs it, loopback and adb included, "
         "unless --trust-loopback. Without either, loopback and the abstract socket are open to every local user.",
     )
     security.add_argument(
+        "--listen",
+        action=Repeat,
+        type=_listen_arg,
+        default=list(DEFAULT_LISTEN),
+        metavar="ADDR",
+        help="tcp://HOST:PORT or unix-abstract:NAME; repeatable; port 0 picks a free port",
+    )
+    security.add_argument(
         "--auth-token-file",
         type=Path,
         metavar="FILE",
-        help="tokens clients must send (lines 'name:token' or one bare token); metadata 'authorization: Bearer T'",
+        help="tokens clients must send (lines 'name:token' or one bare token); metadata "
+        "'authorization: Bearer T' (default: none)",
     )
     security.add_argument(
         "--trust-loopback",
@@ -168,7 +97,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     security.add_argument("--auth-loopback", action="store_true", help=argparse.SUPPRESS)  # deprecated no-op
     security.add_argument(
-        "--tls-cert", type=Path, metavar="PEM", help="serve TLS on TCP with this certificate"
+        "--tls-cert", type=Path, metavar="PEM", help="serve TLS on TCP with this certificate (default: none)"
     )
     security.add_argument("--tls-key", type=Path, metavar="PEM", help="private key of --tls-cert")
     security.add_argument(
@@ -180,27 +109,114 @@ def serve_parser() -> argparse.ArgumentParser:
     security.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback listener without token or TLS (warns)"
     )
-    p.add_argument(
+    security.add_argument(
         "--metrics-listen",
         type=_metrics_listen_arg,
-        default=None,
         metavar="ADDR",
         help="serve Prometheus /metrics and /v2/health/{live,ready} over HTTP on tcp://HOST:PORT "
         "(default: off; a non-loopback address needs --auth-token-file or --insecure)",
     )
-    limits = p.add_argument_group("limits", "a request beyond one gets RESOURCE_EXHAUSTED naming it")
-    defaults = codec.TensorLimits()
+
+    cache = p.add_argument_group(
+        "model cache",
+        "Everything on disk counts against --cache-quota: models, uploads in progress and abandoned "
+        "partial uploads; a new upload evicts the least recently used of them first.",
+    )
+    cache.add_argument(
+        "--model-cache",
+        type=Path,
+        default=Path("~/.cache/rknn_server").expanduser(),
+        metavar="DIR",
+        help="model cache folder",
+    )
+    cache.add_argument(
+        "--cache-quota", type=size, default=CacheLimits.quota_bytes, metavar="SIZE", help="model cache size"
+    )
+    cache.add_argument(
+        "--max-model-bytes",
+        type=size,
+        default=CacheLimits.max_model_bytes,
+        metavar="SIZE",
+        help="largest model accepted",
+    )
+    cache.add_argument(
+        "--max-model-files",
+        type=int,
+        default=CacheLimits.max_model_files,
+        metavar="N",
+        help="most files in one model (main file plus external data), checked before anything is written",
+    )
+    cache.add_argument(
+        "--partial-ttl",
+        type=float,
+        default=CacheLimits.partial_ttl_s,
+        metavar="S",
+        help="drop the bytes of an upload left unfinished for S s (0: keep them until evicted for room)",
+    )
+    cache.add_argument(
+        "--verify-interval",
+        type=float,
+        default=DaemonConfig.verify_interval_s,
+        metavar="S",
+        help="re-hash every cached model every S s and remove the damaged ones (0: only when a file's "
+        "size, mtime or inode changed)",
+    )
+    cache.add_argument(
+        "--verify-cache",
+        action="store_true",
+        help="at start-up, before serving, re-hash every cached model, remove and log the damaged ones, "
+        "then go on serving",
+    )
+
+    limits = p.add_argument_group(
+        "sessions and limits", "A request beyond a limit gets RESOURCE_EXHAUSTED naming it."
+    )
+    limits.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=DaemonConfig.session_idle_timeout_s,
+        metavar="S",
+        help="free idle sessions after S s",
+    )
+    limits.add_argument(
+        "--max-sessions",
+        type=int,
+        default=DaemonConfig.max_sessions,
+        metavar="N",
+        help="most sessions open at once",
+    )
     limits.add_argument(
         "--max-sessions-per-client",
         type=int,
-        default=0,
+        default=DaemonConfig.max_sessions_per_client,
+        metavar="N",
         help="sessions one client may hold (0: --max-sessions)",
     )
-    limits.add_argument("--max-inflight-requests", type=int, default=64, help="calls served at once")
+    limits.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        default=DaemonConfig.isolation,
+        help="run each session in the daemon (thread) or in a worker process of its own (process)",
+    )
+    limits.add_argument(
+        "--call-timeout",
+        type=float,
+        default=DaemonConfig.call_timeout_s,
+        metavar="S",
+        help="kill a session's worker after S s (default: none)",
+    )
+    limits.add_argument(
+        "--max-inflight-requests",
+        type=int,
+        default=DaemonConfig.max_inflight_requests,
+        metavar="N",
+        help="calls served at once",
+    )
     limits.add_argument(
         "--max-inflight-per-client",
         type=int,
         default=DaemonConfig.max_inflight_per_client,
+        metavar="N",
         help="calls one client (token name, certificate or address) may have in flight; a Reserve "
         "waiting for the board counts here but not in --max-inflight-requests",
     )
@@ -215,41 +231,153 @@ def serve_parser() -> argparse.ArgumentParser:
     machine = MemoryLimits.for_machine()
     limits.add_argument(
         "--max-memory",
-        type=_size_arg,
+        type=size,
         default=machine.max_memory,
         metavar="SIZE",
-        help="bytes (or e.g. 2GiB) the daemon may hold for incoming tensors of all clients (0: no limit; "
-        f"default: half the RAM, {machine.max_memory >> 20} MiB here)",
+        help="what the daemon may hold for incoming tensors of all clients (0: no limit; default: half "
+        f"the RAM, {format_size(machine.max_memory)} here)",
     )
     limits.add_argument(
         "--max-session-memory",
-        type=_size_arg,
+        type=size,
         default=machine.max_session_memory,
         metavar="SIZE",
         help="what one session's model may materialize: checked before load, and the address-space "
-        f"limit of its worker with --isolation process (0: no limit; default: a quarter of the RAM, "
-        f"{machine.max_session_memory >> 20} MiB here)",
+        "limit of its worker with --isolation process (0: no limit; default: a quarter of the RAM, "
+        f"{format_size(machine.max_session_memory)} here)",
+    )
+    defaults = codec.TensorLimits()
+    limits.add_argument(
+        "--max-message-bytes",
+        type=size,
+        default=MAX_MESSAGE_BYTES,
+        metavar="SIZE",
+        help="largest gRPC message",
     )
     limits.add_argument(
-        "--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES, help="largest gRPC message"
+        "--max-chunk-bytes",
+        type=size,
+        default=defaults.max_chunk_bytes,
+        metavar="SIZE",
+        help="largest tensor or upload chunk",
     )
     limits.add_argument(
-        "--max-chunk-bytes", type=int, default=defaults.max_chunk_bytes, help="largest tensor or upload chunk"
+        "--max-tensor-bytes",
+        type=size,
+        default=defaults.max_tensor_bytes,
+        metavar="SIZE",
+        help="largest tensor",
     )
     limits.add_argument(
-        "--max-tensor-bytes", type=int, default=defaults.max_tensor_bytes, help="largest tensor"
+        "--max-tensor-rank", type=int, default=defaults.max_rank, metavar="N", help="highest tensor rank"
     )
-    limits.add_argument("--max-tensor-rank", type=int, default=defaults.max_rank, help="highest tensor rank")
     limits.add_argument(
-        "--max-tensor-elements", type=int, default=defaults.max_elements, help="most elements in a tensor"
+        "--max-tensor-elements",
+        type=int,
+        default=defaults.max_elements,
+        metavar="N",
+        help="most elements in a tensor",
     )
-    p.add_argument(
+    limits.add_argument(
+        "--grace",
+        type=float,
+        default=DaemonConfig.grace_s,
+        metavar="S",
+        help="on SIGTERM, let calls finish for S s",
+    )
+
+    runtime = p.add_argument_group("runtime")
+    runtime.add_argument(
+        "--runtime", choices=("auto", "host", "rknnrt"), default=DaemonConfig.runtime, help="runtime backend"
+    )
+    runtime.add_argument(
+        "--soc",
+        default=DaemonConfig.soc,
+        help="declare the SoC (e.g. rk3588) when the probe cannot see it (default: probed)",
+    )
+    runtime.add_argument(
+        "--runtime-lib",
+        type=Path,
+        metavar="PATH",
+        help="librknnrt.so/librknnmrt.so to load (default: searched in the system's library folders)",
+    )
+    runtime.add_argument(
+        "--plugin-dir",
+        type=Path,
+        metavar="DIR",
+        help="custom-op plugins for the rknnrt runtime (default: none)",
+    )
+    runtime.add_argument(
+        "--sysfs-root",
+        type=Path,
+        default=DaemonConfig.sysfs_root,
+        metavar="DIR",
+        help="where the board probe reads /proc, /sys and /dev",
+    )
+    runtime.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads per host-runtime session (default: ONNX Runtime's choice)",
+    )
+    runtime.add_argument(
+        "--backend",
+        default=DaemonConfig.backend,
+        metavar="MODULE:CALLABLE",
+        help="serve with the Backend this factory returns instead of --runtime (out-of-tree runtimes, "
+        "tests; default: none)",
+    )
+    runtime.add_argument(
         "--exit-with-stdin",
         action="store_true",
         help="stop when standard input closes (used by a client that starts a private daemon)",
     )
-    p.add_argument("--log-format", choices=("console", "json"), default="console")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+    logging = p.add_argument_group("logging")
+    logging.add_argument(
+        "--log-format", choices=("console", "json"), default="console", help="log line format"
+    )
+    logging.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="least severe level logged",
+    )
+    document(p)
+    return p
+
+
+def health_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rknn_server health",
+        description="Probe a daemon's gRPC health service: prints its status and exits 0 when it is "
+        "SERVING, 1 when it is not or does not answer. Meant for container health checks and scripts.",
+    )
+    p.add_argument(
+        "addr",
+        nargs="?",
+        default=f"tcp://127.0.0.1:{DEFAULT_PORT}",
+        type=_listen_arg,
+        metavar="ADDR",
+        help="tcp://HOST:PORT or unix-abstract:NAME (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=3.0, metavar="S", help="give up after S s (default: %(default)g s)"
+    )
+    tls = p.add_argument_group("TLS", "Speak TLS when a CA is given; the certificate and key make it mutual.")
+    for flag, role in (
+        ("--tls-ca", "trust this CA for the daemon's certificate"),
+        ("--tls-cert", "present this client certificate"),
+        ("--tls-key", "private key of --tls-cert"),
+    ):
+        variable = env_name(flag)
+        tls.add_argument(
+            flag,
+            type=Path,
+            default=os.environ.get(variable) or None,
+            metavar="PEM",
+            help=f"{role} (default: ${variable}, else none)",
+        )
     return p
 
 
@@ -257,20 +385,7 @@ def health_main(argv: list[str]) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    p = argparse.ArgumentParser(
-        prog="rknn_server health", description="Exit 0 when the daemon at ADDR is serving."
-    )
-    p.add_argument("addr", nargs="?", default=f"tcp://127.0.0.1:{DEFAULT_PORT}", type=_listen_arg)
-    p.add_argument("--timeout", type=float, default=3.0)
-    p.add_argument(
-        "--tls-ca",
-        type=Path,
-        default=os.environ.get("RKNN_SERVER_TLS_CA") or None,
-        help="speak TLS, trusting this CA (default: $RKNN_SERVER_TLS_CA)",
-    )
-    p.add_argument("--tls-cert", type=Path, default=os.environ.get("RKNN_SERVER_TLS_CERT") or None)
-    p.add_argument("--tls-key", type=Path, default=os.environ.get("RKNN_SERVER_TLS_KEY") or None)
-    args = p.parse_args(argv)
+    args = health_parser().parse_args(argv)
     target = parse_listen(args.addr).grpc_address()
     if args.tls_ca is not None:
         credentials = grpc.ssl_channel_credentials(
@@ -294,14 +409,25 @@ def health_main(argv: list[str]) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def _command(argv: list[str]) -> tuple[str, list[str]]:
+    """The subcommand and its arguments; no command word means serve. A word that is no command is
+    refused with the closest one rather than as an unexpected argument to serve."""
+    if argv[:1] and argv[0] in COMMANDS:
+        return argv[0], argv[1:]
+    if argv[:1] and not argv[0].startswith("-"):
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"usage: {USAGE}\nrknn_server: error: unknown command {argv[0]!r}{hint}", file=sys.stderr)
+        raise SystemExit(2)
+    return "serve", argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["health"]:
-        return health_main(argv[1:])
-    if argv[:1] == ["serve"]:
-        argv = argv[1:]
+    command, argv = _command(sys.argv[1:] if argv is None else argv)
+    if command == "health":
+        return health_main(argv)
     parser = serve_parser()
-    args = parser.parse_args(argv)
+    args = parse_layered(parser, argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
@@ -313,8 +439,17 @@ def main(argv: list[str] | None = None) -> int:
             warning="--auth-loopback is deprecated and does nothing: loopback callers need the token "
             "whenever a token file or client CA is configured (--trust-loopback opens loopback)",
         )
-    config = DaemonConfig(
-        listen=[parse_listen(a) for a in (args.listen or DEFAULT_LISTEN)],
+    try:
+        return run(daemon_config(args))
+    except (BackendUnavailable, SecurityConfigError, OSError) as exc:
+        print(f"rknn_server: {exc}", file=sys.stderr)
+        return 2
+
+
+def daemon_config(args: argparse.Namespace) -> DaemonConfig:
+    """The daemon's settings from the parsed options."""
+    return DaemonConfig(
+        listen=[parse_listen(a) for a in args.listen],
         runtime=args.runtime,
         soc=args.soc.lower(),
         model_cache=args.model_cache,
@@ -355,11 +490,6 @@ def main(argv: list[str] | None = None) -> int:
         backend=args.backend,
         metrics_listen=args.metrics_listen,
     )
-    try:
-        return run(config)
-    except (BackendUnavailable, SecurityConfigError, OSError) as exc:
-        print(f"rknn_server: {exc}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

@@ -37,6 +37,16 @@ def parse_size(text: str) -> int:
     return int(float(number) * scale)
 
 
+def format_size(size: int) -> str:
+    """A byte count as people read it and parse_size takes back: `16 GiB`, `7.75 GiB`, `512 B`."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.4g} {unit}"
+        value /= 1024
+    return f"{value:.4g} TiB"
+
+
 def machine_ram() -> int:
     """Bytes of physical memory of this machine."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

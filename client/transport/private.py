@@ -79,8 +79,11 @@ def _start(soc: str, token: str, token_file: Path) -> Endpoint:
     if soc:
         cmd += ["--soc", soc]
     try:
+        # The caller's RKNN_SERVER_* variables are its client settings (token, TLS files) or a board
+        # daemon's; the daemon would read them as its own (RKNN_SERVER_TLS_CERT turning TLS on).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RKNN_SERVER_")}
         process = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
     except OSError as exc:
         raise TransportError(f"cannot start the private host-runtime daemon: {exc}") from exc

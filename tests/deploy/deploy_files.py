@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -115,6 +116,18 @@ class Dockerfile:
         base = self.resolve(stage.base)
         assert base in {s.name for s in self.stages}, f"no {keyword} in stage {stage.name} or its bases"
         return self.effective(self.stage(base), keyword)
+
+    def environment(self, stage: Stage) -> dict[str, str]:
+        """The ENV variables in force in a stage: its bases' first, then its own (`ENV K=V ...` form)."""
+        base = self.resolve(stage.base)
+        env = self.environment(self.stage(base)) if base in {s.name for s in self.stages} else {}
+        for instruction in stage.instructions:
+            if instruction.keyword == "ENV":
+                for word in shlex.split(instruction.args):
+                    key, found, value = word.partition("=")
+                    assert found, f"ENV in the legacy `ENV KEY VALUE` form: {instruction.args}"
+                    env[key] = value
+        return env
 
     def resolve(self, word: str) -> str:
         """A FROM word with the global build args' defaults substituted (`${FLAVOR}` -> `board`)."""

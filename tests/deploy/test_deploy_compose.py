@@ -90,26 +90,33 @@ def test_board_paths_follow_the_variables(tmp_path: Path) -> None:
     assert [(p["published"], p["target"]) for p in board["ports"]] == [("6000", 50515)]
 
 
-def test_board_listens_on_tcp_with_auth_from_a_secret(tmp_path: Path) -> None:
+def settings(service: dict[str, Any], dockerfile: Dockerfile, flavor: str) -> dict[str, str]:
+    """The daemon's RKNN_SERVER_* settings in a service: the image's, then the service's `environment:`."""
+    image = {
+        k: v for k, v in dockerfile.environment(dockerfile.stage(flavor)).items() if k.startswith("RKNN_")
+    }
+    return {**image, **(service.get("environment") or {})}
+
+
+def test_board_listens_on_tcp_with_auth_from_a_secret(tmp_path: Path, dockerfile: Dockerfile) -> None:
     config = resolved(tmp_path)
     board = config["services"]["board"]
-    command = board["command"]
-    assert command[command.index("--listen") + 1] == "tcp://0.0.0.0:50515"
-    assert command[command.index("--runtime") + 1] == "rknnrt"
+    daemon = settings(board, dockerfile, "board")
+    assert daemon["RKNN_SERVER_LISTEN"] == "tcp://0.0.0.0:50515"
+    assert daemon["RKNN_SERVER_RUNTIME"] == "rknnrt"
     [secret] = board["secrets"]
-    assert command[command.index("--auth-token-file") + 1] == f"/run/secrets/{secret['source']}"
+    assert daemon["RKNN_SERVER_AUTH_TOKEN_FILE"] == f"/run/secrets/{secret['source']}"
     assert config["secrets"][secret["source"]]["file"] == str(REPO / "deploy/secrets/auth-token")
     assert [p["target"] for p in board["ports"]] == [50515]
 
 
-def test_board_keeps_models_on_a_named_volume_and_restarts(tmp_path: Path) -> None:
+def test_board_keeps_models_on_a_named_volume_and_restarts(tmp_path: Path, dockerfile: Dockerfile) -> None:
     config = resolved(tmp_path)
     board = config["services"]["board"]
     [cache] = [v for v in board["volumes"] if v["target"] == "/var/cache/rknn_server"]
     assert cache["type"] == "volume"
     assert cache["source"] in config["volumes"]
-    command = board["command"]
-    assert command[command.index("--model-cache") + 1] == "/var/cache/rknn_server"
+    assert settings(board, dockerfile, "board")["RKNN_SERVER_MODEL_CACHE"] == "/var/cache/rknn_server"
     assert board["restart"] == "unless-stopped"
 
 
@@ -125,7 +132,6 @@ def test_host_profile_needs_no_npu(tmp_path: Path) -> None:
 def test_board_runs_the_board_image_cmd_with_its_token_secret(tmp_path: Path, dockerfile: Dockerfile) -> None:
     board = resolved(tmp_path)["services"]["board"]
     assert board["build"]["args"] == {"FLAVOR": "board"}
-    image_cmd = dockerfile.effective(dockerfile.stage("board"), "CMD").exec_form()
-    assert list(board["command"]) == image_cmd
-    assert image_cmd[image_cmd.index("--auth-token-file") + 1] == "/run/secrets/auth-token"
+    assert board.get("command") is None, "the image's CMD and variables configure the daemon"
+    assert settings(board, dockerfile, "board")["RKNN_SERVER_AUTH_TOKEN_FILE"] == "/run/secrets/auth-token"
     assert [s["source"] for s in board["secrets"]] == ["auth-token"]

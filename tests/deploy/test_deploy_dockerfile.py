@@ -61,10 +61,12 @@ def test_entrypoint_is_the_daemon(dockerfile: Dockerfile) -> None:
     for flavor in ("board", "host"):
         stage = dockerfile.stage(flavor)
         assert dockerfile.effective(stage, "ENTRYPOINT").exec_form() == ["rknn_server"]
-        cmd = dockerfile.effective(stage, "CMD").exec_form()
-        assert cmd[0] == "serve"
-        assert cmd[cmd.index("--runtime") + 1] == {"board": "rknnrt", "host": "host"}[flavor]
-        assert cmd[cmd.index("--listen") + 1] == "tcp://0.0.0.0:50515"
+        assert dockerfile.effective(stage, "CMD").exec_form() == ["serve"]
+        # The settings are variables, so that `docker run -e` can change any of them (a flag would win).
+        env = dockerfile.environment(stage)
+        assert env["RKNN_SERVER_RUNTIME"] == {"board": "rknnrt", "host": "host"}[flavor]
+        assert env["RKNN_SERVER_LISTEN"] == "tcp://0.0.0.0:50515"
+        assert env["RKNN_SERVER_AUTH_TOKEN_FILE"].startswith("/run/secrets/")
 
 
 def test_healthcheck_asks_the_grpc_health_service(dockerfile: Dockerfile) -> None:

@@ -24,20 +24,28 @@ LISTENING = re.compile(r"listening on tcp://127\.0\.0\.1:(\d+)")
 START_DEADLINE_S = 120
 
 
-def host_argv(dockerfile: Dockerfile, cache: Path, token_file: Path) -> list[str]:
+def host_command(dockerfile: Dockerfile, cache: Path, token_file: Path) -> tuple[list[str], dict[str, str]]:
+    """The host image's command line and its RKNN_SERVER_* settings, with the listener, the cache and
+    the token file moved to places this test owns."""
     stage = dockerfile.stage("host")
     argv = (
         dockerfile.effective(stage, "ENTRYPOINT").exec_form() + dockerfile.effective(stage, "CMD").exec_form()
     )
-    listens = [i for i, arg in enumerate(argv) if arg == "--listen"]
-    assert listens, argv
-    for i in listens:
-        assert argv[i + 1].startswith("tcp://"), "only TCP is reachable from outside a container"
-        argv[i + 1] = "tcp://127.0.0.1:0"
-    argv[argv.index("--model-cache") + 1] = str(cache)
-    assert "--auth-token-file" in argv, "the container listens beyond loopback: it must require a token"
-    argv[argv.index("--auth-token-file") + 1] = str(token_file)
-    return argv
+    assert not [arg for arg in argv if arg.startswith("--")], (
+        "settings belong in ENV, where `-e` overrides them"
+    )
+    env = {k: v for k, v in dockerfile.environment(stage).items() if k.startswith("RKNN_SERVER_")}
+    listens = env["RKNN_SERVER_LISTEN"].split(",")
+    assert all(a.startswith("tcp://") for a in listens), "only TCP is reachable from outside a container"
+    assert "RKNN_SERVER_AUTH_TOKEN_FILE" in env, (
+        "the container listens beyond loopback: it must require a token"
+    )
+    env.update(
+        RKNN_SERVER_LISTEN="tcp://127.0.0.1:0",
+        RKNN_SERVER_MODEL_CACHE=str(cache),
+        RKNN_SERVER_AUTH_TOKEN_FILE=str(token_file),
+    )
+    return argv, env
 
 
 def probe_argv(dockerfile: Dockerfile, port: int) -> list[str]:
@@ -108,16 +116,21 @@ def test_daemon_knows_every_flag_the_deploy_files_pass(tmp_path: Path, dockerfil
     """A flag the daemon lacks would make every board unit and container exit at start."""
     env = daemon_env(tmp_path)
     used = {arg for arg in BOARD_ARGS if arg.startswith("--")}
+    variables: set[str] = set()
     for flavor in ("board", "host"):
-        used |= {
-            a for a in dockerfile.effective(dockerfile.stage(flavor), "CMD").exec_form() if a.startswith("--")
-        }
+        stage = dockerfile.stage(flavor)
+        used |= {a for a in dockerfile.effective(stage, "CMD").exec_form() if a.startswith("--")}
+        variables |= {k for k in dockerfile.environment(stage) if k.startswith("RKNN_SERVER_")}
     result = subprocess.run(
         ["rknn_server", "serve", "--help"], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
     known = set(re.findall(r"--[a-z][a-z0-9-]*", result.stdout))
     assert used <= known, f"flags the daemon does not know: {sorted(used - known)}"
+    known_variables = set(re.findall(r"RKNN_SERVER_[A-Z0-9_]+", result.stdout))
+    assert variables <= known_variables, (
+        f"variables the daemon does not know: {sorted(variables - known_variables)}"
+    )
 
 
 def test_container_command_serves_its_health_probe(tmp_path: Path, dockerfile: Dockerfile) -> None:
@@ -125,14 +138,14 @@ def test_container_command_serves_its_health_probe(tmp_path: Path, dockerfile: D
     token = tmp_path / "auth-token"
     token.write_text("client:s3cret-token-for-the-test\n")
     token.chmod(0o600)
-    argv = host_argv(dockerfile, tmp_path / "cache", token)
+    argv, settings = host_command(dockerfile, tmp_path / "cache", token)
     with (tmp_path / "daemon.stderr").open("w") as stderr:
         daemon = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            env=env,
+            env={**env, **settings},
             cwd=tmp_path,
             start_new_session=True,
         )

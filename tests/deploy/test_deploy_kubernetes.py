@@ -71,25 +71,16 @@ def test_grpc_port_and_native_grpc_probes() -> None:
         assert container[probe]["grpc"] == {"port": 50515}
 
 
-def test_args_match_compose_board_command() -> None:
-    yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes-validate")
-    compose_command = yaml.safe_load((DEPLOY.parent / "docker-compose.yml").read_text())["services"]["board"][
-        "command"
-    ]
+def test_runs_the_image_command_with_the_token_of_its_secret() -> None:
+    """Like the compose board service: the image's CMD and variables, only the token's path changed."""
     [container] = objects()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    args = container["args"]
-    token = args[args.index("--auth-token-file") + 1]
+    assert "args" not in container and "command" not in container
+    env = {e["name"]: e["value"] for e in container["env"]}
+    # The token's path, and the metrics listener its Prometheus annotations scrape.
+    assert set(env) == {"RKNN_SERVER_AUTH_TOKEN_FILE", "RKNN_SERVER_METRICS_LISTEN"}
+    token = env["RKNN_SERVER_AUTH_TOKEN_FILE"]
     mount = next(m for m in container["volumeMounts"] if token.startswith(m["mountPath"] + "/"))
     assert mount["name"] == "auth-token"
-    # The manifest adds the metrics listener that its Prometheus annotations scrape.
-    assert without(without(args, "--metrics-listen"), "--auth-token-file") == without(
-        compose_command, "--auth-token-file"
-    )
-
-
-def without(command: list[str], option: str) -> list[str]:
-    at = command.index(option)
-    return command[:at] + command[at + 2 :]
 
 
 def test_headless_service_selects_the_daemonset_pods() -> None:
@@ -105,12 +96,12 @@ def test_prometheus_scrapes_the_metrics_listener() -> None:
     template = objects()["DaemonSet"]["spec"]["template"]
     annotations = template["metadata"]["annotations"]
     [container] = template["spec"]["containers"]
-    args = container["args"]
-    listen = args[args.index("--metrics-listen") + 1]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    listen = env["RKNN_SERVER_METRICS_LISTEN"]
     port = next(p for p in container["ports"] if p["name"] == "metrics")
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/path"] == "/metrics"
     assert listen == f"tcp://0.0.0.0:{annotations['prometheus.io/port']}"
     assert port["containerPort"] == int(annotations["prometheus.io/port"])
     # A non-loopback metrics port is refused without a token: the pod must have one.
-    assert "--auth-token-file" in args and "--insecure" not in args
+    assert "RKNN_SERVER_AUTH_TOKEN_FILE" in env and "RKNN_SERVER_INSECURE" not in env

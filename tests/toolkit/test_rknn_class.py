@@ -117,6 +117,16 @@ def test_accuracy_analysis_writes_the_toolkits_files(
             np.testing.assert_allclose(values, array.ravel(), rtol=1e-4, atol=1e-4)
 
 
+def test_accuracy_analysis_against_a_board_says_it_is_not_supported(
+    converted: tuple[RKNN, Path, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    rknn, _, _ = converted
+    out = tmp_path / "snapshot"
+    assert rknn.accuracy_analysis(inputs=["dog.png"], output_dir=str(out), target="rk3588") == -1
+    assert "the runtime side (target/device_id) of a model RKNN-Toolkit2 built" in capfd.readouterr().err
+    assert not out.exists()
+
+
 def test_encrypted_export_answers_through_the_bridge(
     converted: tuple[RKNN, Path, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,6 +156,37 @@ def test_init_runtime_on_a_board_uploads_the_toolkits_rknn(
     cached = {sha256(p): p for p in (cache / "models").glob("*/*") if p.is_file()}
     assert sha256(exported) in cached, sorted(p.name for p in cached.values())
     assert cached[sha256(exported)].read_bytes()[:4] == b"RKNN"
+
+
+def test_hybrid_quantization_then_a_board_without_build(
+    toolkit: Toolkit,
+    board: tuple[DaemonProcess, Path],
+    images: tuple[Path, list[np.ndarray]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hybrid_quant example's two steps; step 2 builds, so init_runtime(target) uploads its .rknn."""
+    daemon, cache = board
+    monkeypatch.chdir(tmp_path)
+    model = models.small_cnn(tmp_path / "cnn.onnx", size=SIZE)
+    rknn = RKNN(toolkit="bridge")
+    try:
+        assert rknn.config(mean_values=[MEAN], std_values=[STD], target_platform="rk3588") == 0
+        assert rknn.load_onnx(model=str(model)) == 0
+        assert rknn.hybrid_quantization_step1(dataset=str(images[0]), proposal=False) == 0
+    finally:
+        rknn.release()
+    assert {"cnn.model", "cnn.data", "cnn.quantization.cfg"} <= {p.name for p in tmp_path.iterdir()}
+    rknn = RKNN(toolkit="bridge")
+    try:
+        assert rknn.config(mean_values=[MEAN], std_values=[STD], target_platform="rk3588") == 0
+        assert rknn.hybrid_quantization_step2("cnn.model", "cnn.data", "cnn.quantization.cfg") == 0
+        rknn.init_runtime(target="rk3588", device_id=daemon.url)
+        assert rknn.export_rknn("hybrid.rknn") == 0
+    finally:
+        rknn.release()
+    cached = {sha256(p) for p in (cache / "models").glob("*/*") if p.is_file()}
+    assert sha256(tmp_path / "hybrid.rknn") in cached
 
 
 def test_a_host_runtime_daemon_refuses_the_toolkits_rknn(

@@ -277,3 +277,13 @@ def test_exec_runs_a_toolkit_script_through_the_bridge(toolkit: Toolkit, tmp_pat
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "outputs (1, 10) rknn_client.compat.rknn" in result.stdout
     assert exported.read_bytes()[:4] == b"RKNN"
+
+
+def test_an_unknown_path_choice_is_named_and_auto_is_used(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(ENV_TOOLKIT, "gpu")
+    rknn = RKNN()
+    assert rknn._route.mode == "auto"
+    assert "RKNN_CLIENT_TOOLKIT='gpu' is not one of auto, bridge, host; using auto" in capfd.readouterr().err
+    assert RKNN(toolkit="HOST")._route.mode == "host"  # the argument wins over the environment

@@ -184,7 +184,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
         print("rknn-client: accuracy needs --dataset (or --no-quantization)", file=sys.stderr)
         return 2
     check_input_files(args.input)
-    rknn = RKNN()
+    rknn = RKNN(toolkit="host")  # the host analysis: its result object feeds the worst-layers view
     table = io.StringIO()
     try:
         with contextlib.redirect_stdout(table):

@@ -3,6 +3,7 @@ compatibility tests run against (one per transport x backend, each with its own 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -12,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from demo.daemon_process import DaemonProcess, start_daemon
+from rknn_client.compat.toolkit_route import ENV_TOOLKIT
 from tests import models
 from tests.adb.host_board import AdbHostBoard, adb_host_board, point_adb_at
 from tests.rknnrt.fake_sysfs import rk3588_board, rv1106_board
@@ -19,6 +21,11 @@ from tests.rknnrt.stub_build import build_stub
 from tests.rknnrt_cases import image_model, image_reference, start_rknnrt_daemon
 
 DaemonFactory = Callable[..., DaemonProcess]
+
+# The RKNN class's host path (ONNX Runtime, our int8 emulation) is what the tests exercise unless they
+# ask for the real toolkit (tests/toolkit: RKNN(toolkit="bridge")); a toolkit installed on the machine
+# must not change what they test. Set here so `rknn-client exec` subprocesses inherit it too.
+os.environ[ENV_TOOLKIT] = "host"
 
 
 @pytest.fixture(scope="session")

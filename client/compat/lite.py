@@ -14,7 +14,7 @@ from rknn_client.compat.rknn import RKNN
 
 class RKNNLite(NpuCoreMasks):
     def __init__(self, verbose: bool | str = False, verbose_file: str | None = None) -> None:
-        self._rknn = RKNN(verbose=verbose, verbose_file=verbose_file)
+        self._rknn = RKNN(verbose=verbose, verbose_file=verbose_file, toolkit="host")  # no converter in lite
 
     def load_rknn(self, path: str) -> int:
         return self._rknn.load_rknn(path)

@@ -3,6 +3,10 @@
 `from rknn.api import RKNN` becomes `from rknn_client import RKNN`. Every call returns what the
 toolkit returns (0 / -1, lists, strings, dicts, None on failure) and logs why it failed; the work
 is done by the idiomatic API underneath (rknn_client.api).
+
+When a real RKNN-Toolkit2 is found (rknn_client.toolkit), the conversion and simulator methods run in it
+through the bridge instead, and `init_runtime(target=...)` uploads the `.rknn` it compiled; the path is
+chosen per object (compat.toolkit_route: `RKNN(toolkit=...)` or RKNN_CLIENT_TOOLKIT).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
+from inspect import signature
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,10 +38,12 @@ from rknn_client.compat.onnx_build import BuildError, prepare_model, set_input_s
 from rknn_client.compat.rknn_file import ModelFileKind, inspect
 from rknn_client.compat.shapes import batched, check_dynamic, dynamic_sets, nchw_shape, with_free_dims
 from rknn_client.compat.toolkit_log import ToolkitLog
+from rknn_client.compat.toolkit_route import ModeError, ToolkitRoute, choose_mode
 from rknn_client.errors import RknnError, advice
 from rknn_client.pipeline import Pipeline
 from rknn_client.progress import byte_bar
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
+from rknn_client.toolkit import Missing
 from rknn_client.transport.base import TransportError
 from rknn_proto import model_container
 
@@ -93,12 +100,94 @@ def _toolkit_call(api: str, failure: Any) -> Callable[[Callable[..., R]], Callab
     return decorate
 
 
+Given = dict[str, Any]
+
+
+def _bridged(
+    api: str,
+    failure: Any,
+    when: Callable[[RKNN, Given], bool] | None = None,
+    then: Callable[[RKNN, Any], None] | None = None,
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Run the call in the real toolkit when this object uses the bridge (and `when` says so, from the
+    arguments the caller gave), with the caller's arguments unchanged; else the host path (`fn`).
+    The toolkit prints its own lines; a failure of the bridge itself is the logged error and `failure`.
+    `then` updates our state from the toolkit's return value."""
+
+    def decorate(fn: Callable[..., R]) -> Callable[..., R]:
+        bind = signature(fn).bind
+
+        @functools.wraps(fn)
+        def wrapper(self: RKNN, *args: Any, **kwargs: Any) -> R:
+            if when is not None:
+                try:
+                    given = bind(self, *args, **kwargs).arguments
+                except TypeError:  # Python's own error for a wrong call, as the host path gives it
+                    return fn(self, *args, **kwargs)
+                if not when(self, given):
+                    return fn(self, *args, **kwargs)
+            route = self._route.get(functools.partial(self._toolkit_missing, api))
+            if route is None:
+                return fn(self, *args, **kwargs)
+            if isinstance(route, Missing):
+                self.log.e(api, route.message())
+                return failure
+            reply = route.call(api, *args, **kwargs)
+            if not reply.ok:
+                self.log.e(api, reply.error)
+                return failure
+            if then is not None:
+                then(self, reply.value)
+            return reply.value
+
+        return wrapper
+
+    return decorate
+
+
+def _loaded_in_toolkit(self: RKNN, value: Any) -> None:
+    if value == 0:
+        self._use_toolkit_model(built=False)
+
+
+def _built_in_toolkit(self: RKNN, value: Any) -> None:
+    if value == 0:
+        self._use_toolkit_model(built=True)
+
+
+def _simulator_started(self: RKNN, value: Any) -> None:
+    self._close_runtime()
+    self._simulator = value == 0
+
+
+def _on_simulator(self: RKNN, given: Given) -> bool:
+    return self._simulator
+
+
+def _simulator_side(self: RKNN, given: Given) -> bool:
+    """init_runtime()/accuracy_analysis() without a board, on a model the toolkit loaded."""
+    return self._toolkit_model and given.get("target") is None and given.get("device_id") is None
+
+
 class RKNN(NpuCoreMasks):
-    def __init__(self, verbose: bool | str = False, verbose_file: str | None = None) -> None:
+    def __init__(
+        self, verbose: bool | str = False, verbose_file: str | None = None, toolkit: str | None = None
+    ) -> None:
+        """`toolkit`: auto (default, else RKNN_CLIENT_TOOLKIT), bridge or host; see compat.toolkit_route."""
         if verbose not in (True, False, "debug"):
             ToolkitLog().e("__init__", "'verbose' must be True or False!")
             verbose = False
         self.log = ToolkitLog(verbose, verbose_file)
+        try:
+            mode = choose_mode(toolkit)
+        except ModeError as exc:
+            self.log.e("__init__", f"{exc}; using auto")
+            mode = "auto"
+        self._route = ToolkitRoute(mode, verbose, verbose_file)
+        self._toolkit_model = False  # the current model lives in the toolkit's worker
+        self._toolkit_built = False
+        self._exported: Path | None = None  # the toolkit's .rknn for init_runtime(target=...)
+        self._simulator = False  # init_runtime() ran in the toolkit: inference goes there
         self._onnx: dict[str, Any] | None = None
         self._rknn_path: Path | None = None
         self._loaded = ModelFileKind()
@@ -120,6 +209,7 @@ class RKNN(NpuCoreMasks):
 
     # -- model preparation -------------------------------------------------------------------
 
+    @_bridged("config", -1)
     @_toolkit_call("config", -1)
     def config(
         self,
@@ -172,6 +262,7 @@ class RKNN(NpuCoreMasks):
             self.log.w("config", f"unknown argument {key!r} ignored")
         return 0
 
+    @_bridged("load_onnx", -1, then=_loaded_in_toolkit)
     @_toolkit_call("load_onnx", -1)
     def load_onnx(
         self,
@@ -203,9 +294,11 @@ class RKNN(NpuCoreMasks):
         )
         return -1
 
+    @_bridged("load_pytorch", -1, then=_loaded_in_toolkit)
     def load_pytorch(self, model: str, input_size_list: Any = None) -> int:
         return self._unsupported_loader("load_pytorch")
 
+    @_bridged("load_tensorflow", -1, then=_loaded_in_toolkit)
     def load_tensorflow(
         self,
         tf_pb: str,
@@ -216,12 +309,15 @@ class RKNN(NpuCoreMasks):
     ) -> int:
         return self._unsupported_loader("load_tensorflow")
 
+    @_bridged("load_tflite", -1, then=_loaded_in_toolkit)
     def load_tflite(self, model: str, input_is_nchw: bool = False) -> int:
         return self._unsupported_loader("load_tflite")
 
+    @_bridged("load_caffe", -1, then=_loaded_in_toolkit)
     def load_caffe(self, model: str, blobs: Any = None, input_name: Any = None) -> int:
         return self._unsupported_loader("load_caffe")
 
+    @_bridged("load_darknet", -1, then=_loaded_in_toolkit)
     def load_darknet(self, model: str, weight: str) -> int:
         return self._unsupported_loader("load_darknet")
 
@@ -238,11 +334,13 @@ class RKNN(NpuCoreMasks):
         sets = self._loaded.virtual.header.get("dynamic_input") if self._loaded.virtual else None
         self._dynamic_sets = [[tuple(shape) for shape in shape_set] for shape_set in sets] if sets else None
         self._rknn_path = Path(path)
+        self._toolkit_model = self._toolkit_built = False
         self._onnx = None
         self._built = None
         self._models = None
         return 0
 
+    @_bridged("build", -1, then=_built_in_toolkit)
     @_toolkit_call("build", -1)
     def build(
         self,
@@ -294,6 +392,7 @@ class RKNN(NpuCoreMasks):
         }
         return 0
 
+    @_bridged("export_rknn", -1)
     @_toolkit_call("export_rknn", -1)
     def export_rknn(self, export_path: str, **kwargs: Any) -> int:
         """Without RKNN-Toolkit2: the built model in a virtual-board container (rknn_proto.model_container)."""
@@ -320,6 +419,7 @@ class RKNN(NpuCoreMasks):
         self.log.e(api, f"{what} {TOOLKIT_ONLY}")
         return -1
 
+    @_bridged("hybrid_quantization_step1", -1)
     def hybrid_quantization_step1(
         self,
         dataset: str = "dataset.txt",
@@ -330,23 +430,28 @@ class RKNN(NpuCoreMasks):
     ) -> int:
         return self._needs_toolkit("hybrid_quantization_step1", "hybrid quantization")
 
+    @_bridged("hybrid_quantization_step2", -1, then=_built_in_toolkit)
     def hybrid_quantization_step2(
         self, model_input: str, data_input: str, model_quantization_cfg: str
     ) -> int:
         return self._needs_toolkit("hybrid_quantization_step2", "hybrid quantization")
 
+    @_bridged("export_encrypted_rknn_model", -1)
     def export_encrypted_rknn_model(
         self, input_model: str, output_model: str | None = None, crypt_level: int = 1
     ) -> int:
         return self._needs_toolkit("export_encrypted_rknn_model", "encrypting an RKNN model")
 
+    @_bridged("reg_custom_op", -1)
     def reg_custom_op(self, custom_op: Any) -> int:
         name = getattr(custom_op, "op_type", type(custom_op).__name__)
         return self._needs_toolkit("reg_custom_op", f"registering the custom operator {name!r}")
 
+    @_bridged("codegen", -1)
     def codegen(self, output_path: str, inputs: Any = None, overwrite: bool = False) -> int:
         return self._needs_toolkit("codegen", "generating the C++ deployment example")
 
+    @_bridged("optimize_onnx", -1)
     def optimize_onnx(
         self,
         model: str,
@@ -358,9 +463,37 @@ class RKNN(NpuCoreMasks):
 
     # -- runtime -----------------------------------------------------------------------------
 
+    def _toolkit_missing(self, api: str, missing: Missing) -> None:
+        if self._route.mode == "auto":  # the host path is the documented fallback: say why at debug level
+            self.log.d(api, f"{missing.message()}; using the host path (ONNX Runtime)")
+
+    def _use_toolkit_model(self, built: bool) -> None:
+        """A load or build in the toolkit succeeded: the model is the toolkit's, the host's is dropped."""
+        self._toolkit_model, self._toolkit_built = True, built
+        self._exported = None
+        self._rknn_path = self._onnx = self._built = self._models = None
+        self._dynamic_sets = None
+
+    def _toolkit_rknn(self) -> Path:
+        """The .rknn the toolkit compiled, exported into a private temp file for a board's daemon."""
+        if not self._toolkit_built:
+            self.log.i("init_runtime", "the model was not built; building it without quantization")
+            if self.build(do_quantization=False) != 0:
+                raise BuildError("building the model failed (see the error above)")
+        if self._exported is None:
+            self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
+            path = Path(self._workdir.name) / "toolkit" / "model.rknn"
+            path.parent.mkdir(exist_ok=True)
+            if self.export_rknn(str(path)) != 0:
+                raise BuildError("exporting the RKNN model from the toolkit failed (see the error above)")
+            self._exported = path
+        return self._exported
+
     def _model_for_runtime(self) -> Path:
         if self._rknn_path is not None:
             return self._rknn_path
+        if self._toolkit_model:
+            return self._toolkit_rknn()
         if self._onnx is None:
             raise BuildError("no model loaded: call load_rknn() or load_onnx() first")
         if self._built is None:
@@ -370,6 +503,7 @@ class RKNN(NpuCoreMasks):
         assert self._built is not None
         return self._built
 
+    @_bridged("init_runtime", -1, when=_simulator_side, then=_simulator_started)
     @_toolkit_call("init_runtime", -1)
     def init_runtime(
         self,
@@ -403,7 +537,7 @@ class RKNN(NpuCoreMasks):
                 f"target mismatch: init_runtime(target='{self._target}') but the board at "
                 f"{self._device.endpoint.description} is {info.soc}"
             )
-        self._check_runnable(info.model_formats, info.soc, self._device.endpoint.description)
+        self._check_runnable(model, info.model_formats, info.soc, self._device.endpoint.description)
         self._session = self._device.load(
             model,
             target=self._target,
@@ -419,26 +553,29 @@ class RKNN(NpuCoreMasks):
             self._pipeline = self._session.pipeline(depth=2)
         return 0
 
-    def _check_runnable(self, formats: Sequence[str], soc: str, where: str) -> None:
-        """A loaded .rknn file the selected daemon cannot run is refused here, before any upload."""
-        if self._rknn_path is None:
+    def _check_runnable(self, model: Path, formats: Sequence[str], soc: str, where: str) -> None:
+        """A .rknn file (loaded, or compiled by the toolkit) the selected daemon cannot run is refused
+        here, before any upload."""
+        if self._rknn_path is not None:
+            kind, name = self._loaded, self._rknn_path.name
+        elif self._toolkit_model:
+            kind, name = inspect(model), "the model RKNN-Toolkit2 built"
+        else:
             return
-        header, virtual = self._loaded.rknn, self._loaded.virtual
+        header, virtual = kind.rknn, kind.virtual
         if header is not None and ".rknn" not in formats:
             raise RknnError(
-                f"{self._rknn_path.name} is a real RKNN model ({header.summary()}); the daemon at {where} "
+                f"{name} is a real RKNN model ({header.summary()}); the daemon at {where} "
                 f"runs models of type {', '.join(formats)} (the host runtime cannot run RKNN models): "
                 "connect to a board's daemon, or load the original model with load_onnx()"
             )
         if header is not None and soc and header.target_platforms and soc not in header.target_platforms:
             raise RknnError(
-                f"{self._rknn_path.name} was built for {', '.join(header.target_platforms)}, "
+                f"{name} was built for {', '.join(header.target_platforms)}, "
                 f"but the board at {where} is {soc}: convert the model again with target_platform='{soc}'"
             )
         if virtual is not None and ".onnx" not in formats:
-            raise RknnError(
-                f"{self._rknn_path.name} cannot run on the board at {where}: {model_container.VIRTUAL_ONLY}"
-            )
+            raise RknnError(f"{name} cannot run on the board at {where}: {model_container.VIRTUAL_ONLY}")
 
     def _require_session(self) -> Session:
         if self._session is None:
@@ -446,6 +583,7 @@ class RKNN(NpuCoreMasks):
         self._session.allow_reconnect(os.environ.get(ENV_AUTO_RECONNECT, "1").strip() != "0")
         return self._session
 
+    @_bridged("inference", None, when=_on_simulator)
     @_toolkit_call("inference", None)
     def inference(
         self,
@@ -487,6 +625,7 @@ class RKNN(NpuCoreMasks):
             self._previous = pipeline.result()
         return self._previous
 
+    @_bridged("eval_perf", None, when=_on_simulator)
     @_toolkit_call("eval_perf", None)
     def eval_perf(self, is_print: bool = True, fix_freq: bool = True) -> str | None:
         report: PerfReport = self._require_session().perf(fix_freq=fix_freq)
@@ -496,6 +635,7 @@ class RKNN(NpuCoreMasks):
         self.last_perf = report
         return text
 
+    @_bridged("eval_memory", None, when=_on_simulator)
     @_toolkit_call("eval_memory", None)
     def eval_memory(self, is_print: bool = True) -> dict[str, int] | None:
         report = self._require_session().memory()
@@ -508,6 +648,7 @@ class RKNN(NpuCoreMasks):
             "total_memory": report.total_memory,
         }
 
+    @_bridged("get_sdk_version", None, when=_on_simulator)
     @_toolkit_call("get_sdk_version", None)
     def get_sdk_version(self) -> str | None:
         session = self._require_session()
@@ -534,6 +675,7 @@ class RKNN(NpuCoreMasks):
         print(devices_text(adb_devices, []), end="")
         return adb_devices, []
 
+    @_bridged("accuracy_analysis", -1, when=_simulator_side)
     @_toolkit_call("accuracy_analysis", -1)
     def accuracy_analysis(
         self,
@@ -549,6 +691,14 @@ class RKNN(NpuCoreMasks):
                 "accuracy_analysis",
                 "the model was loaded with load_rknn(): an RKNN model lacks the original model, "
                 "so accuracy analysis is not possible; load the original with load_onnx() and build()",
+            )
+            return -1
+        if self._toolkit_model:
+            self.log.e(
+                "accuracy_analysis",
+                "the runtime side (target/device_id) of a model RKNN-Toolkit2 built is not supported by "
+                "rknn_client yet; call accuracy_analysis() without target for golden vs the toolkit's "
+                "simulator, or RKNN(toolkit='host') for our runtime side",
             )
             return -1
         if self._models is None:
@@ -602,6 +752,7 @@ class RKNN(NpuCoreMasks):
         self._session = self._device = self._pipeline = None
         self._previous = None
         self._frames = 0
+        self._simulator = False
         if pipeline is not None:
             pipeline.close()
         if session is not None:
@@ -614,6 +765,7 @@ class RKNN(NpuCoreMasks):
 
     def release(self) -> None:
         self._close_runtime()
+        self._route.close()
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None

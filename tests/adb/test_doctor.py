@@ -106,6 +106,16 @@ def test_missing_npu_node(make_board: MakeBoard, fake_daemon: Callable[[int], Fa
     assert broken(diagnose(board.serial, socket_name=daemon.socket_name)).name == "NPU device node"
 
 
+def _diagnosed_beside(board: EmulatedBoard, argv: list[str]) -> tuple[subprocess.Popen[bytes], Check]:
+    """The first failed check while `argv` runs as a process that does not serve the daemon's socket."""
+    process = subprocess.Popen(argv)
+    try:
+        return process, broken(diagnose(board.serial, socket_name=f"nobody-{uuid.uuid4().hex[:12]}"))
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_vendor_server_and_its_respawn_scripts(make_board: MakeBoard) -> None:
     board = npu_board(make_board)
     bin_dir = board.profile.local_path("/usr/bin/rknn_server").parent
@@ -113,12 +123,7 @@ def test_vendor_server_and_its_respawn_scripts(make_board: MakeBoard) -> None:
     vendor_binary = bin_dir / "rknn_server"
     shutil.copy(shutil.which("sleep") or "/bin/sleep", vendor_binary)
     (bin_dir / "start_rknn.sh").write_text("#!/bin/sh\nwhile true; do rknn_server; done\n")
-    process = subprocess.Popen([str(vendor_binary), "600"])
-    try:
-        failed = broken(diagnose(board.serial, socket_name=f"nobody-{uuid.uuid4().hex[:12]}"))
-    finally:
-        process.kill()
-        process.wait()
+    process, failed = _diagnosed_beside(board, [str(vendor_binary), "600"])
     assert failed.name == "daemon process"
     assert f"pid {process.pid}" in failed.detail and "vendor" in failed.detail
     assert "start_rknn.sh" in failed.fix and "killall rknn_server" in failed.fix
@@ -189,11 +194,6 @@ def test_python_daemon_is_found_by_its_command_line(make_board: MakeBoard, tmp_p
     script.parent.mkdir()
     script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
     script.chmod(0o755)
-    process = subprocess.Popen([sys.executable, str(script), "serve"])
-    try:
-        failed = broken(diagnose(board.serial, socket_name=f"nobody-{uuid.uuid4().hex[:12]}"))
-    finally:
-        process.kill()
-        process.wait()
+    process, failed = _diagnosed_beside(board, [sys.executable, str(script), "serve"])
     assert failed.name == "daemon process"
     assert f"pid {process.pid}" in failed.detail and "nothing listens" in failed.detail

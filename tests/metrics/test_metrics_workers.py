@@ -17,22 +17,16 @@ from rknn_client import connect
 from rknn_client.errors import RknnError
 from tests import models
 from tests.metrics.conftest import get, samples, scrape
-from tests.reliability.stall_backend import STALL_VALUE
+from tests.reliability.stall_backend import STALL_VALUE, use_stall_backend
 
-ROOT = Path(__file__).resolve().parents[2]
 CALL_TIMEOUT_S = 3
 
 
 @pytest.fixture(autouse=True)
 def _stall_backend(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The daemon and its workers import the stalling test backend from this tree."""
-    paths = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    stall = tmp_path / "stall"
-    stall.mkdir()
-    monkeypatch.setenv("RKNN_TEST_STALL_DIR", str(stall))
     monkeypatch.delenv("RKNN_SERVER_TOKEN", raising=False)
-    return stall
+    return use_stall_backend(monkeypatch, tmp_path)
 
 
 def _wait_for(path: Path, patience_s: float = 90.0) -> None:

@@ -20,8 +20,8 @@ from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import FileEntry, manifest_digest
 from tests.models import small_cnn
+from tests.reliability.stall_backend import use_stall_backend
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "alice-token-0123456789abcdef"
 OTHER_TOKEN = "bob-token-0123456789abcdefgh"
 StartDaemon = Callable[..., DaemonProcess]
@@ -30,11 +30,7 @@ StartDaemon = Callable[..., DaemonProcess]
 @pytest.fixture(autouse=True)
 def _importable_tests(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Daemons and their workers import the test backend from this tree."""
-    paths = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    stall = tmp_path / "stall"
-    stall.mkdir()
-    monkeypatch.setenv("RKNN_TEST_STALL_DIR", str(stall))
+    use_stall_backend(monkeypatch, tmp_path)
     for name in ("RKNN_SERVER", "RKNN_SERVER_TOKEN", "RKNN_SERVER_TLS_CA", "RKNN_SERVER_TLS_CERT"):
         monkeypatch.delenv(name, raising=False)
 

@@ -14,11 +14,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rknn_server.runtime.base import InputFormat, MemoryResult, ModelRuntime, PerfResult, RuntimeOptions
 from rknn_server.runtime.host import HostBackend
 
 STALL_VALUE = 7.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def use_stall_backend(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Let daemons and their workers import this backend from this tree; returns its stall folder."""
+    paths = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    stall = tmp_path / "stall"
+    stall.mkdir()
+    monkeypatch.setenv("RKNN_TEST_STALL_DIR", str(stall))
+    return stall
 
 
 class StallRuntime(ModelRuntime):

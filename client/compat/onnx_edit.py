@@ -150,6 +150,16 @@ def _chain(
     return nodes, shapes
 
 
+def _rename(graph: onnx.GraphProto, name: str, new: str, produced: bool) -> None:
+    """Nodes read tensor `name` as `new` (and, with `produced`, write it as `new`)."""
+    for node in graph.node:
+        fields = (node.input, node.output) if produced else (node.input,)
+        for names in fields:
+            for index, used in enumerate(names):
+                if used == name:
+                    names[index] = new
+
+
 def edit_model(
     model: onnx.ModelProto, inputs_transform: dict[str, str], outputs_transform: dict[str, str]
 ) -> tuple[onnx.ModelProto, dict[str, Transform]]:
@@ -165,10 +175,7 @@ def edit_model(
             raise EditError(f"input {name!r} is not an input of the model; its inputs are {sorted(by_input)}")
         transform = parse(equation, _static_shape(by_input[name]))
         inner = f"{name}__orig"
-        for node in graph.node:
-            for index, used in enumerate(node.input):
-                if used == name:
-                    node.input[index] = inner
+        _rename(graph, name, inner, produced=False)
         for output in graph.output:
             if output.name == name:
                 raise EditError(f"input {name!r} is also a graph output; it cannot be transformed")
@@ -186,13 +193,7 @@ def edit_model(
             )
         transform = parse(equation, _static_shape(by_output[name]))
         inner = f"{name}__orig"
-        for node in graph.node:
-            for index, produced in enumerate(node.output):
-                if produced == name:
-                    node.output[index] = inner
-            for index, used in enumerate(node.input):
-                if used == name:
-                    node.input[index] = inner
+        _rename(graph, name, inner, produced=True)
         nodes, shapes = _chain(
             inner, name, transform.factors_left, transform.to_new, transform.new_shape, f"{name}__out"
         )

@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from rknn_client.accuracy.capture import expose_all_layers, tensor_types
-from rknn_client.accuracy.layers import FLOAT_TYPES
+from rknn_client.accuracy.capture import graph_inputs, tensor_types
 from rknn_client.accuracy.session import open_session, run_session
 
 HISTOGRAM_BINS = 2048
@@ -52,31 +51,37 @@ def search_range(counts: np.ndarray, edges: np.ndarray) -> tuple[float, float]:
     return float(alphas[best] * low), float(alphas[best] * high)
 
 
-def mmse_ranges(
-    model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
+def activation_ranges(
+    model: onnx.ModelProto, names: Sequence[str], samples: Sequence[Mapping[str, np.ndarray]], algorithm: str
 ) -> dict[str, tuple[float, float]]:
-    """MMSE range of every floating-point activation (graph inputs and node outputs) over the samples."""
-    exposed, layers = expose_all_layers(model)
+    """The calibration range of each named tensor of `model` over the samples: min/max ('normal'), or
+    the MMSE search ('mmse', and 'kl_divergence', for which rknn-toolkit2 2.5.0 gives the very same
+    ranges). Every range includes 0, so that 0 is exact on the int8 grid."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
     types = tensor_types(model)
-    names = [layer.tensor_name for layer in layers if types.get(layer.tensor_name) in FLOAT_TYPES]
+    present = {info.name for info in exposed.graph.output}
+    feed_names = {info.name for info in graph_inputs(model.graph)}
+    computed = [name for name in names if name not in feed_names]
+    for name in computed:
+        if name not in present:
+            exposed.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
     session = open_session(exposed)
-    feed_names = [spec.name for spec in session.get_inputs()]
-    outputs = [name for name in names if name not in feed_names]
 
     def activations(sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = dict(zip(outputs, run_session(session, sample, outputs), strict=True))
+        values = dict(zip(computed, run_session(session, sample, computed), strict=True))
         values.update({name: np.asarray(sample[name]) for name in names if name in feed_names})
         return values
 
-    lows = dict.fromkeys(names, np.inf)
-    highs = dict.fromkeys(names, -np.inf)
+    lows = dict.fromkeys(names, 0.0)
+    highs = dict.fromkeys(names, 0.0)
     for sample in samples:
         for name, value in activations(sample).items():
             lows[name] = min(lows[name], float(np.min(value)))
             highs[name] = max(highs[name], float(np.max(value)))
-    edges = {
-        name: np.linspace(min(lows[name], 0.0), max(highs[name], 0.0), HISTOGRAM_BINS + 1) for name in names
-    }
+    if algorithm == "normal":
+        return {name: (lows[name], highs[name]) for name in names}
+    edges = {name: np.linspace(lows[name], highs[name], HISTOGRAM_BINS + 1) for name in names}
     counts = {name: np.zeros(HISTOGRAM_BINS, np.int64) for name in names}
     for sample in samples:
         for name, value in activations(sample).items():

@@ -135,8 +135,19 @@ def _hardswish_input(
     values: dict[str, np.ndarray],
 ) -> tuple[str, list[onnx.NodeProto]] | None:
     """If `mul` ends a decomposed hard_swish, its input x and the nodes before `mul` that make it up:
-    `x * Clip(x + 3, 0, 6) / 6` (PaddlePaddle's export) or `x * HardSigmoid(x, 1/6, 1/2)` (ONNX's
-    HardSwish function body, which ONNX Runtime inlines)."""
+    `x * (Clip(x + 3, 0, 6) / 6)` or `(x * Clip(x + 3, 0, 6)) / 6` (PaddlePaddle's exports; then `mul`
+    is the Div) or `x * HardSigmoid(x, 1/6, 1/2)` (ONNX's HardSwish function body, which ONNX Runtime
+    inlines)."""
+    if mul.op_type == "Div":
+        inner = single(mul.input[0], "Mul")
+        if inner is None or _constant_value(mul.input[1], values) != 6.0:
+            return None
+        for x, other in ((inner.input[0], inner.input[1]), (inner.input[1], inner.input[0])):
+            clip = single(other, "Clip")
+            add = single(clip.input[0], "Add") if clip is not None else None
+            if clip is not None and add is not None and _is_plus_three(add, x, clip, values):
+                return x, [inner, clip, add]
+        return None
     for x, other in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
         sigmoid = single(other, "HardSigmoid")
         if sigmoid is not None and sigmoid.input[0] == x:
@@ -146,16 +157,19 @@ def _hardswish_input(
         div = single(other, "Div")
         clip = single(div.input[0], "Clip") if div is not None else None
         add = single(clip.input[0], "Add") if clip is not None else None
-        if div is None or clip is None or add is None or x not in add.input:
+        if div is None or clip is None or add is None:
             continue
-        three = add.input[1] if add.input[0] == x else add.input[0]
-        if (
-            _constant_value(div.input[1], values) == 6.0
-            and _constant_value(three, values) == 3.0
-            and _clip_bounds(clip, values) == (0.0, 6.0)
-        ):
+        if _constant_value(div.input[1], values) == 6.0 and _is_plus_three(add, x, clip, values):
             return x, [div, clip, add]
     return None
+
+
+def _is_plus_three(add: onnx.NodeProto, x: str, clip: onnx.NodeProto, values: dict[str, np.ndarray]) -> bool:
+    """Whether `clip(add)` is Clip(x + 3, 0, 6)."""
+    if x not in add.input:
+        return False
+    three = add.input[1] if add.input[0] == x else add.input[0]
+    return _constant_value(three, values) == 3.0 and _clip_bounds(clip, values) == (0.0, 6.0)
 
 
 def fuse_hardswish(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -175,7 +189,8 @@ def fuse_hardswish(model: onnx.ModelProto) -> onnx.ModelProto:
         return node if node is not None and node.op_type == op_type and len(readers[name]) == 1 else None
 
     for node in graph.node:
-        found = _hardswish_input(node, single, values) if node.op_type == "Mul" and len(node.input) == 2 else None
+        ends = node.op_type in ("Mul", "Div") and len(node.input) == 2
+        found = _hardswish_input(node, single, values) if ends else None
         if found is not None:
             removed.update(id(part) for part in found[1])
             replaced[id(node)] = onnx.helper.make_node("HardSwish", [found[0]], list(node.output), name=node.name)
@@ -183,6 +198,64 @@ def fuse_hardswish(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     return fused
+
+
+POOL_WINDOW = 7
+
+
+def _pool_stage(size: int) -> tuple[int, int, int]:
+    """(kernel, pad before, pad after) of one stage along one axis: the whole axis when it fits in a
+    window, else windows of POOL_WINDOW with the axis zero-padded evenly to a multiple of it."""
+    if size <= POOL_WINDOW:
+        return size, 0, 0
+    padding = -size % POOL_WINDOW
+    return POOL_WINDOW, padding // 2, padding - padding // 2
+
+
+def split_global_pools(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` where each GlobalAveragePool over more than 7x7 is what the toolkit makes of
+    it: a chain of depthwise Convs (windows of at most 7x7, stride 7, zero padding spread evenly,
+    every weight (1/(H*W))^(1/stages)), whose intermediate outputs are int8 tensors of their own."""
+    split = onnx.ModelProto()
+    split.CopyFrom(model)
+    graph = split.graph
+    shapes = _shapes(model)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        shape = shapes.get(node.input[0], ()) if node.op_type == "GlobalAveragePool" else ()
+        if len(shape) != 4 or min(shape) <= 0 or (shape[2] <= POOL_WINDOW and shape[3] <= POOL_WINDOW):
+            nodes.append(node)
+            continue
+        channels, height, width = shape[1], shape[2], shape[3]
+        stages = []
+        while height > 1 or width > 1:
+            rows, cols = _pool_stage(height), _pool_stage(width)
+            stages.append((rows, cols))
+            height = (height + rows[1] + rows[2]) // rows[0]
+            width = (width + cols[1] + cols[2]) // cols[0]
+        weight = (1.0 / (shape[2] * shape[3])) ** (1.0 / len(stages))
+        source = node.input[0]
+        for index, (rows, cols) in enumerate(stages):
+            name = f"{node.name or node.output[0]}_2conv{index}"  # the toolkit's names
+            kernel = np.full((channels, 1, rows[0], cols[0]), weight, np.float32)
+            graph.initializer.append(numpy_helper.from_array(kernel, f"{name}_weight"))
+            target = node.output[0] if index == len(stages) - 1 else name
+            nodes.append(
+                onnx.helper.make_node(
+                    "Conv",
+                    [source, f"{name}_weight"],
+                    [target],
+                    name=name,
+                    group=channels,
+                    kernel_shape=[rows[0], cols[0]],
+                    strides=[POOL_WINDOW, POOL_WINDOW],
+                    pads=[rows[1], cols[1], rows[2], cols[2]],
+                )
+            )
+            source = target
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return split
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: float) -> float:

@@ -38,6 +38,7 @@ from rknn_client.accuracy.fusion import (
     fuse_hardswish,
     optimize,
     quant_points,
+    split_global_pools,
 )
 from rknn_client.accuracy.preprocess import input_specs, load_inputs, read_dataset
 
@@ -224,7 +225,7 @@ def quantize_model(
         raise AccuracyError(f"quantized_method {method!r} is not one of {', '.join(METHODS)}")
     model = load_model(float_model_path)
     samples = load_dataset(model, dataset_txt, rgb2bgr)
-    optimized = fuse_hardswish(optimize(model))
+    optimized = split_global_pools(fuse_hardswish(optimize(model)))
     fused, activation_bounds = fuse_activations(optimized)
     points = quant_points(fused)
     ranges = activation_ranges(optimized, points, samples, algorithm)

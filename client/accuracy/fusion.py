@@ -320,13 +320,15 @@ def quant_points(model: onnx.ModelProto) -> list[str]:
     producers = {name: node for node in graph.node for name in node.output}
 
     def fused_into_activation(name: str) -> bool:
-        """A Conv's output read only by a HardSwish-like activation on a feature map larger than 1x1:
-        the toolkit runs the two as one op."""
+        """A (not grouped) Conv's output read only by a HardSwish-like activation on a feature map
+        larger than 1x1: the toolkit runs the two as one op. (A depthwise Conv's output is int8 before
+        the activation: the simulator's values match that, not the fused form.)"""
         producer, following = producers.get(name), readers.get(name, [])
         shape = shapes.get(name, ())
         return (
             producer is not None
             and producer.op_type in ("Conv", "ConvTranspose")
+            and _attribute(producer, "group", 1) == 1
             and len(following) == 1
             and following[0].op_type in FUSED_WHEN_SPATIAL
             and len(shape) == 4

@@ -11,7 +11,7 @@ What the toolkit does (read off the quantization model and `.quantization.cfg` t
 - An op with a dead zone narrows the range of the tensor it reads: HardSwish reads from -3 up,
   HardSigmoid from -beta/alpha to (1 - beta)/alpha (`consumer_bounds`).
 - Every other floating-point tensor an op writes is int8 (asymmetric, per tensor), except where the
-  toolkit keeps the grid of the op's input (Reshape and the other layout ops) and Softmax, which it
+  toolkit keeps the grid of the op's input (Reshape and the other layout ops, MaxPool) and Softmax, which it
   runs in float16 (`quant_points`). A chain of elementwise ops with constants (the mean/std front of
   an image input, a dropout's scale) folds into the layer with weights after it, or is one affine step:
   only the last output of such a chain is quantized, unless a layer with weights reads it; the raw
@@ -37,7 +37,7 @@ from rknn_client.accuracy.layers import FLOAT_TYPES
 TARGET_OPSET = 14  # per-axis DequantizeLinear (13), HardSwish (14)
 FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
 FUSED_WHEN_SPATIAL = frozenset({"HardSwish", "HardSigmoid", "LeakyRelu"})
-SHARED_GRID_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
+SHARED_GRID_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "MaxPool"})
 FLOAT_OPS = frozenset({"Softmax"})
 AFFINE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
 WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})

@@ -202,10 +202,10 @@ class _Builder:
             if name not in self.producers:  # a graph input
                 quantize_output(name)
         for node in self.graph.node:
+            nodes.extend(self._weights(node))  # before renaming: it looks up the input's grid by name
             for index, name in enumerate(node.input):
                 if name in renamed:
                     node.input[index] = renamed[name]
-            nodes.extend(self._weights(node))
             nodes.append(node)
             for name in list(node.output):
                 if name in self.grids:

@@ -9,13 +9,14 @@ What the toolkit does (read off the quantization model and `.quantization.cfg` t
   activation's range (`fuse_activations` removes the activation and lets the layer write its output;
   quantizing on a range that starts at 0, or ends at the Clip's bound, clamps exactly as it does).
 - An op with a dead zone narrows the range of the tensor it reads: HardSwish reads from -3 up,
-  HardSigmoid from -beta/alpha to (1 - beta)/alpha (`consumer_bounds`).
+  HardSigmoid from -beta/alpha to (1 - beta)/alpha, Sigmoid from -7 to 7 (`consumer_bounds`).
 - Every other floating-point tensor an op writes is int8 (asymmetric, per tensor), except where the
-  toolkit keeps the grid of the op's input (Reshape and the other layout ops, MaxPool) and Softmax, which it
-  runs in float16 (`quant_points`). A chain of elementwise ops with constants (the mean/std front of
-  an image input, a dropout's scale) folds into the layer with weights after it, or is one affine step:
-  only the last output of such a chain is quantized, unless a layer with weights reads it; the raw
-  image input is not.
+  toolkit keeps the grid of the op's input (Reshape and the other layout ops, MaxPool) and Softmax,
+  which it runs in float16 (`quant_points`). Elementwise steps with a constant fold: back into the
+  layer with weights they follow (Conv -> Mul -> Add is one op), forward into a Gemm/MatMul (a
+  dropout's scale), and the mean/std front of an image input is one step whose output (the
+  normalized image) is int8, while the raw image input is not. A non-grouped Conv and the HardSwish
+  after it are one op too (no int8 between them) on feature maps larger than 1x1.
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ def fuse_hardswish(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 POOL_WINDOW = 7
+SIGMOID_EDGE = 7.0
 
 
 def _pool_stage(size: int) -> tuple[int, int, int]:
@@ -267,6 +269,8 @@ def _dead_zone(node: onnx.NodeProto) -> tuple[float, float]:
     """The input range outside which the op's output no longer changes."""
     if node.op_type == "HardSwish":
         return -3.0, float("inf")
+    if node.op_type == "Sigmoid":  # what the toolkit's calibration gives a Sigmoid's input: [-7, 7]
+        return -SIGMOID_EDGE, SIGMOID_EDGE
     if node.op_type == "HardSigmoid":
         alpha, beta = _attribute(node, "alpha", 0.2), _attribute(node, "beta", 0.5)
         return -beta / alpha, (1.0 - beta) / alpha
@@ -304,40 +308,56 @@ def quant_points(model: onnx.ModelProto) -> list[str]:
     types = tensor_types(model)
     constant = constant_tensors(graph)
     readers = consumers(graph)
+    producers = {name: node for node in graph.node for name in node.output}
+    shapes = _shapes(model)
 
-    def folds_forward(name: str, into_weights: bool = True) -> bool:
-        """Whether every reader folds a constant affine step into itself: another such step, or (with
-        `into_weights`) a layer with weights, through layout ops."""
+    def affine_steps_only(name: str) -> bool:
+        """Whether `name` is read by one constant affine step (Mul/Add/... with a constant) and nothing else."""
+        following = readers.get(name, [])
+        return len(following) == 1 and _affine_with_constant(following[0], constant)
+
+    def into_matmul(name: str) -> bool:
+        """Whether every reader is a Gemm/MatMul (through layout ops): a constant scale folds into it."""
         following = readers.get(name, [])
         return bool(following) and all(
-            _affine_with_constant(node, constant)
-            or (into_weights and node.op_type in WEIGHT_OPS)
-            or (into_weights and node.op_type in SHARED_GRID_OPS and folds_forward(node.output[0]))
+            node.op_type in ("Gemm", "MatMul")
+            or (node.op_type in SHARED_GRID_OPS and into_matmul(node.output[0]))
             for node in following
         )
 
-    shapes = _shapes(model)
-    producers = {name: node for node in graph.node for name in node.output}
+    def layer_of(name: str) -> onnx.NodeProto | None:
+        """The layer with weights `name` comes from through constant affine steps that fold back into
+        it (each step the only reader of the one before), or None."""
+        node = producers.get(name)
+        while node is not None and _affine_with_constant(node, constant):
+            data = next(i for i in node.input if i not in constant)
+            if len(readers.get(data, [])) != 1:
+                return None
+            node = producers.get(data)
+        return node if node is not None and node.op_type in WEIGHT_OPS else None
 
     def fused_into_activation(name: str) -> bool:
         """A (not grouped) Conv's output read only by a HardSwish-like activation on a feature map
         larger than 1x1: the toolkit runs the two as one op. (A depthwise Conv's output is int8 before
         the activation: the simulator's values match that, not the fused form.)"""
-        producer, following = producers.get(name), readers.get(name, [])
+        layer, following = layer_of(name), readers.get(name, [])
         shape = shapes.get(name, ())
         return (
-            producer is not None
-            and producer.op_type in ("Conv", "ConvTranspose")
-            and _attribute(producer, "group", 1) == 1
+            layer is not None
+            and layer.op_type in ("Conv", "ConvTranspose")
+            and _attribute(layer, "group", 1) == 1
             and len(following) == 1
             and following[0].op_type in FUSED_WHEN_SPATIAL
             and len(shape) == 4
             and shape[2] * shape[3] > 1
         )
 
-    inputs = {info.name for info in graph_inputs(graph)}
-    normalizing = {name for name in inputs if folds_forward(name, into_weights=False)}
+    def normalizes(name: str) -> bool:
+        """Whether every reader is a constant affine step (the mean/std front of an image input)."""
+        following = readers.get(name, [])
+        return bool(following) and all(_affine_with_constant(node, constant) for node in following)
 
+    normalizing = {info.name for info in graph_inputs(graph) if normalizes(info.name)}
     points = [
         info.name
         for info in graph_inputs(graph)
@@ -351,10 +371,12 @@ def quant_points(model: onnx.ModelProto) -> list[str]:
         for name in node.output:
             if not name or name in constant or types.get(name) not in FLOAT_TYPES:
                 continue
-            if from_input and folds_forward(name, into_weights=False):
+            if from_input and normalizes(name):
                 normalizing.add(name)
                 continue
-            if (chained and not from_input and folds_forward(name)) or fused_into_activation(name):
+            folded_back = layer_of(name) is not None and affine_steps_only(name)
+            folded_forward = chained and not from_input and into_matmul(name)
+            if folded_back or folded_forward or fused_into_activation(name):
                 continue
             points.append(name)
     return points

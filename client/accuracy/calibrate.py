@@ -21,7 +21,7 @@ from rknn_client.accuracy.capture import graph_inputs, tensor_types
 from rknn_client.accuracy.session import open_session, run_session
 
 HISTOGRAM_BINS = 2048
-CANDIDATES = 100
+STEPS = 8
 INT8_MIN, INT8_MAX = -128, 127
 
 
@@ -45,10 +45,12 @@ def search_range(counts: np.ndarray, edges: np.ndarray) -> tuple[float, float]:
     if high - low <= 0.0 or counts.sum() == 0:
         return low, high
     centres = (edges[:-1] + edges[1:]) / 2.0
-    alphas = np.linspace(1.0, 1.0 / CANDIDATES, CANDIDATES)
-    errors = _mse(centres.astype(np.float64), counts.astype(np.float64), alphas * low, alphas * high)
-    best = int(np.argmin(errors))
-    return float(alphas[best] * low), float(alphas[best] * high)
+    peak = max(-low, high)
+    thresholds = np.minimum(peak * (np.arange(1, STEPS + 1) * (HISTOGRAM_BINS // STEPS) + 1) / HISTOGRAM_BINS, peak)
+    lows, highs = np.maximum(low, -thresholds), np.minimum(high, thresholds)
+    errors = _mse(centres.astype(np.float64), counts.astype(np.float64), lows, highs)
+    best = len(errors) - 1 - int(np.argmin(errors[::-1]))
+    return float(lows[best]), float(highs[best])
 
 
 def activation_ranges(

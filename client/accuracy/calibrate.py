@@ -1,13 +1,15 @@
-"""MMSE calibration: per tensor, the int8 range that minimises the mean squared quantization error.
+"""Calibration ranges of activations: min/max ('normal'), or an MSE-minimal range ('mmse', 'kl_divergence').
 
-ONNX Runtime has no MSE calibrator, so this one collects the activations itself: a first pass over the
-calibration samples finds each tensor's min/max (widened to include 0, as ONNX Runtime does), a second
-builds a histogram of HISTOGRAM_BINS bins over that range. The candidate ranges are the min/max range
-shrunk by a factor alpha in (0, 1] (CANDIDATES steps, both ends together); for each, the values (bin
-centres, weighted by count) are quantized the way quantize_static quantizes activations (int8,
-asymmetric: scale = (hi - lo) / 255, zero_point = round(-128 - lo / scale)), dequantized, and the
-squared error summed. The range with the smallest error wins; ties go to the wider range. So an MMSE
-range is never wider than the MinMax range.
+The collector runs the (fused) float model with the wanted tensors exposed: a first pass over the
+calibration samples finds each tensor's min/max (widened to include 0), a second builds a histogram of
+HISTOGRAM_BINS bins over that range. The MSE search follows the thresholds rknn-toolkit2 2.5.0 picks
+(read off its `.quantization.cfg`: the kept maximum is the tensor's absolute peak times
+(256k + 1) / 2048, k = 1..8): for each threshold T the range is [max(min, -T), min(max, T)], the
+values (bin centres, weighted by count) are quantized on that asymmetric int8 grid (scale =
+(hi - lo) / 255, zero_point = round(-128 - lo / scale)), dequantized, and the squared error summed. The
+range with the smallest error wins; ties go to the wider range. So an MMSE range is never wider than
+the min/max range. The toolkit's own MMSE also retunes weights layer by layer, which this does not;
+its kl_divergence gives the very same ranges as its mmse on the models measured, so both use this search.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def search_range(counts: np.ndarray, edges: np.ndarray) -> tuple[float, float]:
         return low, high
     centres = (edges[:-1] + edges[1:]) / 2.0
     peak = max(-low, high)
-    thresholds = np.minimum(peak * (np.arange(1, STEPS + 1) * (HISTOGRAM_BINS // STEPS) + 1) / HISTOGRAM_BINS, peak)
+    thresholds = np.minimum(
+        peak * (np.arange(1, STEPS + 1) * (HISTOGRAM_BINS // STEPS) + 1) / HISTOGRAM_BINS, peak
+    )
     lows, highs = np.maximum(low, -thresholds), np.minimum(high, thresholds)
     errors = _mse(centres.astype(np.float64), counts.astype(np.float64), lows, highs)
     best = len(errors) - 1 - int(np.argmin(errors[::-1]))

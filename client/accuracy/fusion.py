@@ -38,7 +38,9 @@ from rknn_client.accuracy.layers import FLOAT_TYPES
 TARGET_OPSET = 14  # per-axis DequantizeLinear (13), HardSwish (14)
 FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
 FUSED_WHEN_SPATIAL = frozenset({"HardSwish", "HardSigmoid", "LeakyRelu"})
-SHARED_GRID_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "MaxPool"})
+SHARED_GRID_OPS = frozenset(
+    {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "MaxPool"}
+)
 FLOAT_OPS = frozenset({"Softmax"})
 AFFINE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
 WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -194,7 +196,9 @@ def fuse_hardswish(model: onnx.ModelProto) -> onnx.ModelProto:
         found = _hardswish_input(node, single, values) if ends else None
         if found is not None:
             removed.update(id(part) for part in found[1])
-            replaced[id(node)] = onnx.helper.make_node("HardSwish", [found[0]], list(node.output), name=node.name)
+            replaced[id(node)] = onnx.helper.make_node(
+                "HardSwish", [found[0]], list(node.output), name=node.name
+            )
     nodes = [replaced.get(id(node), node) for node in graph.node if id(node) not in removed]
     del graph.node[:]
     graph.node.extend(nodes)

@@ -88,7 +88,11 @@ def _weight_axis(node: onnx.NodeProto, weight: np.ndarray) -> int | None:
 def _weight_grid(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Asymmetric int8 (scale, zero point) of a weight, per slice along `axis` (per tensor when None):
     the same rule as activations, on each output channel's min/max."""
-    rows = weight.reshape(1, -1) if axis is None else np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)
+    rows = (
+        weight.reshape(1, -1)
+        if axis is None
+        else np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)
+    )
     low = np.minimum(rows.min(axis=1), 0.0).astype(np.float64)
     high = np.maximum(rows.max(axis=1), 0.0).astype(np.float64)
     scale = (high - low) / (INT8_MAX - INT8_MIN)
@@ -121,7 +125,9 @@ class _Builder:
         zero = self._constant(f"{target}_zero_point", np.array(grid.zero_point, np.int8))
         quantized = f"{target}_QuantizeLinear_Output"
         return [
-            helper.make_node("QuantizeLinear", [source, scale, zero], [quantized], name=f"{target}_QuantizeLinear"),
+            helper.make_node(
+                "QuantizeLinear", [source, scale, zero], [quantized], name=f"{target}_QuantizeLinear"
+            ),
             helper.make_node(
                 "DequantizeLinear", [quantized, scale, zero], [target], name=f"{target}_DequantizeLinear"
             ),
@@ -144,10 +150,12 @@ class _Builder:
             self._constant(f"{name}_scale", scale.astype(np.float32)),
             self._constant(f"{name}_zero_point", zero.astype(q.dtype)),
         ]
-        kwargs = {"axis": axis} if axis is not None and scale.ndim == 1 else {}
-        return helper.make_node(
-            "DequantizeLinear", inputs, [f"{name}_DequantizeLinear_Output"], name=f"{name}_DequantizeLinear", **kwargs
+        node = helper.make_node(
+            "DequantizeLinear", inputs, [f"{name}_DequantizeLinear_Output"], name=f"{name}_DequantizeLinear"
         )
+        if axis is not None and scale.ndim == 1:
+            node.attribute.append(helper.make_attribute("axis", axis))
+        return node
 
     def _weights(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
         """Per-channel int8 weights and int32 bias for one layer, as DequantizeLinear nodes before it."""
@@ -172,7 +180,12 @@ class _Builder:
         node.input[1] = dequantized
         grid = self._input_grid(node.input[0])
         bias_at = 2 if node.op_type in ("Conv", "ConvTranspose", "Gemm") else None
-        if grid is not None and bias_at is not None and len(node.input) > bias_at and node.input[bias_at] in self.values:
+        if (
+            grid is not None
+            and bias_at is not None
+            and len(node.input) > bias_at
+            and node.input[bias_at] in self.values
+        ):
             bias_name = node.input[bias_at]
             bias = numpy_helper.to_array(self.values[bias_name]).astype(np.float64)
             bias_scale = np.broadcast_to(grid.scale * scales.astype(np.float64), bias.shape)

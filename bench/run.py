@@ -6,6 +6,9 @@
 - the same daemon through an adb forward vs direct TCP: latency p50 and the 64 MiB round trip.
 - throughput (bench/throughput.py): pipelined vs synchronous inference and int8 vs float32 outputs
   over a simulated USB 2.0 link, eight concurrent clients vs one, and Apache TVM's RPC as a peer.
+- int8 fidelity (bench/fidelity.py): our host-side int8 emulation against RKNN-Toolkit2's simulator
+  (cosine of the outputs, top-1 agreement) for trained models from PyPI packages and each
+  quantized_algorithm; skipped, saying why, without a toolkit (`rknn-client toolkit install`).
 The machine is shared and noisy: each figure is the median of several runs, and only the ratios
 of figures taken side by side in this one run mean anything.
 """
@@ -30,6 +33,7 @@ from onnx import helper
 
 from bench import throughput
 from bench.adb_forward import measure_adb
+from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import measure_ceiling
 from bench.raw_socket import transfer_seconds
 from demo.daemon_process import DaemonProcess, start_daemon
@@ -196,6 +200,9 @@ def main() -> int:
             print(f"measuring {name} ...", flush=True)
             results[name] = bench(work, RESULTS)
             print(json.dumps(results[name], indent=2), flush=True)
+        print("measuring int8_fidelity ...", flush=True)
+        results["int8_fidelity"] = measure_fidelity(work / "fidelity")
+        print(json.dumps(results["int8_fidelity"], indent=2), flush=True)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {RESULTS / 'results.json'}")
     return 0

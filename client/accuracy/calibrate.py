@@ -1,13 +1,15 @@
-"""MMSE calibration: per tensor, the int8 range that minimises the mean squared quantization error.
+"""Calibration ranges of activations: min/max ('normal'), or an MSE-minimal range ('mmse', 'kl_divergence').
 
-ONNX Runtime has no MSE calibrator, so this one collects the activations itself: a first pass over the
-calibration samples finds each tensor's min/max (widened to include 0, as ONNX Runtime does), a second
-builds a histogram of HISTOGRAM_BINS bins over that range. The candidate ranges are the min/max range
-shrunk by a factor alpha in (0, 1] (CANDIDATES steps, both ends together); for each, the values (bin
-centres, weighted by count) are quantized the way quantize_static quantizes activations (int8,
-asymmetric: scale = (hi - lo) / 255, zero_point = round(-128 - lo / scale)), dequantized, and the
-squared error summed. The range with the smallest error wins; ties go to the wider range. So an MMSE
-range is never wider than the MinMax range.
+The collector runs the (fused) float model with the wanted tensors exposed: a first pass over the
+calibration samples finds each tensor's min/max (widened to include 0), a second builds a histogram of
+HISTOGRAM_BINS bins over that range. The MSE search follows the thresholds rknn-toolkit2 2.5.0 picks
+(read off its `.quantization.cfg`: the kept maximum is the tensor's absolute peak times
+(256k + 1) / 2048, k = 1..8): for each threshold T the range is [max(min, -T), min(max, T)], the
+values (bin centres, weighted by count) are quantized on that asymmetric int8 grid (scale =
+(hi - lo) / 255, zero_point = round(-128 - lo / scale)), dequantized, and the squared error summed. The
+range with the smallest error wins; ties go to the wider range. So an MMSE range is never wider than
+the min/max range. The toolkit's own MMSE also retunes weights layer by layer, which this does not;
+its kl_divergence gives the very same ranges as its mmse on the models measured, so both use this search.
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from rknn_client.accuracy.capture import expose_all_layers, tensor_types
-from rknn_client.accuracy.layers import FLOAT_TYPES
+from rknn_client.accuracy.capture import graph_inputs, tensor_types
 from rknn_client.accuracy.session import open_session, run_session
 
 HISTOGRAM_BINS = 2048
-CANDIDATES = 100
+STEPS = 8
 INT8_MIN, INT8_MAX = -128, 127
 
 
@@ -46,37 +47,47 @@ def search_range(counts: np.ndarray, edges: np.ndarray) -> tuple[float, float]:
     if high - low <= 0.0 or counts.sum() == 0:
         return low, high
     centres = (edges[:-1] + edges[1:]) / 2.0
-    alphas = np.linspace(1.0, 1.0 / CANDIDATES, CANDIDATES)
-    errors = _mse(centres.astype(np.float64), counts.astype(np.float64), alphas * low, alphas * high)
-    best = int(np.argmin(errors))
-    return float(alphas[best] * low), float(alphas[best] * high)
+    peak = max(-low, high)
+    thresholds = np.minimum(
+        peak * (np.arange(1, STEPS + 1) * (HISTOGRAM_BINS // STEPS) + 1) / HISTOGRAM_BINS, peak
+    )
+    lows, highs = np.maximum(low, -thresholds), np.minimum(high, thresholds)
+    errors = _mse(centres.astype(np.float64), counts.astype(np.float64), lows, highs)
+    best = len(errors) - 1 - int(np.argmin(errors[::-1]))
+    return float(lows[best]), float(highs[best])
 
 
-def mmse_ranges(
-    model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
+def activation_ranges(
+    model: onnx.ModelProto, names: Sequence[str], samples: Sequence[Mapping[str, np.ndarray]], algorithm: str
 ) -> dict[str, tuple[float, float]]:
-    """MMSE range of every floating-point activation (graph inputs and node outputs) over the samples."""
-    exposed, layers = expose_all_layers(model)
+    """The calibration range of each named tensor of `model` over the samples: min/max ('normal'), or
+    the MMSE search ('mmse', and 'kl_divergence', for which rknn-toolkit2 2.5.0 gives the very same
+    ranges). Every range includes 0, so that 0 is exact on the int8 grid."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
     types = tensor_types(model)
-    names = [layer.tensor_name for layer in layers if types.get(layer.tensor_name) in FLOAT_TYPES]
+    present = {info.name for info in exposed.graph.output}
+    feed_names = {info.name for info in graph_inputs(model.graph)}
+    computed = [name for name in names if name not in feed_names]
+    for name in computed:
+        if name not in present:
+            exposed.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
     session = open_session(exposed)
-    feed_names = [spec.name for spec in session.get_inputs()]
-    outputs = [name for name in names if name not in feed_names]
 
     def activations(sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = dict(zip(outputs, run_session(session, sample, outputs), strict=True))
+        values = dict(zip(computed, run_session(session, sample, computed), strict=True))
         values.update({name: np.asarray(sample[name]) for name in names if name in feed_names})
         return values
 
-    lows = dict.fromkeys(names, np.inf)
-    highs = dict.fromkeys(names, -np.inf)
+    lows = dict.fromkeys(names, 0.0)
+    highs = dict.fromkeys(names, 0.0)
     for sample in samples:
         for name, value in activations(sample).items():
             lows[name] = min(lows[name], float(np.min(value)))
             highs[name] = max(highs[name], float(np.max(value)))
-    edges = {
-        name: np.linspace(min(lows[name], 0.0), max(highs[name], 0.0), HISTOGRAM_BINS + 1) for name in names
-    }
+    if algorithm == "normal":
+        return {name: (lows[name], highs[name]) for name in names}
+    edges = {name: np.linspace(lows[name], highs[name], HISTOGRAM_BINS + 1) for name in names}
     counts = {name: np.zeros(HISTOGRAM_BINS, np.int64) for name in names}
     for sample in samples:
         for name, value in activations(sample).items():

@@ -1,13 +1,13 @@
 """Which tensors count as layers when golden, simulator and runtime are compared, QDQ models included.
 
-In a QDQ model (what `quantize_static` writes) each quantized layer is `op -> QuantizeLinear ->
+In a QDQ model (what `quantize.quantize_model` writes) each quantized layer is `op -> QuantizeLinear ->
 DequantizeLinear`: the op writes a float tensor `t` (the float model's name for that layer), the layer's
 quantized value is the DequantizeLinear output (`t_DequantizeLinear_Output`), and consumers read that.
 A `ModelLayer` keeps both: `raw` (where the op writes, and where a single-layer run feeds reference data)
 and `value` (what the layer hands on, compared against the other sides). The layer's name is `raw`,
-except when `value` is a graph output: quantize_static then renames the op's output
+except when `value` is a graph output: the quantizer then renames the op's output
 (`<out>_QuantizeLinear_Input`) so the graph output keeps the float model's name.
-QuantizeLinear/DequantizeLinear nodes are never layers of their own. Activations that quantize_static
+QuantizeLinear/DequantizeLinear nodes are never layers of their own. Activations that the emulation
 folds into the layer before (Relu, Clip) vanish from the QDQ model: their Conv writes the Relu's output
 name, so the float model's Conv output exists only in golden, like the board's fused `ConvRelu`.
 A float model has no Q/DQ pairs, so there `raw == value == name`.

@@ -30,17 +30,24 @@ def test_int8_errors_grow_towards_the_output(
 ) -> None:
     result = analyse(float_model, quant_model, [test_image], tmp_path / "snap")
 
-    # The raw image and the mean subtraction are whole numbers in [-128, 255]: int8 with scale 1 is exact.
+    # The raw image and the mean subtraction stay exact: the toolkit's first int8 tensor is the normalized image.
     assert (
         known(result.row("input").entire).euc == 0.0 and known(result.row("input_mean_sub").entire).euc == 0.0
     )
-    first_conv = result.row("relu1")  # conv1 + Relu, fused by quantize_static
-    compared = [row for row in result.rows[result.rows.index(first_conv) :] if row.entire is not None]
-    assert len(compared) >= 10
+    first_conv = result.row("relu1")  # conv1 + Relu, fused as the toolkit fuses them
+    # The toolkit splits a GlobalAveragePool over more than 7x7 into depthwise Conv stages: the
+    # simulator's last stage reads a stage golden does not have, so that layer has no single-layer run.
+    assert result.row("gap").single is None and result.row("gap_node_2conv0").sides == {"simulator"}
+    compared = [
+        row
+        for row in result.rows[result.rows.index(first_conv) :]
+        if row.entire is not None and row.name != "gap"
+    ]
+    assert len(compared) >= 8
     assert all(known(row.entire).cos < 1.0 - 1e-7 and known(row.single).cos < 1.0 - 1e-7 for row in compared)
     assert all(known(row.entire).euc > 0.0 and known(row.single).euc > 0.0 for row in compared)
     assert known(result.row("prob").entire).cos < known(first_conv.entire).cos
-    # quantize_static folds Relu/Clip into the conv before: the conv's own output is golden-only.
+    # Relu/Clip fold into the conv before: the conv's own output is golden-only.
     assert result.row("conv1").sides == {"golden"}
     assert result.row("relu1").op_type == "Relu" and result.row("relu1").sides == {"golden", "simulator"}
 

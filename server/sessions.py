@@ -11,7 +11,6 @@ import asyncio
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -47,13 +46,11 @@ class SessionRegistry:
         self,
         max_sessions: int,
         idle_timeout_s: float,
-        on_release: Callable[[Session], None],
         max_per_client: int = 0,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_per_client = max_per_client or max_sessions
         self.idle_timeout_s = idle_timeout_s
-        self._on_release = on_release
         self._sessions: dict[str, Session] = {}
         self._reserved: Counter[str] = Counter()
 
@@ -122,11 +119,10 @@ class SessionRegistry:
         return gone
 
     def close(self, session: Session, reason: str) -> None:
-        """Free a session's runtime; never raises (a failing close must not hurt other sessions)."""
+        """Free a session's runtime (the data plane unpins its model); never raises (a failing close
+        must not hurt other sessions)."""
         try:
             session.runtime.close()
         except Exception as exc:
             log.warning("session_close_failed", session=session.id, error=str(exc))
-        finally:
-            self._on_release(session)
         log.info("session_released", session=session.id, reason=reason, model=session.digest[:12])

@@ -21,6 +21,7 @@ import numpy as np
 import structlog
 
 from rknn_proto import codec
+from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, InvalidInput
 from rknn_server.memory import MemoryBudget, MemoryLimits
 from rknn_server.metrics import DaemonMetrics
@@ -101,6 +102,7 @@ class DataPlane:
             raise FailedPrecondition(
                 f"target mismatch: the model is meant for {target.lower()}, but this daemon's board is {soc}",
                 hints={"board_soc": soc, "target": target.lower()},
+                reason=Reason.TARGET_MISMATCH,
             )
 
     async def open(self, request: OpenRequest) -> Session:
@@ -168,7 +170,8 @@ class DataPlane:
             started = time.perf_counter()
             if session.broken:
                 raise FailedPrecondition(
-                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again"
+                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again",
+                    reason=Reason.SESSION_BROKEN,
                 )
             work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
             try:

@@ -22,6 +22,7 @@ import numpy as np
 import structlog
 
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.reasons import Reason
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
@@ -32,7 +33,7 @@ from rknn_proto.version import (
 )
 from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
-from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, hint_metadata, status_of
+from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, error_metadata, status_of
 from rknn_server.frames import QUANT_CODES, IncomingFrame, TruncatedStream, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
 from rknn_server.metrics import DaemonMetrics
@@ -100,7 +101,8 @@ class _Call:
         if version is not None and (not str(version).isdigit() or int(version) < MIN_PROTOCOL_VERSION):
             raise FailedPrecondition(
                 f"client protocol version {version} is older than this daemon supports "
-                f"(daemon {PROTOCOL_VERSION}, oldest client {MIN_PROTOCOL_VERSION}); upgrade rknn_client"
+                f"(daemon {PROTOCOL_VERSION}, oldest client {MIN_PROTOCOL_VERSION}); upgrade rknn_client",
+                reason=Reason.PROTOCOL_TOO_OLD,
             )
 
     def done(self, outcome: str) -> None:
@@ -121,7 +123,7 @@ async def _fail(call: _Call | None, context: grpc.aio.ServicerContext, exc: Base
     code, message = status_of(exc)
     if call is not None:
         call.done(code.name)
-    await context.abort(code, message, hint_metadata(exc))
+    await context.abort(code, message, error_metadata(exc))
 
 
 async def _fail_stream(call: _Call | None, context: grpc.aio.ServicerContext, exc: BaseException) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
 
@@ -89,12 +90,14 @@ class SessionRegistry:
         if session is None or session.owner != owner:
             raise NotFound(
                 f"session {session_id!r} does not exist: it was released, expired after "
-                f"{self.idle_timeout_s:.0f}s without calls, or the daemon restarted; call init_runtime again"
+                f"{self.idle_timeout_s:.0f}s without calls, or the daemon restarted; call init_runtime again",
+                reason=Reason.SESSION_NOT_FOUND,
             )
         session.renew()
         if usable and session.broken:
             raise FailedPrecondition(
-                f"session {session_id!r} is broken ({session.broken}); release it and call init_runtime again"
+                f"session {session_id!r} is broken ({session.broken}); release it and call init_runtime again",
+                reason=Reason.SESSION_BROKEN,
             )
         return session
 

@@ -4,6 +4,7 @@ the guard (tokens, in-flight limit), TLS, and graceful shutdown on SIGTERM/SIGIN
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import signal
 import sys
@@ -18,6 +19,7 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
@@ -74,6 +76,7 @@ class DaemonConfig:
     # Memory budgets (server/memory.py): incoming frames' buffers, and what one session may use.
     memory: MemoryLimits = field(default_factory=MemoryLimits.for_machine)
     metrics_listen: ListenAddress | None = None  # HTTP: /metrics and the KServe v2 health endpoints
+    ready_file: Path | None = None  # JSON of the bound listeners, written once serving (rknn_proto.ready)
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -269,12 +272,23 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         )
         http_server, http_port = await endpoint.start(config.metrics_listen)
         metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"
+    # Stop signals are handled before the daemon says it is ready: a SIGTERM right after the
+    # `listening on` lines (or the ready file) is a clean stop.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     await server.start()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()
+    if config.ready_file is not None:
+        write_ready_file(
+            config.ready_file,
+            ReadyInfo(os.getpid(), __version__, service.config.instance_id, bound, metrics_url),
+        )
     for text in bound:
-        print(f"listening on {text}", flush=True)
+        print(listening_line(text), flush=True)
     if metrics_url:
         print(f"metrics on {metrics_url}", flush=True)
     log.info(
@@ -293,10 +307,6 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         instance=service.config.instance_id,
     )
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
     reaper = asyncio.create_task(_reap(plane, min(1.0, config.session_idle_timeout_s / 4)))
@@ -314,6 +324,8 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     maintenance.cancel()
     plane.close_all("daemon shutting down")
     executor.shutdown(wait=False, cancel_futures=True)
+    if config.ready_file is not None:
+        config.ready_file.unlink(missing_ok=True)
     log.info("daemon_stopped")
     return 0
 

@@ -10,9 +10,8 @@ was wrong.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -166,6 +165,37 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             raise AssertionError("unreachable: abort raises") from exc
         call.done("OK")
         return result
+
+    async def _streaming(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        body: Callable[[_Call], AsyncGenerator[T, None]],
+        account: Callable[[_Call], None] = lambda call: None,
+    ) -> AsyncGenerator[T, None]:
+        """A response-streaming RPC: `body`'s responses, with the same bookkeeping as `_unary`.
+        `account` copies what the body counted into the call's log event, whatever the outcome."""
+        call = None
+        try:
+            call = _Call(method, context, self.metrics)
+            async with aclosing(body(call)) as responses:
+                async for response in responses:
+                    yield response
+        except (
+            asyncio.CancelledError,
+            GeneratorExit,
+        ):  # the client cancelled: the task or the generator ends
+            if call is not None:
+                account(call)
+                call.done("CANCELLED")
+            raise
+        except Exception as exc:
+            if call is not None:
+                account(call)
+            await _fail_stream(call, context, exc)
+        else:
+            account(call)
+            call.done("OK")
 
     # -- GetInfo -----------------------------------------------------------------------------
 
@@ -338,9 +368,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     async def Inference(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        call = None
-        try:
-            call = _Call("Inference", context, self.metrics)
+        async def body(call: _Call) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
             header, session, frame = await self._receive_frame(call, request_iterator)
             ran = await self.plane.run(session, frame.inputs(), frame.formats())
             metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
@@ -352,14 +380,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             for response in codec.chunk_responses(wire):
                 yield response
             call.bytes_out += sum(a.nbytes for a in wire)
-        except asyncio.CancelledError:
-            if call is not None:
-                call.done("CANCELLED")
-            raise
-        except Exception as exc:
-            await _fail_stream(call, context, exc)
-        else:
-            call.done("OK")
+
+        async with aclosing(self._streaming("Inference", context, body)) as responses:
+            async for response in responses:
+                yield response
 
     async def Run(
         self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
@@ -391,9 +415,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
-        call = None
-        try:
-            call = _Call("DumpLayers", context, self.metrics)
+        async def body(call: _Call) -> AsyncGenerator[rknn_pb2.DumpLayersResponse, None]:
             _, session, frame = await self._receive_frame(call, request_iterator)
             async with aclosing(self.plane.layers(session, frame.inputs(), frame.formats())) as layers:
                 async for layer in layers:
@@ -410,40 +432,25 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     for chunk in codec.iter_chunks([wire]):
                         call.bytes_out += len(chunk.data)
                         yield rknn_pb2.DumpLayersResponse(chunk=chunk)
-        except asyncio.CancelledError:
-            if call is not None:
-                call.done("CANCELLED")
-            raise
-        except Exception as exc:
-            await _fail_stream(call, context, exc)
-        else:
-            call.done("OK")
+
+        async with aclosing(self._streaming("DumpLayers", context, body)) as responses:
+            async for response in responses:
+                yield response
 
     async def InferencePipeline(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        call = None
         traffic = Traffic()
-        try:
-            call = _Call("InferencePipeline", context, self.metrics)
-            async with contextlib.aclosing(self.pipeline.stream(request_iterator, traffic)) as responses:
-                async for response in responses:
-                    yield response
-        except (
-            asyncio.CancelledError,
-            GeneratorExit,
-        ):  # the client cancelled: the task or the generator ends
-            if call is not None:
-                _account(call, traffic)
-                call.done("CANCELLED")
-            raise
-        except Exception as exc:
-            if call is not None:
-                _account(call, traffic)
-            await _fail_stream(call, context, exc)
-        else:
+
+        def body(call: _Call) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+            return self.pipeline.stream(request_iterator, traffic)
+
+        def account(call: _Call) -> None:
             _account(call, traffic)
-            call.done("OK")
+
+        async with aclosing(self._streaming("InferencePipeline", context, body, account)) as responses:
+            async for response in responses:
+                yield response
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext

@@ -31,6 +31,7 @@ from rknn_server.memory import MemoryLimits
 from rknn_server.metrics import DaemonMetrics, StateCollector
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
+from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
@@ -204,6 +205,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
 
     if config.isolation == "process":
         backend = IsolatedBackend(backend, config.call_timeout_s, metrics.worker_lost)
+    reservations = ReservationBook()
     plane = DataPlane(
         backend,
         cache,
@@ -212,9 +214,11 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         config.tensor_limits,
         SessionLimits(config.max_sessions, config.session_idle_timeout_s, config.max_sessions_per_client),
         config.memory,
+        reservations.admit,
     )
     service = RknnService(
         plane,
+        reservations,
         ServiceConfig(
             runtime_reason=reason,
             board=probe.board_model,
@@ -233,7 +237,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     metrics.watch(
         StateCollector(
             plane.registry.__len__,
-            service.reservations.info_fields,
+            reservations.info_fields,
             lambda: guard.per_client,
             lambda: guard.refused,
             cache,

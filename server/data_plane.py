@@ -57,6 +57,7 @@ class OpenRequest:
 
     digest: str
     owner: str
+    reservation: str | None = None  # the caller's reservation token, if it holds the board
     target: str = ""
     perf_debug: bool = False
     eval_mem: bool = False
@@ -81,6 +82,8 @@ class DataPlane:
     tensor_limits: codec.TensorLimits
     sessions: SessionLimits = field(default_factory=SessionLimits)
     memory: MemoryLimits = field(default_factory=MemoryLimits)
+    # Raises when a reservation of the board by someone else keeps this caller out (reservations.py).
+    admit: Callable[[str | None], None] = lambda reservation: None
     registry: SessionRegistry = field(init=False)
     frame_memory: MemoryBudget = field(init=False)
 
@@ -107,6 +110,7 @@ class DataPlane:
 
     async def open(self, request: OpenRequest) -> Session:
         """Load a cached model into a new session of `request.owner`; on any failure nothing is held."""
+        self.admit(request.reservation)
         self.check_target(request.target)
         if request.fallback_prior_device not in ("cpu", "gpu"):
             raise InvalidInput(

@@ -142,11 +142,13 @@ async def _fail_stream(call: _Call | None, context: grpc.aio.ServicerContext, ex
 
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
-    def __init__(self, plane: DataPlane, config: ServiceConfig, metrics: DaemonMetrics) -> None:
+    def __init__(
+        self, plane: DataPlane, reservations: ReservationBook, config: ServiceConfig, metrics: DaemonMetrics
+    ) -> None:
         self.plane = plane
+        self.reservations = reservations
         self.config = config
         self.metrics = metrics
-        self.reservations = ReservationBook()
         self.pipeline = Pipeline(plane)
 
     async def _unary(
@@ -316,7 +318,6 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.InitRuntimeRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.InitRuntimeResponse:
         async def body(call: _Call) -> rknn_pb2.InitRuntimeResponse:
-            self.reservations.admit(dict(context.invocation_metadata() or ()).get(RESERVATION_METADATA_KEY))
             if request.core_mask not in KNOWN_CORE_MASKS:
                 raise InvalidInput(
                     f"core_mask {request.core_mask:#x} is not an NPU core mask; expected one of "
@@ -326,6 +327,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 OpenRequest(
                     digest=request.model_digest,
                     owner=client_identity(),
+                    reservation=dict(context.invocation_metadata() or ()).get(RESERVATION_METADATA_KEY),
                     target=request.target,
                     perf_debug=request.perf_debug,
                     eval_mem=request.eval_mem,

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_proto import codec
+from rknn_proto import codec, rknn_pb2
 from rknn_proto.reasons import Reason
 from rknn_server.data_plane import DataPlane, OpenRequest, SessionLimits
 from rknn_server.errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.metrics import DaemonMetrics
 from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import InputFormat, ModelFormatError, WorkerLost
 from tests.test_model_cache import store
 from tests.unit.server.fakes import FakeBackend, FakeRuntime
@@ -67,7 +68,7 @@ def test_open_then_close_pins_and_unpins_the_model_and_frees_the_runtime(tmp_pat
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("failure", ["backend", "damaged", "target"])
+@pytest.mark.parametrize("failure", ["backend", "damaged", "target", "reserved"])
 def test_a_failed_open_holds_no_slot_and_no_pin(tmp_path, executor, failure: str) -> None:
     async def main() -> None:
         plane, digest = make_plane(tmp_path, executor, max_sessions=1)
@@ -79,10 +80,17 @@ def test_a_failed_open_holds_no_slot_and_no_pin(tmp_path, executor, failure: str
         elif failure == "damaged":
             plane.cache.main_file(digest).write_bytes(b"x" * len(MODEL))
             expected = DataLoss
-        else:
+        elif failure == "target":
             target, expected = "rk3566", FailedPrecondition
+        else:
+            book = ReservationBook()
+            await book.reserve(rknn_pb2.ReserveRequest(holder="bob", ttl_s=60))
+            plane.admit = book.admit
+            expected = FailedPrecondition
         with pytest.raises(expected) as caught:
             await plane.open(OpenRequest(digest, "alice", target=target))
+        if failure == "reserved":
+            assert caught.value.reason is Reason.BOARD_RESERVED  # type: ignore[attr-defined]
         if failure == "target":
             assert caught.value.reason is Reason.TARGET_MISMATCH  # type: ignore[attr-defined]
             assert caught.value.hints == {"board_soc": "rk3588", "target": "rk3566"}  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ import pytest
 
 from rknn_proto import codec, rknn_pb2
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.frames import IncomingFrame, TruncatedStream, check_inputs
+from rknn_server.frames import Declared, IncomingFrame, TruncatedStream, check_inputs, take_arrays
 from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import RuntimeOptions
 from rknn_server.sessions import Session
@@ -72,3 +72,16 @@ def test_a_chunk_over_the_limit_is_refused() -> None:
     frame = IncomingFrame.start(header(x), session(), limits, MemoryBudget(0))
     with pytest.raises(ResourceExhausted, match="max_chunk_bytes=64"):
         frame.add(next(codec.iter_chunks([x], chunk_bytes=128)))
+
+
+def test_whole_arrays_go_through_the_same_intake() -> None:
+    x = np.arange(48, dtype=np.float32).reshape(1, 4, 4, 3)
+    arrays, formats = take_arrays([INPUT], [x], [Declared.of(x, "NHWC")])
+    np.testing.assert_array_equal(arrays[0], x.transpose(0, 3, 1, 2))
+    assert formats[0].layout == "NCHW" and arrays[0].flags.c_contiguous
+    with pytest.raises(InvalidInput, match="has shape"):
+        take_arrays([INPUT], [x], [Declared.of(x, "NCHW")])
+    with pytest.raises(InvalidInput, match="not the declared"):
+        take_arrays([INPUT], [x[..., :2]], [Declared.of(x, "NHWC")])
+    with pytest.raises(InvalidInput, match="the model has 1 input"):
+        take_arrays([INPUT], [x, x], [Declared.of(x, "NHWC")] * 2)

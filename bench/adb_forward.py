@@ -25,6 +25,7 @@ from demo.models import save_mobilenet_v2
 from rknn_client import connect
 from rknn_client.api import Device
 from rknn_client.transport.adb import open_adb
+from rknn_proto.ready import tcp_address
 from tests.adb.fixtures import PrivateAdbServer, find_adb
 from tests.adb.host_board import ADB_ENV_KEYS
 from tests.models import big_identity
@@ -46,7 +47,7 @@ def _emulated_board(server: PrivateAdbServer, root: Path) -> Iterator[str]:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
-        serial = process.stdout.readline().strip().removeprefix("listening on tcp://")
+        serial = tcp_address(process.stdout.readline()) or ""
         server.adb("connect", serial)
         server.wait_for_state(serial, {"device"})
         yield serial

@@ -1,6 +1,7 @@
-"""The client's exceptions, mapped from gRPC status codes in one place.
+"""The client's exceptions, mapped from the daemon's error reason or gRPC status code in one place.
 
-Each carries the daemon's own message (what was wrong and what was expected), never a bare code.
+Each carries the daemon's own message (what was wrong and what was expected), never a bare code,
+and the daemon's machine-readable reason (rknn_proto.reasons) when it sent one.
 """
 
 from __future__ import annotations
@@ -9,17 +10,20 @@ from collections.abc import Sequence
 
 import grpc
 
-# Trailing-metadata keys of the daemon's structured hints (rknn_server.errors.HINT_PREFIX).
-HINT_PREFIX = "rknn-hint-"
+from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY, Reason, parse_reason
 
 
 class RknnError(Exception):
     """Base of everything the client raises. `hints` are facts the daemon sent with the error (e.g.
-    `board_soc`), for each interface to word its own advice (see `advice`)."""
+    `board_soc`), for each interface to word its own advice (see `advice`); `reason` is why, for a
+    program to act on (None when the daemon sent none)."""
 
-    def __init__(self, *args: object, hints: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: object, hints: dict[str, str] | None = None, reason: Reason | None = None
+    ) -> None:
         super().__init__(*args)
         self.hints = hints or {}
+        self.reason = reason
 
 
 class InvalidInput(RknnError):
@@ -81,6 +85,13 @@ _BY_CODE: dict[grpc.StatusCode, type[RknnError]] = {
 }
 
 
+# Reasons that name a more precise exception than their status code does.
+_BY_REASON: dict[Reason, type[RknnError]] = {
+    Reason.SESSION_NOT_FOUND: SessionLost,
+    Reason.PROTOCOL_TOO_OLD: VersionMismatch,
+}
+
+
 def from_rpc_error(exc: grpc.RpcError, where: str) -> RknnError:
     """The typed exception for a failed call, with the daemon's message and where it happened."""
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
@@ -93,15 +104,15 @@ def from_rpc_error(exc: grpc.RpcError, where: str) -> RknnError:
         for key, value in trailing
         if str(key).startswith(HINT_PREFIX)
     }
+    reason = parse_reason(next((value for key, value in trailing if key == REASON_METADATA_KEY), None))
     if code == grpc.StatusCode.UNAVAILABLE:
         return ConnectionFailed(
             f"{where}: the daemon is not reachable ({details}). Check that rknn_server runs on the board "
             "(rknn-client doctor --device ID walks the whole chain)"
         )
-    kind = _BY_CODE.get(code, RknnError)
-    if kind is NotFound and "session" in details:
-        kind = SessionLost
-    return kind(f"{details} [{code.name} from {where}]", hints=hints)
+    kind = _BY_REASON.get(reason) if reason is not None else None
+    kind = kind or _BY_CODE.get(code, RknnError)
+    return kind(f"{details} [{code.name} from {where}]", hints=hints, reason=reason)
 
 
 def advice(error: BaseException, interface: str) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rknn_proto.ready import tcp_address
+
 START_TIMEOUT_S = 60.0
 
 
@@ -92,8 +94,9 @@ def start_daemon(
     def read() -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            if line.startswith("listening on tcp://"):
-                found.append(line.strip().removeprefix("listening on tcp://"))
+            address = tcp_address(line)
+            if address is not None:
+                found.append(address)
                 return
 
     reader = threading.Thread(target=read, daemon=True)

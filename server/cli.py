@@ -328,6 +328,13 @@ def serve_parser() -> argparse.ArgumentParser:
         "tests; default: none)",
     )
     runtime.add_argument(
+        "--ready-file",
+        type=Path,
+        metavar="FILE",
+        help="once serving, write JSON here (atomically): the listeners with their bound ports, pid, version, "
+        "instance id; removed on a clean stop (default: none)",
+    )
+    runtime.add_argument(
         "--exit-with-stdin",
         action="store_true",
         help="stop when standard input closes (used by a client that starts a private daemon)",
@@ -489,6 +496,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         insecure=args.insecure,
         backend=args.backend,
         metrics_listen=args.metrics_listen,
+        ready_file=args.ready_file,
     )
 
 

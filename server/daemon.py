@@ -4,7 +4,7 @@ the guard (tokens, in-flight limit), TLS, and graceful shutdown on SIGTERM/SIGIN
 from __future__ import annotations
 
 import asyncio
-import functools
+import os
 import secrets
 import signal
 import sys
@@ -19,9 +19,11 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
+from rknn_server.data_plane import DataPlane, SessionLimits
 from rknn_server.guard import CallLimits, Guard
 from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
@@ -29,12 +31,11 @@ from rknn_server.memory import MemoryLimits
 from rknn_server.metrics import DaemonMetrics, StateCollector
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
+from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.backend_hook import load_backend
-from rknn_server.runtime.base import Backend, ModelRuntime, RuntimeOptions
-from rknn_server.runtime.isolated import IsolatedRuntime, same_backend
+from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
-from rknn_server.sessions import Session, SessionRegistry
 from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
@@ -76,6 +77,7 @@ class DaemonConfig:
     # Memory budgets (server/memory.py): incoming frames' buffers, and what one session may use.
     memory: MemoryLimits = field(default_factory=MemoryLimits.for_machine)
     metrics_listen: ListenAddress | None = None  # HTTP: /metrics and the KServe v2 health endpoints
+    ready_file: Path | None = None  # JSON of the bound listeners, written once serving (rknn_proto.ready)
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -91,30 +93,10 @@ KEEPALIVE_OPTIONS = [
 ]
 
 
-def make_opener(config: DaemonConfig, metrics: DaemonMetrics):  # type: ignore[no-untyped-def]
-    """How sessions load models: in this process, or each in a worker process of its own."""
-
-    def in_process(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
-        return backend.open(path, options)
-
-    def in_worker(backend: Backend, path: Path, options: RuntimeOptions) -> ModelRuntime:
-        return IsolatedRuntime(
-            functools.partial(same_backend, backend),
-            path,
-            options,
-            config.call_timeout_s,
-            metrics.worker_lost,
-        )
-
-    return in_worker if config.isolation == "process" else in_process
-
-
-async def _reap(registry: SessionRegistry, executor: ThreadPoolExecutor, period: float) -> None:
-    loop = asyncio.get_running_loop()
+async def _reap(plane: DataPlane, period: float) -> None:
     while True:
         await asyncio.sleep(period)
-        for session in registry.expired():
-            await loop.run_in_executor(executor, registry.close, session, "idle lease expired")
+        await plane.reap()
 
 
 async def _maintain_cache(cache: ModelCache, executor: ThreadPoolExecutor, config: DaemonConfig) -> None:
@@ -221,20 +203,23 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         max_workers=max(4, config.max_sessions, config.max_inflight_requests), thread_name_prefix="runtime"
     )
 
-    def on_release(session: Session) -> None:
-        cache.unpin(session.digest)
-
-    registry = SessionRegistry(
-        config.max_sessions, config.session_idle_timeout_s, on_release, config.max_sessions_per_client
-    )
-    service = RknnService(
+    if config.isolation == "process":
+        backend = IsolatedBackend(backend, config.call_timeout_s, metrics.worker_lost)
+    reservations = ReservationBook()
+    plane = DataPlane(
         backend,
         cache,
-        registry,
         executor,
-        make_opener(config, metrics),
+        metrics,
+        config.tensor_limits,
+        SessionLimits(config.max_sessions, config.session_idle_timeout_s, config.max_sessions_per_client),
+        config.memory,
+        reservations.admit,
+    )
+    service = RknnService(
+        plane,
+        reservations,
         ServiceConfig(
-            tensor_limits=config.tensor_limits,
             runtime_reason=reason,
             board=probe.board_model,
             max_message_bytes=config.max_message_bytes,
@@ -245,15 +230,14 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             insecure=bool(exposure),
             warnings=tuple(warnings),
             instance_id=secrets.token_hex(8),
-            memory=config.memory,
         ),
         metrics,
     )
     guard = Guard(access, _call_limits(config))
     metrics.watch(
         StateCollector(
-            registry.__len__,
-            service.reservations.info_fields,
+            plane.registry.__len__,
+            reservations.info_fields,
             lambda: guard.per_client,
             lambda: guard.refused,
             cache,
@@ -292,12 +276,23 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         )
         http_server, http_port = await endpoint.start(config.metrics_listen)
         metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"
+    # Stop signals are handled before the daemon says it is ready: a SIGTERM right after the
+    # `listening on` lines (or the ready file) is a clean stop.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     await server.start()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()
+    if config.ready_file is not None:
+        write_ready_file(
+            config.ready_file,
+            ReadyInfo(os.getpid(), __version__, service.config.instance_id, bound, metrics_url),
+        )
     for text in bound:
-        print(f"listening on {text}", flush=True)
+        print(listening_line(text), flush=True)
     if metrics_url:
         print(f"metrics on {metrics_url}", flush=True)
     log.info(
@@ -316,18 +311,14 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         instance=service.config.instance_id,
     )
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
-    reaper = asyncio.create_task(_reap(registry, executor, min(1.0, config.session_idle_timeout_s / 4)))
+    reaper = asyncio.create_task(_reap(plane, min(1.0, config.session_idle_timeout_s / 4)))
     maintenance = asyncio.create_task(_maintain_cache(cache, executor, config))
     if ready is not None:
         ready.set()
     await stop.wait()
-    log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(registry))
+    log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(plane.registry))
     serving.clear()  # /v2/health/ready answers 503 while the calls in flight finish
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
@@ -335,9 +326,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         http_server.close()
     reaper.cancel()
     maintenance.cancel()
-    for session in registry.drain():
-        registry.close(session, "daemon shutting down")
+    plane.close_all("daemon shutting down")
     executor.shutdown(wait=False, cancel_futures=True)
+    if config.ready_file is not None:
+        config.ready_file.unlink(missing_ok=True)
     log.info("daemon_stopped")
     return 0
 

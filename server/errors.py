@@ -9,6 +9,7 @@ import grpc
 import structlog
 
 from rknn_proto.codec import CodecError, LimitExceeded
+from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY, Reason
 from rknn_server.runtime.base import (
     BackendError,
     ExecutionError,
@@ -16,25 +17,28 @@ from rknn_server.runtime.base import (
     ModelFormatError,
     OverBudget,
     UnsupportedError,
+    WorkerLost,
 )
 from rknn_server.runtime.redact import without_paths
 
 log = structlog.get_logger("rknn_server.errors")
 
-# Trailing-metadata keys of an error's structured hints: facts the client words for its interface.
-HINT_PREFIX = "rknn-hint-"
-
 
 class ServiceError(Exception):
     """An error with the gRPC status it travels as. The message is what the user reads; `hints` are
     facts (e.g. the board's SoC) each client turns into advice in its own terms (a CLI flag, an API
-    argument)."""
+    argument). `reason` (rknn_proto.reasons) lets a program act on the error without reading it."""
 
     code = grpc.StatusCode.INTERNAL
+    reason: Reason | None = None
 
-    def __init__(self, *args: object, hints: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: object, hints: dict[str, str] | None = None, reason: Reason | None = None
+    ) -> None:
         super().__init__(*args)
         self.hints = hints or {}
+        if reason is not None:
+            self.reason = reason
 
 
 class InvalidInput(ServiceError):
@@ -57,12 +61,14 @@ class Aborted(ServiceError):
 
 class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = Reason.LIMIT_EXCEEDED
 
 
 class StreamIdle(ServiceError):
     """A request stream that sent nothing for --stream-idle-timeout (server/guard.py)."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = Reason.STREAM_IDLE
 
 
 class DataLoss(ServiceError):
@@ -79,10 +85,22 @@ _BACKEND_CODES: dict[type[BackendError], grpc.StatusCode] = {
 log = structlog.get_logger("rknn_server.errors")
 
 
-def hint_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
-    """The error's hints as trailing metadata (none for errors without hints)."""
+def reason_of(exc: BaseException) -> Reason | None:
+    if isinstance(exc, ServiceError):
+        return exc.reason
+    if isinstance(exc, (LimitExceeded, OverBudget)):
+        return Reason.LIMIT_EXCEEDED
+    if isinstance(exc, WorkerLost):
+        return Reason.SESSION_BROKEN
+    return None
+
+
+def error_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The error's reason and hints as trailing metadata (rknn_proto.reasons), empty when it has none."""
     hints = exc.hints if isinstance(exc, ServiceError) else {}
-    return tuple((f"{HINT_PREFIX}{key}", value) for key, value in hints.items())
+    reason = reason_of(exc)
+    found = ((REASON_METADATA_KEY, reason.value),) if reason is not None else ()
+    return found + tuple((f"{HINT_PREFIX}{key}", value) for key, value in hints.items())
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:

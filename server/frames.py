@@ -45,19 +45,50 @@ class InputPlan:
     format: InputFormat
 
 
+@dataclass(frozen=True)
+class Declared:
+    """One input as a client declares it, in any protocol's terms: what the intake checks."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    layout: str = "UNDEFINED"  # "NCHW" | "NHWC" | "UNDEFINED"
+    pass_through: bool = False
+
+    @classmethod
+    def of(cls, array: np.ndarray, layout: str = "UNDEFINED", pass_through: bool = False) -> Declared:
+        return cls(array.dtype, tuple(array.shape), layout, pass_through)
+
+
 def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
-    """Check the declared inputs against the model before any byte is received."""
-    if len(metas) != len(specs):
+    """Check the inputs a frame header declares against the model before any byte is received."""
+    _check_count(specs, len(metas))
+    return plan_inputs(
+        specs,
+        [
+            Declared(
+                codec.dtype_from_wire(m.dtype), tuple(m.shape), codec.layout_name(m.layout), m.pass_through
+            )
+            for m in metas
+        ],
+    )
+
+
+def _check_count(specs: Sequence[TensorSpec], count: int) -> None:
+    if count != len(specs):
         raise InvalidInput(
-            f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {len(metas)} were sent"
+            f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {count} were sent"
         )
+
+
+def plan_inputs(specs: Sequence[TensorSpec], declared: Sequence[Declared]) -> list[InputPlan]:
+    """Check declared inputs against the model (count, dtype, shape in the model's layout) and plan
+    how each reaches the runtime. Every protocol's intake goes through here, once per frame."""
+    _check_count(specs, len(declared))
     plans: list[InputPlan] = []
-    for spec, meta in zip(specs, metas, strict=True):
-        dtype = codec.dtype_from_wire(meta.dtype)
-        shape = tuple(meta.shape)
-        if not spec.accepts(dtype, meta.pass_through):
+    for spec, item in zip(specs, declared, strict=True):
+        dtype, shape, layout = item.dtype, item.shape, item.layout
+        if not spec.accepts(dtype, item.pass_through):
             raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
-        layout = codec.layout_name(meta.layout)
         permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
         effective = tuple(shape[i] for i in permutation) if permutation else shape
         if not _shape_fits(spec.shape, effective):
@@ -66,8 +97,30 @@ def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMet
                 f"{list(spec.shape)} ({spec.layout})"
             )
         layout = spec.layout if permutation else layout
-        plans.append(InputPlan(permutation, InputFormat(layout=layout, pass_through=meta.pass_through)))
+        plans.append(InputPlan(permutation, InputFormat(layout=layout, pass_through=item.pass_through)))
     return plans
+
+
+def arrange(arrays: Sequence[np.ndarray], plans: Sequence[InputPlan]) -> list[np.ndarray]:
+    """The inputs in the model's layout (the one transpose, where the plan has one)."""
+    return [
+        np.ascontiguousarray(a.transpose(plan.permutation)) if plan.permutation else a
+        for a, plan in zip(arrays, plans, strict=True)
+    ]
+
+
+def take_arrays(
+    specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], declared: Sequence[Declared]
+) -> tuple[list[np.ndarray], list[InputFormat]]:
+    """The intake of a frame whose inputs arrived whole (a protocol that reads arrays at once): checked,
+    arranged, with the formats for `DataPlane.run`."""
+    plans = plan_inputs(specs, declared)
+    for array, item in zip(arrays, declared, strict=True):
+        if array.dtype != item.dtype or tuple(array.shape) != item.shape:
+            raise InvalidInput(
+                f"an input array is {array.dtype}{list(array.shape)}, not the declared {item.dtype}{list(item.shape)}"
+            )
+    return arrange(arrays, plans), [plan.format for plan in plans]
 
 
 class TruncatedStream(InvalidInput):
@@ -144,10 +197,7 @@ class IncomingFrame:
 
     def inputs(self) -> list[np.ndarray]:
         """The received inputs in the model's layout (raises if bytes are missing)."""
-        return [
-            np.ascontiguousarray(a.transpose(plan.permutation)) if plan.permutation else a
-            for a, plan in zip(self.assembler.arrays(), self.plans, strict=True)
-        ]
+        return arrange(self.assembler.arrays(), self.plans)
 
     def formats(self) -> list[InputFormat]:
         """What the runtime is told of each input (layout, pass-through)."""

@@ -24,7 +24,7 @@ import grpc
 import structlog
 
 from rknn_server.auth import AccessPolicy, Unauthenticated, bearer_token
-from rknn_server.errors import StreamIdle
+from rknn_server.errors import ResourceExhausted, ServiceError, StreamIdle, error_metadata
 
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 # Calls that may wait long for a shared resource without holding any: outside the shared cap.
@@ -89,21 +89,27 @@ class Guard(grpc.aio.ServerInterceptor):
         limits = self.limits
         per_client = min(limits.max_inflight_per_client, limits.max_inflight)
         if self.per_client[identity] >= per_client:
-            self.refused[grpc.StatusCode.RESOURCE_EXHAUSTED.name] += 1
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this client has {self.per_client[identity]} calls in flight, the limit "
-                f"max_inflight_per_client={per_client}; finish or cancel some first",
+            await self._refuse(
+                context,
+                ResourceExhausted(
+                    f"this client has {self.per_client[identity]} calls in flight, the limit "
+                    f"max_inflight_per_client={per_client}; finish or cancel some first"
+                ),
             )
         if shared and self.inflight >= limits.max_inflight:
-            self.refused[grpc.StatusCode.RESOURCE_EXHAUSTED.name] += 1
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the daemon is serving {self.inflight} calls, the limit max_inflight_requests="
-                f"{limits.max_inflight}; retry shortly",
+            await self._refuse(
+                context,
+                ResourceExhausted(
+                    f"the daemon is serving {self.inflight} calls, the limit max_inflight_requests="
+                    f"{limits.max_inflight}; retry shortly"
+                ),
             )
         self.per_client[identity] += 1
         self.inflight += shared
+
+    async def _refuse(self, context: Context, exc: ServiceError) -> None:
+        self.refused[exc.code.name] += 1
+        await context.abort(exc.code, str(exc), error_metadata(exc))
 
     def _count_out(self, identity: str, shared: bool) -> None:
         self.per_client[identity] -= 1

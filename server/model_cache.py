@@ -43,6 +43,7 @@ from rknn_proto.manifest import (
     valid_digest,
     valid_file_name,
 )
+from rknn_proto.reasons import Reason
 from rknn_server.cache_records import FileStamp, read_record, stamp_of, write_record
 from rknn_server.errors import (
     Aborted,
@@ -288,9 +289,13 @@ class ModelCache:
             if digest in self._damaged:
                 raise NotFound(
                     f"model {digest} was removed from the daemon's cache because its files were damaged "
-                    "(they no longer hashed to its digest); upload it again"
+                    "(they no longer hashed to its digest); upload it again",
+                    reason=Reason.MODEL_NOT_CACHED,
                 )
-            raise NotFound(f"model {digest} is not in the daemon's cache; upload it first")
+            raise NotFound(
+                f"model {digest} is not in the daemon's cache; upload it first",
+                reason=Reason.MODEL_NOT_CACHED,
+            )
         self.touch(digest)
         return marker.parent / marker.read_text()
 
@@ -319,7 +324,10 @@ class ModelCache:
             hashes = [file_sha256(p) for p in paths]
         except OSError:
             if not folder.exists():
-                raise NotFound(f"model {digest} is not in the daemon's cache; upload it first") from None
+                raise NotFound(
+                    f"model {digest} is not in the daemon's cache; upload it first",
+                    reason=Reason.MODEL_NOT_CACHED,
+                ) from None
             hashes = []
         entries = [FileEntry(name, size, h) for (name, size, _, _), h in zip(stamps, hashes, strict=False)]
         intact = bool(hashes) and manifest_digest(entries) == digest

@@ -10,24 +10,22 @@ control behind them) keep at most a few frames in the daemon's memory, whatever 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from rknn_proto import codec, rknn_pb2
+from rknn_server.data_plane import DataPlane
 from rknn_server.errors import InvalidInput
 from rknn_server.frames import IncomingFrame, wire_outputs
 from rknn_server.guard import client_identity
-from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import InputFormat
-from rknn_server.sessions import Session, SessionRegistry
+from rknn_server.sessions import Session
 
 # Frames assembled but not yet running, and frames run but not yet sent (each besides the one in
 # that stage's hands): enough to keep every stage busy, few enough to bound memory.
 QUEUE_FRAMES = 1
-
-Runner = Callable[[Session, list[np.ndarray], list[InputFormat]], Awaitable[tuple[list[np.ndarray], int]]]
 
 
 @dataclass
@@ -59,13 +57,8 @@ class Traffic:
 
 
 class Pipeline:
-    def __init__(
-        self, registry: SessionRegistry, limits: codec.TensorLimits, budget: MemoryBudget, run: Runner
-    ) -> None:
-        self._registry = registry
-        self._limits = limits
-        self._budget = budget
-        self._run = run
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
 
     async def stream(
         self, requests: AsyncIterator[rknn_pb2.InferenceRequest], traffic: Traffic
@@ -106,9 +99,11 @@ class Pipeline:
                             f"frame {frame.header.frame_id} is incomplete ({'; '.join(frame.assembler.missing())}) "
                             f"but the header of frame {message.header.frame_id} arrived"
                         )
-                    session = self._registry.get(message.header.session_id, client_identity())
+                    session = self._plane.session(message.header.session_id, client_identity())
                     traffic.session = session.id
-                    frame = IncomingFrame.start(message.header, session, self._limits, self._budget)
+                    frame = IncomingFrame.start(
+                        message.header, session, self._plane.tensor_limits, self._plane.frame_memory
+                    )
                 elif frame is None:
                     raise InvalidInput("InferencePipeline: a TensorChunk arrived before any InferenceHeader")
                 else:
@@ -137,13 +132,17 @@ class Pipeline:
                 await done.put(item)
                 return
             try:
-                outputs, run_us = await self._run(item.session, item.inputs, item.formats)
-                metas, wire = wire_outputs(outputs, item.session.runtime.outputs, item.header.native_outputs)
+                ran = await self._plane.run(item.session, item.inputs, item.formats)
+                metas, wire = wire_outputs(
+                    ran.outputs, item.session.runtime.outputs, item.header.native_outputs
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 await done.put(exc)
                 return
-            header = rknn_pb2.OutputsHeader(outputs=metas, run_time_us=run_us, frame_id=item.header.frame_id)
+            header = rknn_pb2.OutputsHeader(
+                outputs=metas, run_time_us=ran.run_time_us, frame_id=item.header.frame_id
+            )
             await done.put(_Done(header, wire))
         await done.put(None)

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from rknn_proto import rknn_pb2
+from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, InvalidInput, NotFound
 
 log = structlog.get_logger("rknn_server.reservations")
@@ -85,7 +86,10 @@ class ReservationBook:
         current = self._current
         if current is None or (token and _same_token(token, current.token)):
             return
-        raise FailedPrecondition(f"{self._busy_text(current)}; no new sessions are accepted from others")
+        raise FailedPrecondition(
+            f"{self._busy_text(current)}; no new sessions are accepted from others",
+            reason=Reason.BOARD_RESERVED,
+        )
 
     def _busy_text(self, current: Reservation) -> str:
         since = datetime.fromtimestamp(current.since_unix_s, tz=timezone.utc).isoformat(timespec="seconds")
@@ -105,7 +109,7 @@ class ReservationBook:
             granted = self._grant(token, holder, ttl_s)
         elif request.wait_s <= 0:
             assert self._current is not None
-            raise FailedPrecondition(self._busy_text(self._current))
+            raise FailedPrecondition(self._busy_text(self._current), reason=Reason.BOARD_RESERVED)
         else:
             granted = await self._queue(
                 _Waiter(token, holder, ttl_s, asyncio.get_running_loop().create_future()), request.wait_s
@@ -140,7 +144,8 @@ class ReservationBook:
         if current is None or not token or not _same_token(token, current.token):
             raise NotFound(
                 "this reservation does not exist: it was released, or it expired because it was not "
-                "renewed within its TTL; reserve the device again"
+                "renewed within its TTL; reserve the device again",
+                reason=Reason.RESERVATION_NOT_FOUND,
             )
         return current
 
@@ -156,7 +161,10 @@ class ReservationBook:
             return waiter.granted.result()
         self._leave(waiter)
         assert self._current is not None
-        raise FailedPrecondition(f"gave up after waiting {wait_s:g}s: {self._busy_text(self._current)}")
+        raise FailedPrecondition(
+            f"gave up after waiting {wait_s:g}s: {self._busy_text(self._current)}",
+            reason=Reason.BOARD_RESERVED,
+        )
 
     def _leave(self, waiter: _Waiter) -> None:
         """A waiter gives up (timeout, cancelled call); a grant that raced with that passes on."""

@@ -1,19 +1,19 @@
-"""The RPC handlers: validate each request, call the model cache, sessions and runtime, map errors.
+"""The gRPC handlers: translate protobuf to plain requests, await the data plane, translate back.
 
-Every handler goes through `_Call`, which checks the caller's protocol version, logs one event
-per RPC (method, session, bytes in/out, duration, outcome) and turns exceptions into a gRPC
-status with a message that says what was wrong. Blocking runtime work runs in the executor.
+Sessions, the model cache, the executor and runs live in the data plane (data_plane.py), which
+knows no protocol; the frame intake (frames.py) checks tensors once. Every handler goes through
+`_Call`, which checks the caller's protocol version, logs one event per RPC (method, session, bytes
+in/out, duration, outcome) and turns exceptions into a gRPC status with a message that says what
+was wrong.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -21,6 +21,7 @@ import numpy as np
 import structlog
 
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.reasons import Reason
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
@@ -30,26 +31,15 @@ from rknn_proto.version import (
     RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
-from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, hint_metadata, status_of
+from rknn_server.data_plane import DataPlane, OpenRequest
+from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, error_metadata, status_of
 from rknn_server.frames import QUANT_CODES, IncomingFrame, TruncatedStream, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
-from rknn_server.memory import MemoryBudget, MemoryLimits
 from rknn_server.metrics import DaemonMetrics
-from rknn_server.model_cache import ModelCache
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
-from rknn_server.runtime.base import (
-    Backend,
-    FrequencyOutcome,
-    InputFormat,
-    LayerTensor,
-    ModelRuntime,
-    PerfResult,
-    RuntimeOptions,
-    TensorSpec,
-    WorkerLost,
-)
-from rknn_server.sessions import Session, SessionRegistry
+from rknn_server.runtime.base import TensorSpec
+from rknn_server.sessions import Session
 from rknn_server.uploads import Upload
 
 log = structlog.get_logger("rknn_server.rpc")
@@ -65,7 +55,6 @@ KNOWN_CORE_MASKS = {v.number for v in rknn_pb2.CoreMask.DESCRIPTOR.values}
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    tensor_limits: codec.TensorLimits
     runtime_reason: str = ""
     board: str = ""
     max_message_bytes: int = MAX_MESSAGE_BYTES
@@ -77,10 +66,6 @@ class ServiceConfig:
     insecure: bool = False
     warnings: tuple[str, ...] = ()
     instance_id: str = ""
-    memory: MemoryLimits = field(default_factory=MemoryLimits)
-
-
-RuntimeOpener = Callable[[Backend, Any, RuntimeOptions], ModelRuntime]
 
 
 def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
@@ -115,7 +100,8 @@ class _Call:
         if version is not None and (not str(version).isdigit() or int(version) < MIN_PROTOCOL_VERSION):
             raise FailedPrecondition(
                 f"client protocol version {version} is older than this daemon supports "
-                f"(daemon {PROTOCOL_VERSION}, oldest client {MIN_PROTOCOL_VERSION}); upgrade rknn_client"
+                f"(daemon {PROTOCOL_VERSION}, oldest client {MIN_PROTOCOL_VERSION}); upgrade rknn_client",
+                reason=Reason.PROTOCOL_TOO_OLD,
             )
 
     def done(self, outcome: str) -> None:
@@ -136,7 +122,7 @@ async def _fail(call: _Call | None, context: grpc.aio.ServicerContext, exc: Base
     code, message = status_of(exc)
     if call is not None:
         call.done(code.name)
-    await context.abort(code, message, hint_metadata(exc))
+    await context.abort(code, message, error_metadata(exc))
 
 
 async def _fail_stream(call: _Call | None, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -157,28 +143,13 @@ async def _fail_stream(call: _Call | None, context: grpc.aio.ServicerContext, ex
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
     def __init__(
-        self,
-        backend: Backend,
-        cache: ModelCache,
-        registry: SessionRegistry,
-        executor: ThreadPoolExecutor,
-        opener: RuntimeOpener,
-        config: ServiceConfig,
-        metrics: DaemonMetrics,
+        self, plane: DataPlane, reservations: ReservationBook, config: ServiceConfig, metrics: DaemonMetrics
     ) -> None:
-        self.backend = backend
-        self.cache = cache
-        self.registry = registry
-        self.executor = executor
-        self.opener = opener
+        self.plane = plane
+        self.reservations = reservations
         self.config = config
         self.metrics = metrics
-        self.reservations = ReservationBook()
-        self.frame_memory = MemoryBudget(config.memory.max_memory)
-        self.pipeline = Pipeline(registry, config.tensor_limits, self.frame_memory, self._run)
-
-    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        self.pipeline = Pipeline(plane)
 
     async def _unary(
         self, method: str, context: grpc.aio.ServicerContext, body: Callable[[_Call], Awaitable[T]]
@@ -197,22 +168,53 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         call.done("OK")
         return result
 
+    async def _streaming(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        body: Callable[[_Call], AsyncGenerator[T, None]],
+        account: Callable[[_Call], None] = lambda call: None,
+    ) -> AsyncGenerator[T, None]:
+        """A response-streaming RPC: `body`'s responses, with the same bookkeeping as `_unary`.
+        `account` copies what the body counted into the call's log event, whatever the outcome."""
+        call = None
+        try:
+            call = _Call(method, context, self.metrics)
+            async with aclosing(body(call)) as responses:
+                async for response in responses:
+                    yield response
+        except (
+            asyncio.CancelledError,
+            GeneratorExit,
+        ):  # the client cancelled: the task or the generator ends
+            if call is not None:
+                account(call)
+                call.done("CANCELLED")
+            raise
+        except Exception as exc:
+            if call is not None:
+                account(call)
+            await _fail_stream(call, context, exc)
+        else:
+            account(call)
+            call.done("OK")
+
     # -- GetInfo -----------------------------------------------------------------------------
 
     async def GetInfo(
         self, request: rknn_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.GetInfoResponse:
         async def body(call: _Call) -> rknn_pb2.GetInfoResponse:
-            caps = self.backend.capabilities
-            limits = self.config.tensor_limits
-            version = self.backend.version()
+            caps = self.plane.backend.capabilities
+            limits = self.plane.tensor_limits
+            version = self.plane.backend.version()
             return rknn_pb2.GetInfoResponse(
                 daemon_version=__version__,
                 protocol_version=PROTOCOL_VERSION,
                 min_client_protocol_version=MIN_PROTOCOL_VERSION,
-                runtime=self.backend.name,
+                runtime=self.plane.backend.name,
                 runtime_version=version.api,
-                soc=self.backend.soc(),
+                soc=self.plane.backend.soc(),
                 driver_version=version.driver,
                 capabilities=rknn_pb2.Capabilities(
                     perf_per_layer=caps.perf_per_layer,
@@ -225,22 +227,22 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 limits=rknn_pb2.Limits(
                     max_message_bytes=self.config.max_message_bytes,
                     chunk_bytes=CHUNK_BYTES,
-                    max_sessions=self.registry.max_sessions,
+                    max_sessions=self.plane.registry.max_sessions,
                     max_tensor_bytes=limits.max_tensor_bytes,
-                    max_model_bytes=self.cache.limits.max_model_bytes,
-                    model_cache_quota_bytes=self.cache.limits.quota_bytes,
-                    session_idle_timeout_s=self.registry.idle_timeout_s,
+                    max_model_bytes=self.plane.cache.limits.max_model_bytes,
+                    model_cache_quota_bytes=self.plane.cache.limits.quota_bytes,
+                    session_idle_timeout_s=self.plane.registry.idle_timeout_s,
                     max_tensor_rank=limits.max_rank,
-                    max_sessions_per_client=self.registry.max_per_client,
+                    max_sessions_per_client=self.plane.registry.max_per_client,
                     max_chunk_bytes=limits.max_chunk_bytes,
                     max_tensor_elements=limits.max_elements,
                     max_inflight_requests=self.config.max_inflight_requests,
                     call_timeout_s=self.config.call_timeout_s,
                 ),
                 runtime_reason=self.config.runtime_reason,
-                model_formats=list(self.backend.model_suffixes),
+                model_formats=list(self.plane.backend.model_suffixes),
                 board=self.config.board,
-                open_sessions=len(self.registry),
+                open_sessions=len(self.plane.registry),
                 insecure=self.config.insecure,
                 auth_required=self.config.auth_required,
                 client_identity=client_identity(),
@@ -258,7 +260,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.PrepareUploadRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.PrepareUploadResponse:
         async def body(call: _Call) -> rknn_pb2.PrepareUploadResponse:
-            cached, held = await self._blocking(self.cache.prepare, request.manifest)
+            cached, held = await self.plane.blocking(self.plane.cache.prepare, request.manifest)
             return rknn_pb2.PrepareUploadResponse(cached=cached, held_bytes=held)
 
         return await self._unary("PrepareUpload", context, body)
@@ -275,7 +277,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             # The claim on the model dies with this call whatever point a cancellation hits: a step
             # still running in the executor when the call ends releases it once it is done.
             step: asyncio.Future[Any] = loop.run_in_executor(
-                self.executor, self.cache.begin_upload, header.manifest, list(header.start_offsets)
+                self.plane.executor,
+                self.plane.cache.begin_upload,
+                header.manifest,
+                list(header.start_offsets),
             )
             try:
                 upload: Upload = await asyncio.shield(step)
@@ -288,13 +293,13 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                         raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
                     chunk = message.chunk
                     data = chunk.data
-                    check_chunk(len(data), self.config.tensor_limits)
+                    check_chunk(len(data), self.plane.tensor_limits)
                     step = loop.run_in_executor(
-                        self.executor, upload.write, chunk.file_index, chunk.offset, data
+                        self.plane.executor, upload.write, chunk.file_index, chunk.offset, data
                     )
                     await asyncio.shield(step)
                     call.bytes_in += len(data)
-                step = loop.run_in_executor(self.executor, upload.finish)
+                step = loop.run_in_executor(self.plane.executor, upload.finish)
                 await asyncio.shield(step)
             finally:
                 if step.done():
@@ -313,46 +318,26 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.InitRuntimeRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.InitRuntimeResponse:
         async def body(call: _Call) -> rknn_pb2.InitRuntimeResponse:
-            self.reservations.admit(dict(context.invocation_metadata() or ()).get(RESERVATION_METADATA_KEY))
-            soc = self.backend.soc()
-            target = request.target.lower()
-            if soc and target and target != soc:
-                raise FailedPrecondition(
-                    f"target mismatch: the model is meant for {target}, but this daemon's board is {soc}",
-                    hints={"board_soc": soc, "target": target},
-                )
             if request.core_mask not in KNOWN_CORE_MASKS:
                 raise InvalidInput(
                     f"core_mask {request.core_mask:#x} is not an NPU core mask; expected one of "
                     f"{', '.join(hex(m) for m in sorted(KNOWN_CORE_MASKS))}"
                 )
-            fallback = request.fallback_prior_device or "cpu"
-            if fallback not in ("cpu", "gpu"):
-                raise InvalidInput(
-                    f"fallback_prior_device {fallback!r} is not allowed; expected 'cpu' or 'gpu'"
+            session = await self.plane.open(
+                OpenRequest(
+                    digest=request.model_digest,
+                    owner=client_identity(),
+                    reservation=dict(context.invocation_metadata() or ()).get(RESERVATION_METADATA_KEY),
+                    target=request.target,
+                    perf_debug=request.perf_debug,
+                    eval_mem=request.eval_mem,
+                    core_mask=request.core_mask,
+                    fallback_prior_device=request.fallback_prior_device or "cpu",
                 )
-            path = await self._blocking(self.cache.main_file, request.model_digest)
-            options = RuntimeOptions(
-                target=target,
-                perf_debug=request.perf_debug,
-                eval_mem=request.eval_mem,
-                core_mask=request.core_mask,
-                fallback_prior_device=fallback,
-                max_memory_bytes=self.config.memory.max_session_memory,
             )
-            owner = client_identity()
-            self.registry.reserve(owner)
-            self.cache.pin(request.model_digest)
-            try:
-                await self._blocking(self.cache.verify, request.model_digest)
-                runtime = await self._blocking(self.opener, self.backend, path, options)
-            except BaseException:
-                self.registry.unreserve(owner)
-                self.cache.unpin(request.model_digest)
-                raise
-            session = self.registry.add(request.model_digest, options, runtime, owner)
             call.session = session.id
-            version = await self._blocking(runtime.sdk_version) or self.backend.version()
+            runtime = session.runtime
+            version = await self.plane.version(session)
             return rknn_pb2.InitRuntimeResponse(
                 session_id=session.id,
                 inputs=[tensor_attr(s) for s in runtime.inputs],
@@ -371,9 +356,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         if first.WhichOneof("part") != "header":
             raise InvalidInput(f"the first {call.method} message must be an InferenceHeader")
         header = first.header
-        session = self.registry.get(header.session_id, client_identity())
+        session = self.plane.session(header.session_id, client_identity())
         call.session = session.id
-        frame = IncomingFrame.start(header, session, self.config.tensor_limits, self.frame_memory)
+        frame = IncomingFrame.start(header, session, self.plane.tensor_limits, self.plane.frame_memory)
         with frame.dropped_on_error():
             async for message in request_iterator:
                 if message.WhichOneof("part") != "chunk":
@@ -385,39 +370,35 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     async def Inference(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        call = None
-        try:
-            call = _Call("Inference", context, self.metrics)
+        async def body(call: _Call) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
             header, session, frame = await self._receive_frame(call, request_iterator)
-            outputs, run_us = await self._run(session, frame.inputs(), frame.formats())
-            metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
+            ran = await self.plane.run(session, frame.inputs(), frame.formats())
+            metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
             yield rknn_pb2.InferenceResponse(
-                header=rknn_pb2.OutputsHeader(outputs=metas, run_time_us=run_us, frame_id=header.frame_id)
+                header=rknn_pb2.OutputsHeader(
+                    outputs=metas, run_time_us=ran.run_time_us, frame_id=header.frame_id
+                )
             )
             for response in codec.chunk_responses(wire):
                 yield response
             call.bytes_out += sum(a.nbytes for a in wire)
-        except asyncio.CancelledError:
-            if call is not None:
-                call.done("CANCELLED")
-            raise
-        except Exception as exc:
-            await _fail_stream(call, context, exc)
-        else:
-            call.done("OK")
+
+        async with aclosing(self._streaming("Inference", context, body)) as responses:
+            async for response in responses:
+                yield response
 
     async def Run(
         self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.RunResponse:
         async def body(call: _Call) -> rknn_pb2.RunResponse:
             header = request.header
-            session = self.registry.get(header.session_id, client_identity())
+            session = self.plane.session(header.session_id, client_identity())
             call.session = session.id
-            frame = IncomingFrame.start(header, session, self.config.tensor_limits, self.frame_memory)
+            frame = IncomingFrame.start(header, session, self.plane.tensor_limits, self.plane.frame_memory)
             with frame.dropped_on_error():
                 call.bytes_in = frame.add_whole(request.inputs)
-            outputs, run_us = await self._run(session, frame.inputs(), frame.formats())
-            metas, wire = wire_outputs(outputs, session.runtime.outputs, header.native_outputs)
+            ran = await self.plane.run(session, frame.inputs(), frame.formats())
+            metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
             call.bytes_out = sum(a.nbytes for a in wire)
             if call.bytes_out > self.config.max_message_bytes // 2:
                 raise ResourceExhausted(
@@ -425,139 +406,61 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                     f"(max_message_bytes={self.config.max_message_bytes}); use the streaming Inference"
                 )
             return rknn_pb2.RunResponse(
-                header=rknn_pb2.OutputsHeader(outputs=metas, run_time_us=run_us, frame_id=header.frame_id),
+                header=rknn_pb2.OutputsHeader(
+                    outputs=metas, run_time_us=ran.run_time_us, frame_id=header.frame_id
+                ),
                 outputs=[a.tobytes() for a in wire],
             )
 
         return await self._unary("Run", context, body)
 
-    async def _in_session(self, session: Session, fn: Callable[..., T], *args: Any, timed: bool = False) -> T:
-        """Run one runtime call of a session, alone; a lost worker marks the session broken.
-
-        `timed` calls (model runs) count the wait for the session's lock as queueing and the runtime
-        call as compute, per model."""
-        queued = time.perf_counter()
-        async with session.lock:
-            started = time.perf_counter()
-            if session.broken:
-                raise FailedPrecondition(
-                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again"
-                )
-            work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-            try:
-                result = await asyncio.shield(work)
-                if timed:
-                    self.metrics.model_run(session.digest, started - queued, time.perf_counter() - started)
-                return result
-            except asyncio.CancelledError:
-                # The caller went away, but the runtime is still busy: keep the session locked (so that
-                # the reaper cannot free a model mid-call) until the call really ends.
-                await asyncio.wait([work])
-                raise
-            except WorkerLost as exc:
-                session.broken = str(exc)
-                log.warning("session_broken", session=session.id, reason=str(exc))
-                raise
-            finally:
-                session.renew()
-
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
-        call = None
-        try:
-            call = _Call("DumpLayers", context, self.metrics)
+        async def body(call: _Call) -> AsyncGenerator[rknn_pb2.DumpLayersResponse, None]:
             _, session, frame = await self._receive_frame(call, request_iterator)
-            async with session.lock:
-                # Some runtimes start their capture when asked for the iterator: that call blocks too.
-                dump = await self._blocking(session.runtime.dump_layers, frame.inputs(), frame.formats())
-                async with aclosing(self._step(dump)) as layers:
-                    async for layer in layers:
-                        wire = codec.wire_array(layer.array)
-                        yield rknn_pb2.DumpLayersResponse(
-                            layer=rknn_pb2.LayerDumpHeader(
-                                index=layer.index,
-                                op_type=layer.op_type,
-                                node_name=layer.node_name,
-                                tensor_name=layer.tensor_name,
-                                tensor=codec.meta_of(wire, layer.tensor_name),
-                            )
+            async with aclosing(self.plane.layers(session, frame.inputs(), frame.formats())) as layers:
+                async for layer in layers:
+                    wire = codec.wire_array(layer.array)
+                    yield rknn_pb2.DumpLayersResponse(
+                        layer=rknn_pb2.LayerDumpHeader(
+                            index=layer.index,
+                            op_type=layer.op_type,
+                            node_name=layer.node_name,
+                            tensor_name=layer.tensor_name,
+                            tensor=codec.meta_of(wire, layer.tensor_name),
                         )
-                        for chunk in codec.iter_chunks([wire]):
-                            call.bytes_out += len(chunk.data)
-                            yield rknn_pb2.DumpLayersResponse(chunk=chunk)
-                        session.renew()
-        except asyncio.CancelledError:
-            if call is not None:
-                call.done("CANCELLED")
-            raise
-        except Exception as exc:
-            await _fail_stream(call, context, exc)
-        else:
-            call.done("OK")
+                    )
+                    for chunk in codec.iter_chunks([wire]):
+                        call.bytes_out += len(chunk.data)
+                        yield rknn_pb2.DumpLayersResponse(chunk=chunk)
 
-    async def _step(self, layers: Iterator[LayerTensor]) -> AsyncGenerator[LayerTensor, None]:
-        """Advance a runtime's blocking layer iterator in the executor, one layer at a time.
-
-        On an early exit (client gone, send failed) the step in flight is awaited first and the
-        iterator is then closed in the executor, never from two threads at once.
-        """
-        loop = asyncio.get_running_loop()
-        step: asyncio.Future[LayerTensor | None] | None = None
-        try:
-            while True:
-                step = loop.run_in_executor(self.executor, next, layers, None)
-                layer = await asyncio.shield(step)
-                if layer is None:
-                    return
-                yield layer
-        finally:
-            if step is not None and not step.done():
-                await asyncio.wait([step])
-            close = getattr(layers, "close", None)
-            if close is not None:
-                await loop.run_in_executor(self.executor, close)
-
-    async def _run(
-        self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
-    ) -> tuple[list[np.ndarray], int]:
-        start = time.perf_counter()
-        outputs = await self._in_session(session, session.runtime.run, arrays, formats, timed=True)
-        return outputs, int((time.perf_counter() - start) * 1e6)
+        async with aclosing(self._streaming("DumpLayers", context, body)) as responses:
+            async for response in responses:
+                yield response
 
     async def InferencePipeline(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        call = None
         traffic = Traffic()
-        try:
-            call = _Call("InferencePipeline", context, self.metrics)
-            async with contextlib.aclosing(self.pipeline.stream(request_iterator, traffic)) as responses:
-                async for response in responses:
-                    yield response
-        except (
-            asyncio.CancelledError,
-            GeneratorExit,
-        ):  # the client cancelled: the task or the generator ends
-            if call is not None:
-                _account(call, traffic)
-                call.done("CANCELLED")
-            raise
-        except Exception as exc:
-            if call is not None:
-                _account(call, traffic)
-            await _fail_stream(call, context, exc)
-        else:
+
+        def body(call: _Call) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+            return self.pipeline.stream(request_iterator, traffic)
+
+        def account(call: _Call) -> None:
             _account(call, traffic)
-            call.done("OK")
+
+        async with aclosing(self._streaming("InferencePipeline", context, body, account)) as responses:
+            async for response in responses:
+                yield response
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalPerfResponse:
         async def body(call: _Call) -> rknn_pb2.EvalPerfResponse:
-            session = self.registry.get(request.session_id, client_identity())
+            session = self.plane.session(request.session_id, client_identity())
             call.session = session.id
-            result, pinned = await self._in_session(session, self._measure, session.runtime, request.fix_freq)
+            result, pinned = await self.plane.perf(session, request.fix_freq)
             return rknn_pb2.EvalPerfResponse(
                 layers=[
                     rknn_pb2.LayerPerf(
@@ -587,17 +490,13 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
 
         return await self._unary("EvalPerf", context, body)
 
-    def _measure(self, runtime: ModelRuntime, fix_freq: bool) -> tuple[PerfResult, FrequencyOutcome]:
-        with self.backend.measuring(fix_freq) as pinned:
-            return runtime.perf(None), pinned
-
     async def EvalMemory(
         self, request: rknn_pb2.EvalMemoryRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalMemoryResponse:
         async def body(call: _Call) -> rknn_pb2.EvalMemoryResponse:
-            session = self.registry.get(request.session_id, client_identity())
+            session = self.plane.session(request.session_id, client_identity())
             call.session = session.id
-            result = await self._in_session(session, session.runtime.memory)
+            result = await self.plane.memory_of(session)
             return rknn_pb2.EvalMemoryResponse(
                 weight_memory=result.weight_bytes,
                 internal_memory=result.internal_bytes,
@@ -613,10 +512,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.ReleaseResponse:
         async def body(call: _Call) -> rknn_pb2.ReleaseResponse:
-            session = self.registry.pop(request.session_id, client_identity())
+            session = await self.plane.close(request.session_id, client_identity())
             call.session = session.id
-            async with session.lock:
-                await self._blocking(self.registry.close, session, "released by client")
             return rknn_pb2.ReleaseResponse()
 
         return await self._unary("Release", context, body)
@@ -625,7 +522,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.KeepAliveResponse:
         async def body(call: _Call) -> rknn_pb2.KeepAliveResponse:
-            session = self.registry.get(request.session_id, client_identity(), usable=False)
+            session = self.plane.session(request.session_id, client_identity(), usable=False)
             call.session = session.id
             return rknn_pb2.KeepAliveResponse(expires_in_s=session.expires_in())
 

@@ -11,11 +11,11 @@ import asyncio
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
 
+from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
 
@@ -47,13 +47,11 @@ class SessionRegistry:
         self,
         max_sessions: int,
         idle_timeout_s: float,
-        on_release: Callable[[Session], None],
         max_per_client: int = 0,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_per_client = max_per_client or max_sessions
         self.idle_timeout_s = idle_timeout_s
-        self._on_release = on_release
         self._sessions: dict[str, Session] = {}
         self._reserved: Counter[str] = Counter()
 
@@ -92,12 +90,14 @@ class SessionRegistry:
         if session is None or session.owner != owner:
             raise NotFound(
                 f"session {session_id!r} does not exist: it was released, expired after "
-                f"{self.idle_timeout_s:.0f}s without calls, or the daemon restarted; call init_runtime again"
+                f"{self.idle_timeout_s:.0f}s without calls, or the daemon restarted; call init_runtime again",
+                reason=Reason.SESSION_NOT_FOUND,
             )
         session.renew()
         if usable and session.broken:
             raise FailedPrecondition(
-                f"session {session_id!r} is broken ({session.broken}); release it and call init_runtime again"
+                f"session {session_id!r} is broken ({session.broken}); release it and call init_runtime again",
+                reason=Reason.SESSION_BROKEN,
             )
         return session
 
@@ -122,11 +122,10 @@ class SessionRegistry:
         return gone
 
     def close(self, session: Session, reason: str) -> None:
-        """Free a session's runtime; never raises (a failing close must not hurt other sessions)."""
+        """Free a session's runtime (the data plane unpins its model); never raises (a failing close
+        must not hurt other sessions)."""
         try:
             session.runtime.close()
         except Exception as exc:
             log.warning("session_close_failed", session=session.id, error=str(exc))
-        finally:
-            self._on_release(session)
         log.info("session_released", session=session.id, reason=reason, model=session.digest[:12])

@@ -55,6 +55,55 @@ def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: 
     assert offenders(folder, forbidden) == []
 
 
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        # The handlers translate protobuf over the data plane: which backend serves is not their business.
+        (
+            "server/service.py",
+            (
+                "rknn_server.runtime.host",
+                "rknn_server.runtime.rknnrt",
+                "rknn_server.runtime.isolated",
+                "rknn_server.runtime.select",
+                "rknn_server.runtime.backend_hook",
+            ),
+        ),
+        (
+            "server/pipeline.py",
+            (
+                "rknn_server.runtime.host",
+                "rknn_server.runtime.rknnrt",
+                "rknn_server.runtime.isolated",
+                "rknn_server.runtime.select",
+                "rknn_server.runtime.backend_hook",
+            ),
+        ),
+        # The data plane knows no protocol, so a second one (a legacy listener, KServe v2) can call it.
+        (
+            "server/data_plane.py",
+            (
+                "grpc",
+                "rknn_proto.rknn_pb2",
+                "rknn_proto.rknn_pb2_grpc",
+                "rknn_server.service",
+                "rknn_server.frames",
+                "rknn_server.pipeline",
+            ),
+        ),
+    ],
+)
+def test_a_module_imports_only_what_its_room_allows(module: str, forbidden: tuple[str, ...]) -> None:
+    path = ROOT / module
+    names = imported_modules(path.parent)[path]
+    # `from rknn_proto import rknn_pb2` names the package: count the names imported from it too.
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    bad = sorted(n for n in names if n.split(".")[0] in forbidden or n.startswith(forbidden))
+    assert bad == []
+
+
 def test_a_board_install_pulls_in_nothing_pc_only() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     board = [*project["dependencies"], *project["optional-dependencies"]["server"]]

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rknn_client.transport.base import Endpoint, TransportError
+from rknn_proto.ready import tcp_address
 
 START_TIMEOUT_S = 60.0
 
@@ -33,8 +34,9 @@ def private_cache_dir() -> Path:
 def _read_address(process: subprocess.Popen[str], found: list[str]) -> None:
     assert process.stdout is not None
     for line in process.stdout:
-        if line.startswith("listening on tcp://"):
-            found.append(line.split("listening on tcp://", 1)[1].strip())
+        address = tcp_address(line)
+        if address is not None:
+            found.append(address)
             break
 
 

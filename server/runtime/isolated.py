@@ -8,10 +8,12 @@ from a picklable factory, opens the model, then serves calls over a pipe one at 
 from __future__ import annotations
 
 import ctypes
+import functools
 import multiprocessing
 import multiprocessing.connection
 import resource
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from rknn_server.runtime.base import (
     Backend,
     BackendError,
     ExecutionError,
+    FrequencyOutcome,
+    FrequencyReading,
     InputFormat,
     LayerTensor,
     MemoryResult,
@@ -235,3 +239,40 @@ class IsolatedRuntime(ModelRuntime):
         finally:
             self._process.join(timeout=_CLOSE_GRACE_S if not self._busy else 0)
             self.kill()
+
+
+class IsolatedBackend(Backend):
+    """A backend whose every model runs in a worker process of its own (--isolation process): an
+    isolated backend is a backend, so whoever opens sessions does not know isolation exists."""
+
+    def __init__(
+        self,
+        inner: Backend,
+        call_timeout_s: float | None,
+        on_lost: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.model_suffixes = inner.model_suffixes
+        self.capabilities = inner.capabilities
+        self.unpinned_reason = inner.unpinned_reason
+        self._timeout = call_timeout_s
+        self._on_lost = on_lost
+
+    def version(self) -> VersionInfo:
+        return self.inner.version()
+
+    def soc(self) -> str:
+        return self.inner.soc()
+
+    def frequencies(self) -> tuple[FrequencyReading, ...]:
+        return self.inner.frequencies()
+
+    @contextmanager
+    def measuring(self, fix_freq: bool) -> Iterator[FrequencyOutcome]:
+        with self.inner.measuring(fix_freq) as pinned:
+            yield pinned
+
+    def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
+        factory = functools.partial(same_backend, self.inner)
+        return IsolatedRuntime(factory, model_path, options, self._timeout, self._on_lost)

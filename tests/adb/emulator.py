@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from rknn_proto.ready import listening_line
 from tests.adb.services import DeviceProfile, open_service
 from tests.adb.stream import Stream
 from tests.adb.wire import CLSE, CNXN, MAX_PAYLOAD, OKAY, OPEN, VERSION, WRTE, Message, encode, read_message
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     async def serve() -> None:
         emulator = Emulator(profile)
         port = await emulator.start(port=args.port)
-        print(f"listening on tcp://127.0.0.1:{port}", flush=True)
+        print(listening_line(f"tcp://127.0.0.1:{port}"), flush=True)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
 

@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from rknn_proto.ready import tcp_address
 from tests.adb.conftest import MakeBoard
 from tests.adb.fixtures import AbstractEchoServer, PrivateAdbServer
 
@@ -116,8 +117,8 @@ def test_subprocess_mode_prints_its_port(adb_env: PrivateAdbServer, tmp_path: Pa
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
-        assert line.startswith("listening on tcp://127.0.0.1:")
-        serial = line.strip().removeprefix("listening on tcp://")
+        serial = tcp_address(line)
+        assert serial is not None and serial.startswith("127.0.0.1:"), line
         adb_env.adb("connect", serial)
         adb_env.wait_for_state(serial, {"device"})
         assert adb_env.adb("-s", serial, "shell", "getprop ro.product.name").stdout.strip() == "sub"

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from deploy_files import BOARD_ARGS, REPO, Dockerfile
 
+from rknn_proto.ready import tcp_address
+
 IMAGE_PORT = "50515"
-LISTENING = re.compile(r"listening on tcp://127\.0\.0\.1:(\d+)")
 # How long the daemon may take to start before the test gives up (a hang guard, not a measurement).
 START_DEADLINE_S = 120
 
@@ -87,9 +88,9 @@ def read_port(daemon: subprocess.Popen[str]) -> int:
         if line is None:
             raise AssertionError(f"the daemon exited with {daemon.wait()}; output: {seen}")
         seen.append(line)
-        match = LISTENING.search(line)
-        if match:
-            return int(match.group(1))
+        address = tcp_address(line)
+        if address is not None and address.startswith("127.0.0.1:"):
+            return int(address.rsplit(":", 1)[1])
 
 
 def stop(daemon: subprocess.Popen[str]) -> None:

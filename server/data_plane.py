@@ -1,0 +1,252 @@
+"""The data plane: sessions, the model cache and the executor, in plain Python terms.
+
+Every inference protocol the daemon speaks (the gRPC service in service.py, a legacy listener) turns
+its wire messages into calls here and the results back into its own messages; nothing here knows a
+protocol. It opens a session (reserve a slot, pin the model, verify it, load it, undo all of that on
+failure), runs calls in a session (alone, in the executor, timed for the metrics), and closes
+sessions (release the runtime, unpin the model) for a client, the idle reaper or shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import structlog
+
+from rknn_proto import codec
+from rknn_proto.reasons import Reason
+from rknn_server.errors import FailedPrecondition, InvalidInput
+from rknn_server.memory import MemoryBudget, MemoryLimits
+from rknn_server.metrics import DaemonMetrics
+from rknn_server.model_cache import ModelCache
+from rknn_server.runtime.base import (
+    Backend,
+    FrequencyOutcome,
+    InputFormat,
+    LayerTensor,
+    MemoryResult,
+    ModelRuntime,
+    PerfResult,
+    RuntimeOptions,
+    VersionInfo,
+    WorkerLost,
+)
+from rknn_server.sessions import Session, SessionRegistry
+
+log = structlog.get_logger("rknn_server.data_plane")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_sessions: int = 16
+    idle_timeout_s: float = 300.0
+    max_per_client: int = 0
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    """What a client asks for when it opens a session (protocol-neutral)."""
+
+    digest: str
+    owner: str
+    reservation: str | None = None  # the caller's reservation token, if it holds the board
+    target: str = ""
+    perf_debug: bool = False
+    eval_mem: bool = False
+    core_mask: int = 0
+    fallback_prior_device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A frame's outputs and the time the run took (queueing for the session included)."""
+
+    outputs: list[np.ndarray]
+    run_time_us: int
+
+
+@dataclass
+class DataPlane:
+    backend: Backend
+    cache: ModelCache
+    executor: ThreadPoolExecutor
+    metrics: DaemonMetrics
+    tensor_limits: codec.TensorLimits
+    sessions: SessionLimits = field(default_factory=SessionLimits)
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
+    # Raises when a reservation of the board by someone else keeps this caller out (reservations.py).
+    admit: Callable[[str | None], None] = lambda reservation: None
+    registry: SessionRegistry = field(init=False)
+    frame_memory: MemoryBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.registry = SessionRegistry(
+            self.sessions.max_sessions, self.sessions.idle_timeout_s, self.sessions.max_per_client
+        )
+        self.frame_memory = MemoryBudget(self.memory.max_memory)
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work (file IO, a runtime call outside any session) in the executor."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    # -- Opening and closing -----------------------------------------------------------------
+
+    def check_target(self, target: str) -> None:
+        soc = self.backend.soc()
+        if soc and target and target.lower() != soc:
+            raise FailedPrecondition(
+                f"target mismatch: the model is meant for {target.lower()}, but this daemon's board is {soc}",
+                hints={"board_soc": soc, "target": target.lower()},
+                reason=Reason.TARGET_MISMATCH,
+            )
+
+    async def open(self, request: OpenRequest) -> Session:
+        """Load a cached model into a new session of `request.owner`; on any failure nothing is held."""
+        self.admit(request.reservation)
+        self.check_target(request.target)
+        if request.fallback_prior_device not in ("cpu", "gpu"):
+            raise InvalidInput(
+                f"fallback_prior_device {request.fallback_prior_device!r} is not allowed; expected 'cpu' or 'gpu'"
+            )
+        path = await self.blocking(self.cache.main_file, request.digest)
+        options = RuntimeOptions(
+            target=request.target.lower(),
+            perf_debug=request.perf_debug,
+            eval_mem=request.eval_mem,
+            core_mask=request.core_mask,
+            fallback_prior_device=request.fallback_prior_device,
+            max_memory_bytes=self.memory.max_session_memory,
+        )
+        self.registry.reserve(request.owner)
+        self.cache.pin(request.digest)
+        try:
+            await self.blocking(self.cache.verify, request.digest)
+            runtime = await self.blocking(self.backend.open, path, options)
+        except BaseException:
+            self.registry.unreserve(request.owner)
+            self.cache.unpin(request.digest)
+            raise
+        return self.registry.add(request.digest, options, runtime, request.owner)
+
+    def session(self, session_id: str, owner: str, usable: bool = True) -> Session:
+        """The owner's session (another client's is as unknown as a wrong id); renews its lease."""
+        return self.registry.get(session_id, owner, usable)
+
+    async def close(self, session_id: str, owner: str) -> Session:
+        """Release the owner's session once its call in flight (if any) ends."""
+        session = self.registry.pop(session_id, owner)
+        async with session.lock:
+            await self.blocking(self._close, session, "released by client")
+        return session
+
+    async def reap(self) -> None:
+        """Close the sessions whose idle lease ran out."""
+        for session in self.registry.expired():
+            await self.blocking(self._close, session, "idle lease expired")
+
+    def close_all(self, reason: str) -> None:
+        for session in self.registry.drain():
+            self._close(session, reason)
+
+    def _close(self, session: Session, reason: str) -> None:
+        try:
+            self.registry.close(session, reason)
+        finally:
+            self.cache.unpin(session.digest)
+
+    # -- Calls in a session ------------------------------------------------------------------
+
+    async def in_session(self, session: Session, fn: Callable[..., T], *args: Any, timed: bool = False) -> T:
+        """Run one runtime call of a session, alone; a lost worker marks the session broken.
+
+        `timed` calls (model runs) count the wait for the session's lock as queueing and the runtime
+        call as compute, per model."""
+        queued = time.perf_counter()
+        async with session.lock:
+            started = time.perf_counter()
+            if session.broken:
+                raise FailedPrecondition(
+                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again",
+                    reason=Reason.SESSION_BROKEN,
+                )
+            work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+            try:
+                result = await asyncio.shield(work)
+                if timed:
+                    self.metrics.model_run(session.digest, started - queued, time.perf_counter() - started)
+                return result
+            except asyncio.CancelledError:
+                # The caller went away, but the runtime is still busy: keep the session locked (so that
+                # the reaper cannot free a model mid-call) until the call really ends.
+                await asyncio.wait([work])
+                raise
+            except WorkerLost as exc:
+                session.broken = str(exc)
+                log.warning("session_broken", session=session.id, reason=str(exc))
+                raise
+            finally:
+                session.renew()
+
+    async def run(self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]) -> Ran:
+        """Run one frame (inputs already checked by the frame intake)."""
+        start = time.perf_counter()
+        outputs = await self.in_session(session, session.runtime.run, arrays, formats, timed=True)
+        return Ran(outputs, int((time.perf_counter() - start) * 1e6))
+
+    async def version(self, session: Session) -> VersionInfo:
+        return await self.blocking(session.runtime.sdk_version) or self.backend.version()
+
+    async def perf(self, session: Session, fix_freq: bool) -> tuple[PerfResult, FrequencyOutcome]:
+        return await self.in_session(session, self._measure, session.runtime, fix_freq)
+
+    def _measure(self, runtime: ModelRuntime, fix_freq: bool) -> tuple[PerfResult, FrequencyOutcome]:
+        with self.backend.measuring(fix_freq) as pinned:
+            return runtime.perf(None), pinned
+
+    async def memory_of(self, session: Session) -> MemoryResult:
+        return await self.in_session(session, session.runtime.memory)
+
+    async def layers(
+        self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
+    ) -> AsyncGenerator[LayerTensor, None]:
+        """The session's layer dump of one frame, one layer at a time, the session held throughout."""
+        async with session.lock:
+            # Some runtimes start their capture when asked for the iterator: that call blocks too.
+            dump = await self.blocking(session.runtime.dump_layers, arrays, formats)
+            async with aclosing(self._step(dump)) as layers:
+                async for layer in layers:
+                    yield layer
+                    session.renew()
+
+    async def _step(self, layers: Iterator[LayerTensor]) -> AsyncGenerator[LayerTensor, None]:
+        """Advance a runtime's blocking layer iterator in the executor, one layer at a time.
+
+        On an early exit (client gone, send failed) the step in flight is awaited first and the
+        iterator is then closed in the executor, never from two threads at once.
+        """
+        loop = asyncio.get_running_loop()
+        step: asyncio.Future[LayerTensor | None] | None = None
+        try:
+            while True:
+                step = loop.run_in_executor(self.executor, next, layers, None)
+                layer = await asyncio.shield(step)
+                if layer is None:
+                    return
+                yield layer
+        finally:
+            if step is not None and not step.done():
+                await asyncio.wait([step])
+            close = getattr(layers, "close", None)
+            if close is not None:
+                await loop.run_in_executor(self.executor, close)
+
+
+__all__ = ["DataPlane", "OpenRequest", "Ran", "SessionLimits"]

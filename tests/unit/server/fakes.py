@@ -1,0 +1,80 @@
+"""A backend whose models are numpy functions: the data plane, registry and frame intake tested
+in-process, without a runtime library or a daemon."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rknn_server.runtime.base import (
+    Backend,
+    BackendCapabilities,
+    InputFormat,
+    MemoryResult,
+    ModelRuntime,
+    PerfResult,
+    RuntimeOptions,
+    TensorSpec,
+    VersionInfo,
+)
+
+INPUT = TensorSpec(0, "x", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")
+OUTPUT = TensorSpec(0, "y", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")
+
+
+class FakeRuntime(ModelRuntime):
+    """Doubles its input; `fail` makes the next run raise it."""
+
+    def __init__(self, path: Path, options: RuntimeOptions) -> None:
+        self.path, self.options = path, options
+        self.inputs, self.outputs = [INPUT], [OUTPUT]
+        self.closed = False
+        self.fail: BaseException | None = None
+        self.running = threading.Event()
+        self.proceed = threading.Event()
+        self.proceed.set()
+
+    def run(
+        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
+    ) -> list[np.ndarray]:
+        self.running.set()
+        self.proceed.wait(30)
+        if self.fail is not None:
+            raise self.fail
+        return [inputs[0] * 2]
+
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+        raise NotImplementedError
+
+    def memory(self) -> MemoryResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeBackend(Backend):
+    name = "fake"
+    model_suffixes = (".onnx",)
+    capabilities = BackendCapabilities()
+
+    def __init__(self, soc: str = "") -> None:
+        self._soc = soc
+        self.opened: list[FakeRuntime] = []
+        self.refuse: BaseException | None = None
+
+    def version(self) -> VersionInfo:
+        return VersionInfo("fake 1", "")
+
+    def soc(self) -> str:
+        return self._soc
+
+    def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
+        if self.refuse is not None:
+            raise self.refuse
+        runtime = FakeRuntime(model_path, options)
+        self.opened.append(runtime)
+        return runtime

@@ -1,0 +1,180 @@
+"""The data plane in-process: sessions opened, owned, run and closed, and nothing held after a failure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rknn_proto import codec, rknn_pb2
+from rknn_proto.reasons import Reason
+from rknn_server.data_plane import DataPlane, OpenRequest, SessionLimits
+from rknn_server.errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted
+from rknn_server.metrics import DaemonMetrics
+from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.reservations import ReservationBook
+from rknn_server.runtime.base import InputFormat, ModelFormatError, WorkerLost
+from tests.test_model_cache import store
+from tests.unit.server.fakes import FakeBackend, FakeRuntime
+
+MODEL = b"not really onnx, the fake backend does not read it" * 10
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(4) as pool:
+        yield pool
+
+
+def make_plane(tmp_path: Path, executor: ThreadPoolExecutor, **limits: float) -> tuple[DataPlane, str]:
+    cache = ModelCache(tmp_path / "cache", CacheLimits())
+    digest = store(cache, MODEL)
+    plane = DataPlane(
+        FakeBackend("rk3588"),
+        cache,
+        executor,
+        DaemonMetrics(),
+        codec.TensorLimits(),
+        SessionLimits(**limits),  # type: ignore[arg-type]
+    )
+    return plane, digest
+
+
+def pins(plane: DataPlane, digest: str) -> int:
+    return plane.cache._pins[digest]
+
+
+def runtime_of(plane: DataPlane, session_id: str, owner: str) -> FakeRuntime:
+    runtime = plane.session(session_id, owner).runtime
+    assert isinstance(runtime, FakeRuntime)
+    return runtime
+
+
+def test_open_then_close_pins_and_unpins_the_model_and_frees_the_runtime(tmp_path, executor) -> None:
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor)
+        session = await plane.open(OpenRequest(digest, "alice", target="RK3588", core_mask=1))
+        runtime = runtime_of(plane, session.id, "alice")
+        assert runtime.options.target == "rk3588" and runtime.options.core_mask == 1
+        assert runtime.path == plane.cache.main_file(digest)
+        assert pins(plane, digest) == 1 and len(plane.registry) == 1
+        await plane.close(session.id, "alice")
+        assert runtime.closed and pins(plane, digest) == 0 and len(plane.registry) == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("failure", ["backend", "damaged", "target", "reserved"])
+def test_a_failed_open_holds_no_slot_and_no_pin(tmp_path, executor, failure: str) -> None:
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor, max_sessions=1)
+        target = ""
+        if failure == "backend":
+            assert isinstance(plane.backend, FakeBackend)
+            plane.backend.refuse = ModelFormatError("not a model")
+            expected: type[Exception] = ModelFormatError
+        elif failure == "damaged":
+            plane.cache.main_file(digest).write_bytes(b"x" * len(MODEL))
+            expected = DataLoss
+        elif failure == "target":
+            target, expected = "rk3566", FailedPrecondition
+        else:
+            book = ReservationBook()
+            await book.reserve(rknn_pb2.ReserveRequest(holder="bob", ttl_s=60))
+            plane.admit = book.admit
+            expected = FailedPrecondition
+        with pytest.raises(expected) as caught:
+            await plane.open(OpenRequest(digest, "alice", target=target))
+        if failure == "reserved":
+            assert caught.value.reason is Reason.BOARD_RESERVED  # type: ignore[attr-defined]
+        if failure == "target":
+            assert caught.value.reason is Reason.TARGET_MISMATCH  # type: ignore[attr-defined]
+            assert caught.value.hints == {"board_soc": "rk3588", "target": "rk3566"}  # type: ignore[attr-defined]
+        assert pins(plane, digest) == 0 and len(plane.registry) == 0
+        if failure == "backend":  # the one slot is free again
+            plane.backend.refuse = None  # type: ignore[attr-defined]
+            await plane.open(OpenRequest(digest, "alice"))
+
+    asyncio.run(main())
+
+
+def test_a_session_belongs_to_its_owner(tmp_path, executor) -> None:
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor)
+        session = await plane.open(OpenRequest(digest, "alice"))
+        for call in (lambda: plane.session(session.id, "mallory"), lambda: plane.session("f" * 32, "alice")):
+            with pytest.raises(NotFound) as caught:
+                call()
+            assert caught.value.reason is Reason.SESSION_NOT_FOUND
+        with pytest.raises(NotFound):
+            await plane.close(session.id, "mallory")
+        assert not runtime_of(plane, session.id, "alice").closed
+
+    asyncio.run(main())
+
+
+def test_the_per_client_limit_counts_loads_in_flight(tmp_path, executor) -> None:
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor, max_sessions=3, max_per_client=1)
+        results = await asyncio.gather(
+            plane.open(OpenRequest(digest, "alice")),
+            plane.open(OpenRequest(digest, "alice")),
+            return_exceptions=True,
+        )
+        refused = [r for r in results if isinstance(r, ResourceExhausted)]
+        assert len(refused) == 1 and "max_sessions_per_client=1" in str(refused[0])
+        assert refused[0].reason is Reason.LIMIT_EXCEEDED
+        await plane.open(OpenRequest(digest, "bob"))
+        assert pins(plane, digest) == 2
+
+    asyncio.run(main())
+
+
+def test_run_returns_outputs_and_a_lost_worker_breaks_the_session(tmp_path, executor) -> None:
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor)
+        session = await plane.open(OpenRequest(digest, "alice"))
+        x = np.ones((1, 3, 4, 4), np.float32)
+        ran = await plane.run(session, [x], [InputFormat("NCHW")])
+        np.testing.assert_array_equal(ran.outputs[0], x * 2)
+        assert ran.run_time_us >= 0
+        assert (
+            f'rknn_model_compute_seconds_count{{model="{digest[:12]}"}} 1.0'.encode()
+            in plane.metrics.exposition()
+        )
+        runtime_of(plane, session.id, "alice").fail = WorkerLost("the worker died")
+        with pytest.raises(WorkerLost):
+            await plane.run(session, [x], [InputFormat("NCHW")])
+        with pytest.raises(FailedPrecondition) as caught:
+            await plane.run(session, [x], [InputFormat("NCHW")])
+        assert caught.value.reason is Reason.SESSION_BROKEN
+        await plane.close(session.id, "alice")  # a broken session can still be released
+        assert pins(plane, digest) == 0
+
+    asyncio.run(main())
+
+
+def test_the_reaper_spares_a_busy_session_and_closes_an_idle_one(tmp_path, executor) -> None:
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor, idle_timeout_s=0.05)
+        busy = await plane.open(OpenRequest(digest, "alice"))
+        idle = await plane.open(OpenRequest(digest, "bob"))
+        busy_runtime = runtime_of(plane, busy.id, "alice")
+        busy_runtime.proceed.clear()
+        run = asyncio.create_task(plane.run(busy, [np.ones((1, 3, 4, 4), np.float32)], [InputFormat("NCHW")]))
+        await asyncio.get_running_loop().run_in_executor(None, busy_runtime.running.wait, 30)
+        await asyncio.sleep(0.2)
+        await plane.reap()
+        assert len(plane.registry) == 1 and pins(plane, digest) == 1
+        with pytest.raises(NotFound):
+            plane.session(idle.id, "bob")
+        busy_runtime.proceed.set()
+        await run
+        plane.close_all("shutting down")
+        assert busy_runtime.closed and pins(plane, digest) == 0
+
+    asyncio.run(main())

@@ -12,6 +12,7 @@ from rknn_proto.version import DEFAULT_PORT, MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
+from rknn_server.legacy.listener import parse_place
 from rknn_server.listen import DEFAULT_LISTEN, parse_listen
 from rknn_server.logs import configure
 from rknn_server.model_cache import CacheLimits
@@ -41,6 +42,15 @@ def serve_parser() -> argparse.ArgumentParser:
         help="tcp://HOST:PORT or unix-abstract:NAME; repeatable; port 0 picks a free port "
         f"(default: {' and '.join(DEFAULT_LISTEN)})",
     )
+    p.add_argument(
+        "--legacy-listen",
+        action="append",
+        metavar="PLACE",
+        help="serve the unmodified RKNN-Toolkit2's own protocol on unix:/PATH or unix-abstract:NAME; repeatable "
+        "(default on a board: unix:/dev/socket/transfer_proxy and unix-abstract:transfer_proxy; no authentication, "
+        "never TCP; off by default when --auth-token-file is given)",
+    )
+    p.add_argument("--no-legacy", action="store_true", help="do not serve the RKNN-Toolkit2 protocol")
     p.add_argument("--runtime", choices=("auto", "host", "rknnrt"), default="auto", help="runtime backend")
     p.add_argument("--soc", default="", help="declare the SoC (e.g. rk3588) when the probe cannot see it")
     p.add_argument(
@@ -205,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
+    if args.no_legacy and args.legacy_listen:
+        parser.error("--no-legacy and --legacy-listen contradict each other")
+    for place in args.legacy_listen or ():
+        try:
+            parse_place(place)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.tls_client_ca is not None and args.tls_cert is None:
         parser.error("--tls-client-ca needs --tls-cert and --tls-key")
     configure(args.log_format, args.log_level)
@@ -238,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None,
         insecure=args.insecure,
         backend=args.backend,
+        legacy_listen=() if args.no_legacy else (tuple(args.legacy_listen) if args.legacy_listen else None),
     )
     try:
         return run(config)

@@ -23,6 +23,8 @@ from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import TlsFiles, TokenTable, listen_policy
 from rknn_server.guard import Guard
+from rknn_server.legacy import startup as legacy
+from rknn_server.legacy.connection import LegacyLimits
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.platform import probe_platform
@@ -63,6 +65,8 @@ class DaemonConfig:
     tls: TlsFiles | None = None
     insecure: bool = False
     backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
+    # Where the RKNN-Toolkit2 protocol is served (server/legacy): None = the default, () = off.
+    legacy_listen: tuple[str, ...] | None = None
 
 
 def _same(backend: Backend) -> Backend:
@@ -107,13 +111,17 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     credentials = _server_credentials(config.tls) if config.tls else None
     exposure = listen_policy(config.listen, tokens is not None or credentials is not None, config.insecure)
     warnings = list(exposure)
+    probe = probe_platform(config.sysfs_root)
+    legacy_plan = legacy.plan(
+        config.legacy_listen, bool(probe.npu_device) and config.sysfs_root == Path("/"), tokens is not None
+    )
+    warnings += legacy_plan.warnings
     if config.call_timeout_s and config.isolation != "process":
         warnings.append(
             "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
         )
     for text in warnings:
         log.warning("insecure_configuration", warning=text)
-    probe = probe_platform(config.sysfs_root)
     if config.backend:
         backend, reason = load_backend(config.backend), f"backend {config.backend} requested (--backend)"
     else:
@@ -183,6 +191,11 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             raise OSError(f"cannot listen on {address.display()}: the address is in use or not available")
         bound.append(address.display(port))
     await server.start()
+    legacy_limits = LegacyLimits(
+        config.tensor_limits, config.cache_limits.max_model_bytes, config.max_message_bytes
+    )
+    legacy_listener, legacy_bound = await legacy.start(legacy_plan, service.plane, legacy_limits)
+    bound += [f"{place} (RKNN-Toolkit2 protocol)" for place in legacy_bound]
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     for text in bound:
@@ -212,6 +225,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(registry))
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
+    await legacy_listener.close()
     reaper.cancel()
     for session in registry.drain():
         registry.close(session, "daemon shutting down")

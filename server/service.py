@@ -30,6 +30,7 @@ from rknn_proto.version import (
     RESERVATION_METADATA_KEY,
 )
 from rknn_server import __version__
+from rknn_server.data_plane import DataPlane, RuntimeOpener
 from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, status_of
 from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
@@ -45,7 +46,6 @@ from rknn_server.runtime.base import (
     PerfResult,
     RuntimeOptions,
     TensorSpec,
-    WorkerLost,
 )
 from rknn_server.sessions import Session, SessionRegistry
 
@@ -70,9 +70,6 @@ class ServiceConfig:
     insecure: bool = False
     warnings: tuple[str, ...] = ()
     instance_id: str = ""
-
-
-RuntimeOpener = Callable[[Backend, Any, RuntimeOptions], ModelRuntime]
 
 
 def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
@@ -144,6 +141,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.executor = executor
         self.opener = opener
         self.config = config
+        self.plane = DataPlane(backend, cache, registry, executor, opener)
         self.reservations = ReservationBook()
         self.pipeline = Pipeline(registry, config.tensor_limits, self._run)
 
@@ -286,7 +284,6 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 raise InvalidInput(
                     f"fallback_prior_device {fallback!r} is not allowed; expected 'cpu' or 'gpu'"
                 )
-            path = await self._blocking(self.cache.main_file, request.model_digest)
             options = RuntimeOptions(
                 target=target,
                 perf_debug=request.perf_debug,
@@ -294,17 +291,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 core_mask=request.core_mask,
                 fallback_prior_device=fallback,
             )
-            owner = client_identity()
-            self.registry.reserve(owner)
-            self.cache.pin(request.model_digest)
-            try:
-                await self._blocking(self.cache.verify, request.model_digest)
-                runtime = await self._blocking(self.opener, self.backend, path, options)
-            except BaseException:
-                self.registry.unreserve(owner)
-                self.cache.unpin(request.model_digest)
-                raise
-            session = self.registry.add(request.model_digest, options, runtime, owner)
+            session = await self.plane.open_session(request.model_digest, options, client_identity())
+            runtime = session.runtime
             call.session = session.id
             version = await self._blocking(runtime.sdk_version) or self.backend.version()
             return rknn_pb2.InitRuntimeResponse(
@@ -383,26 +371,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         return await self._unary("Run", context, body)
 
     async def _in_session(self, session: Session, fn: Callable[..., T], *args: Any) -> T:
-        """Run one runtime call of a session, alone; a lost worker marks the session broken."""
-        async with session.lock:
-            if session.broken:
-                raise FailedPrecondition(
-                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again"
-                )
-            work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-            try:
-                return await asyncio.shield(work)
-            except asyncio.CancelledError:
-                # The caller went away, but the runtime is still busy: keep the session locked (so that
-                # the reaper cannot free a model mid-call) until the call really ends.
-                await asyncio.wait([work])
-                raise
-            except WorkerLost as exc:
-                session.broken = str(exc)
-                log.warning("session_broken", session=session.id, reason=str(exc))
-                raise
-            finally:
-                session.renew()
+        return await self.plane.in_session(session, fn, *args)
 
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext

@@ -1,0 +1,256 @@
+"""One toolkit connection: the open handshake, then one request at a time until the client hangs up.
+
+A connection holds at most one session (the model of its last MsgLoad); it is released on MsgUnload,
+on a new MsgLoad and whenever the connection ends, however it ends. Every failure the client waits
+on is answered with a crash report, whose text the toolkit prints, so the user reads why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from rknn_proto.codec import TensorLimits
+from rknn_server import __version__
+from rknn_server.data_plane import DataPlane
+from rknn_server.errors import InvalidInput, ResourceExhausted, status_of
+from rknn_server.legacy import messages, wire
+from rknn_server.legacy.layouts import Layout
+from rknn_server.legacy.wire import Command, Header, ProtocolError
+from rknn_server.runtime.base import InputFormat, RuntimeOptions
+from rknn_server.sessions import Session
+
+log = structlog.get_logger("rknn_server.legacy")
+OWNER = "legacy-toolkit"
+# Ioctl subcommands (rknn_query-like) the client sends.
+MODEL_INFO = 0
+INPUT_DYNAMIC_RANGE = 7
+# The most a request other than a model load or inputs may be (the largest seen is 0xb4f0 bytes).
+SMALL_MESSAGE_BYTES = 0x10000
+_MODEL_SIZE = struct.Struct("<I")
+_LOAD_HEADER_BYTES = 0x70
+_COMMANDS = {int(c) for c in Command}
+
+
+@dataclass(frozen=True)
+class LegacyLimits:
+    tensors: TensorLimits
+    max_model_bytes: int
+    max_inputs_bytes: int
+
+
+class LegacyConnection:
+    def __init__(
+        self,
+        plane: DataPlane,
+        layout: Layout,
+        limits: LegacyLimits,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        name: str,
+    ) -> None:
+        self.plane = plane
+        self.layout = layout
+        self.limits = limits
+        self.reader = reader
+        self.writer = writer
+        self.name = name
+        self.session: Session | None = None
+        self.inputs: tuple[list[np.ndarray], list[InputFormat]] | None = None
+        self.input_error: Exception | None = None
+        self.frames = itertools.count(1)
+
+    async def serve(self) -> None:
+        try:
+            request = wire.OpenRequest.parse(
+                await wire.read_exactly(self.reader, wire.OPEN_BYTES, "the open request")
+            )
+            log.info("legacy_client_connected", place=self.name, pid=request.pid, device=request.device_id)
+            self.writer.write(wire.OPEN_ACCEPTED)
+            while True:
+                header, message = await self._receive()
+                await self._dispatch(header, message)
+                await self.writer.drain()
+        except EOFError as exc:
+            log.info("legacy_client_gone", place=self.name, detail=str(exc))
+        except ProtocolError as exc:
+            log.warning("legacy_protocol_error", place=self.name, error=str(exc))
+            await self._send_quietly(self._crash(0, 0, str(exc)))
+        except (ConnectionError, asyncio.CancelledError):
+            log.info("legacy_client_gone", place=self.name)
+        finally:
+            await self._release("legacy client disconnected")
+            self.writer.close()
+
+    async def _receive(self) -> tuple[Header, bytes]:
+        """One message, its size checked against the limit of its command before it is read."""
+        length = await wire.read_length(self.reader)
+        if length < wire.HEADER_BYTES:
+            raise ProtocolError(
+                f"a frame of {length} bytes; every message has a {wire.HEADER_BYTES}-byte header"
+            )
+        head = await wire.read_exactly(self.reader, wire.HEADER_BYTES, "a message header")
+        header = Header.parse(head)
+        if header.command not in _COMMANDS:
+            raise ProtocolError(f"unknown command {header.command} in a message of {length} bytes")
+        most = self._most(header.command)
+        if length > most:
+            raise ProtocolError(
+                f"a {Command(header.command).name} message of {length} bytes; the limit for it is {most} bytes"
+            )
+        rest = await wire.read_exactly(self.reader, length - wire.HEADER_BYTES, "a message body")
+        return header, head + rest
+
+    def _most(self, command: int) -> int:
+        if command == Command.LOAD:
+            return _LOAD_HEADER_BYTES + self.limits.max_model_bytes + 0x1000
+        if command == Command.MULTI_INPUT:
+            return self.layout.input_data_at + self.limits.max_inputs_bytes
+        return SMALL_MESSAGE_BYTES
+
+    async def _dispatch(self, header: Header, message: bytes) -> None:
+        command = header.command
+        if command == Command.MULTI_INPUT:  # the client waits for no answer
+            self._take_inputs(message)
+            return
+        try:
+            answer = await self._answer(header, message)
+        except Exception as exc:
+            _, text = status_of(exc)
+            log.warning("legacy_request_failed", place=self.name, command=Command(command).name, error=text)
+            answer = self._crash(header.sequence, header.model_id, text)
+        self.writer.write(wire.frame(answer))
+
+    async def _answer(self, header: Header, message: bytes) -> bytearray:
+        command = header.command
+        if command == Command.VERSION:
+            return self._version(header)
+        if command == Command.LOAD:
+            await self._load(message)
+            return self._short_ack(Command.LOAD_ACK, header)
+        if command == Command.IOCTL:
+            return self._ioctl(header, message)
+        if command == Command.RUN:
+            return await self._run(header)
+        if command == Command.UNLOAD:
+            await self._release("unloaded by the toolkit")
+            return self._short_ack(Command.UNLOAD_ACK, header)
+        raise InvalidInput(f"command {Command(command).name} is not something a client sends")
+
+    def _short_ack(self, command: Command, header: Header) -> bytearray:
+        return wire.build(command, header.sequence, header.model_id, self.layout.short_ack_bytes)
+
+    def _crash(self, sequence: int, model_id: int, text: str) -> bytearray:
+        answer = wire.build(Command.CRASH, sequence, model_id, self.layout.crash_bytes)
+        body = f"rknn_server (rknn-server-oss {__version__}): {text}".encode("utf-8", "replace")
+        room = self.layout.crash_bytes - self.layout.text_at - 1
+        answer[self.layout.text_at : self.layout.text_at + min(len(body), room)] = body[:room]
+        return answer
+
+    def _version(self, header: Header) -> bytearray:
+        answer = self._short_ack(Command.VERSION_ACK, header)
+        # The toolkit refuses a server whose first version number is below its own: claim the protocol
+        # level this layout speaks, and name what really answers in the parentheses.
+        api = self.plane.backend.version().api  # e.g. "librknnrt 2.3.2 (build)"
+        kind, _, rest = api.partition(" ")
+        runtime = f"{rest} [{kind}]" if rest[:1].isdigit() else api
+        text = (
+            f"rknn_server: {self.layout.toolkit} (rknn-server-oss {__version__}, {self.plane.backend.name} "
+            f"runtime)\nrknnrt: {runtime}"
+        )
+        data = text.encode("utf-8", "replace")[: self.layout.version_text_bytes - 1]
+        answer[self.layout.text_at : self.layout.text_at + len(data)] = data
+        return answer
+
+    async def _load(self, message: bytes) -> None:
+        (size,) = _MODEL_SIZE.unpack_from(message, wire.HEADER_BYTES)
+        carried = len(message) - _LOAD_HEADER_BYTES
+        if size > carried:
+            raise InvalidInput(
+                f"the model is {size} bytes but this message carries {carried}; models sent in parts "
+                "are not supported by this daemon yet"
+            )
+        await self._release("replaced by a new model")
+        model = message[_LOAD_HEADER_BYTES : _LOAD_HEADER_BYTES + size]
+        digest = await self.plane.blocking(self.plane.store_model, model, "model.rknn")
+        options = RuntimeOptions(target=self.plane.backend.soc())
+        self.session = await self.plane.open_session(digest, options, OWNER)
+        log.info("legacy_model_loaded", place=self.name, session=self.session.id[:12], model=digest[:12])
+
+    def _loaded(self) -> Session:
+        if self.session is None:
+            raise InvalidInput("no model is loaded on this connection; call load_rknn and init_runtime first")
+        return self.plane.registry.get(self.session.id, OWNER)
+
+    def _ioctl(self, header: Header, message: bytes) -> bytearray:
+        (subcommand,) = struct.unpack_from("<I", message, wire.HEADER_BYTES)
+        session = self._loaded()
+        layout = self.layout
+        if subcommand == MODEL_INFO:
+            length = layout.model_info_bytes
+        elif subcommand == INPUT_DYNAMIC_RANGE:
+            length = layout.dynamic_range_bytes
+        else:
+            raise InvalidInput(f"ioctl subcommand {subcommand} is not supported by this daemon")
+        answer = wire.build(
+            Command.IOCTL_ACK, header.sequence, header.model_id, layout.ioctl_data_at + length
+        )
+        struct.pack_into("<IIQ", answer, wire.HEADER_BYTES, 0, subcommand, length)
+        if subcommand == MODEL_INFO:
+            messages.pack_model_info(answer, layout, session.runtime.inputs, session.runtime.outputs)
+        return answer
+
+    def _take_inputs(self, message: bytes) -> None:
+        """Keep the inputs for the next MsgRun (a bad one is reported in answer to that run)."""
+        self.inputs, self.input_error = None, None
+        try:
+            specs = self._loaded().runtime.inputs
+            self.inputs = messages.unpack_inputs(message, self.layout, specs, self.limits.tensors)
+        except Exception as exc:
+            self.input_error = exc
+
+    async def _run(self, header: Header) -> bytearray:
+        session = self._loaded()
+        inputs, error = self.inputs, self.input_error
+        self.inputs, self.input_error = None, None
+        if error is not None:
+            raise error
+        if inputs is None:
+            raise InvalidInput("inference without inputs: the run came before any MsgMultiInput")
+        arrays, formats = inputs
+        outputs = await self.plane.in_session(session, session.runtime.run, arrays, formats)
+        native = messages.native_outputs(outputs, session.runtime.outputs)
+        if len(native) > self.layout.max_tensors:
+            raise ResourceExhausted(
+                f"the model has {len(native)} outputs; the protocol carries at most {self.layout.max_tensors}"
+            )
+        answer = wire.build(
+            Command.FINISH,
+            header.sequence,
+            header.model_id,
+            self.layout.finish_data_at + sum(a.nbytes for a in native),
+        )
+        struct.pack_into("<QII", answer, wire.HEADER_BYTES, next(self.frames), 0, len(native))
+        messages.pack_outputs(answer, self.layout, native)
+        return answer
+
+    async def _release(self, reason: str) -> None:
+        session, self.session = self.session, None
+        self.inputs = None
+        if session is not None:
+            try:
+                await self.plane.release(session.id, OWNER, reason)
+            except Exception as exc:  # expired meanwhile: nothing left to free
+                log.info("legacy_release_skipped", session=session.id[:12], reason=str(exc))
+
+    async def _send_quietly(self, answer: bytearray) -> None:
+        try:
+            self.writer.write(wire.frame(answer))
+            await self.writer.drain()
+        except ConnectionError:
+            pass

@@ -1,0 +1,119 @@
+"""The unmodified RKNN-Toolkit2 drives the daemon through the real adb binary and an emulated board."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rknn_client import RKNN
+from tests.adb.fixtures import PrivateAdbServer
+from tests.legacy.conftest import LegacyDaemon, LegacyDaemonFactory
+from tests.legacy.toolkit import Toolkit
+from tests.rknnrt.stub_build import StubTensor, write_stub_model
+from tests.rknnrt_cases import int8_roundtrip
+
+OUT_ZP, OUT_SCALE = -10, 0.75
+# An unmodified toolkit script; only the paths come from the command line.
+SCRIPT = """
+import sys
+import numpy as np
+from rknn.api import RKNN
+
+model, device, inputs, outputs = sys.argv[1:5]
+rknn = RKNN(verbose=True)
+assert rknn.load_rknn(model) == 0
+assert rknn.init_runtime(target="rk3588", device_id=device) == 0
+x = np.load(inputs)
+outs = rknn.inference(inputs=[x])
+np.save(outputs, outs[0])
+rknn.release()
+"""
+
+
+def wrapped_model(real_rknn: Path, path: Path) -> Path:
+    """The toolkit's real tiny.rknn carrying a stand-in model (y = 2x + 1) the stub librknnrt runs."""
+    return write_stub_model(
+        path,
+        inputs=[StubTensor("x", "FP32", "NHWC", (1, 4, 4, 3))],
+        outputs=[StubTensor("y", "INT8", "NCHW", (1, 3, 4, 4), OUT_ZP, OUT_SCALE)],
+        container=real_rknn.read_bytes(),
+    )
+
+
+def run_script(
+    toolkit: Toolkit, adb: PrivateAdbServer, tmp_path: Path, script: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    return subprocess.run(
+        [str(toolkit.python), str(path), *args],
+        env=adb.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def through_grpc(daemon: LegacyDaemon, model: Path, x: np.ndarray) -> np.ndarray:
+    rknn = RKNN()
+    try:
+        assert rknn.load_rknn(str(model)) == 0
+        assert rknn.init_runtime(target="rk3588", device_id=daemon.url) == 0
+        outputs = rknn.inference(inputs=[x])
+    finally:
+        rknn.release()
+    assert outputs is not None
+    return np.asarray(outputs[0])
+
+
+def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_outputs(
+    toolkit: Toolkit,
+    toolkit_adb: PrivateAdbServer,
+    real_rknn: Path,
+    legacy_daemon: LegacyDaemonFactory,
+    board_for,
+    tmp_path: Path,
+) -> None:
+    daemon = legacy_daemon()
+    board = board_for(daemon)
+    model = wrapped_model(real_rknn, tmp_path / "wrapped.rknn")
+    x = np.random.default_rng(7).uniform(-20, 20, (1, 4, 4, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    run = run_script(
+        toolkit,
+        toolkit_adb,
+        tmp_path,
+        SCRIPT,
+        str(model),
+        board.serial,
+        str(tmp_path / "x.npy"),
+        str(tmp_path / "y.npy"),
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + daemon.process.log_text()[-3000:]
+    # The toolkit printed what the daemon described: the stand-in runtime's own tensors.
+    assert "DRV: rknn_server: 2.5.0 (rknn-server-oss" in run.stdout
+    assert "name=x, n_dims=4, dims=[1, 4, 4, 3], n_elems=48, size=192" in run.stdout
+    assert "fmt=NHWC, type=FP32, qnt_type=NONE" in run.stdout
+    assert "name=y, n_dims=4, dims=[1, 3, 4, 4], n_elems=48, size=48" in run.stdout
+    assert f"type=INT8, qnt_type=AFFINE, zp={OUT_ZP}, scale={OUT_SCALE:f}" in run.stdout
+    legacy = np.load(tmp_path / "y.npy")
+    assert legacy.shape == (1, 3, 4, 4)
+    # The stub computes y = 2x + 1 element by element (in the data's own order) into int8 (zp, scale).
+    expected = int8_roundtrip(2 * x.ravel() + 1, OUT_ZP, OUT_SCALE).reshape(1, 3, 4, 4)
+    np.testing.assert_array_equal(legacy, expected)
+    np.testing.assert_array_equal(legacy, through_grpc(daemon, model, x))
+    # The session was freed when the toolkit released it.
+    daemon.process.stop()
+    assert "unloaded by the toolkit" in daemon.process.log_text()
+
+
+@pytest.mark.parametrize("name", ["rknn_server"])
+def test_the_daemon_is_named_as_the_toolkit_looks_for_it(
+    legacy_daemon: LegacyDaemonFactory, name: str
+) -> None:
+    daemon = legacy_daemon()
+    assert Path(f"/proc/{daemon.process.pid}/comm").read_text().strip() == name

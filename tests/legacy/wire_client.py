@@ -34,7 +34,7 @@ NHWC = 1
 def header(command: int, sequence: int, size: int, junk: bytes = b"") -> bytes:
     """A header as the toolkit writes it; `junk` fills 0x30-0x6b like its uninitialised heap memory."""
     head = struct.pack("<IIiiIQIIIII", MAGIC, DATE, -1, -1, 1, sequence, 0, DATE, command, size, 0)
-    return head + (junk * HEADER)[: HEADER - len(head)]
+    return head + (junk * HEADER or bytes(HEADER))[: HEADER - len(head)]
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,14 +23,22 @@ from rknn_server.errors import InvalidInput, ResourceExhausted, status_of
 from rknn_server.legacy import messages, wire
 from rknn_server.legacy.layouts import Layout
 from rknn_server.legacy.wire import Command, Header, ProtocolError
-from rknn_server.runtime.base import InputFormat, RuntimeOptions
+from rknn_server.runtime.base import InputFormat, MemoryResult, RuntimeOptions
 from rknn_server.sessions import Session
 
 log = structlog.get_logger("rknn_server.legacy")
 OWNER = "legacy-toolkit"
-# Ioctl subcommands (rknn_query-like) the client sends.
+# Ioctl subcommands the client sends while loading a model (answered in the loading layout) ...
 MODEL_INFO = 0
 INPUT_DYNAMIC_RANGE = 7
+# ... and after it (answered in the reader-thread layout; 4 = precompile and 6 = dump are refused).
+PERF_DETAIL = 1
+PERF_RUN = 2
+MEMORY_DETAIL = 3
+# The client's ack codes (its __ack_to_str table).
+ACK_SUCC = 0
+ACK_FAIL = 1
+ACK_IOCTL_UNKNOWN_CMD = 7
 # The most a request other than a model load or inputs may be (the largest seen is 0xb4f0 bytes).
 SMALL_MESSAGE_BYTES = 0x10000
 _MODEL_SIZE = struct.Struct("<I")
@@ -42,6 +51,15 @@ class LegacyLimits:
     tensors: TensorLimits
     max_model_bytes: int
     max_inputs_bytes: int
+
+
+def memory_text(memory: MemoryResult) -> str:
+    """The memory detail as the toolkit parses it: `Name: bytes` lines (other = total - the two)."""
+    return (
+        f"Total Weight Memory: {memory.weight_bytes}\n"
+        f"Total Internal Memory: {memory.internal_bytes}\n"
+        f"Total Memory: {memory.total_bytes}\n"
+    )
 
 
 class LegacyConnection:
@@ -64,6 +82,8 @@ class LegacyConnection:
         self.inputs: tuple[list[np.ndarray], list[InputFormat]] | None = None
         self.input_error: Exception | None = None
         self.frames = itertools.count(1)
+        self.last_run_us = 0.0
+        self.finished = False
 
     async def serve(self) -> None:
         try:
@@ -72,7 +92,7 @@ class LegacyConnection:
             )
             log.info("legacy_client_connected", place=self.name, pid=request.pid, device=request.device_id)
             self.writer.write(wire.OPEN_ACCEPTED)
-            while True:
+            while not self.finished:
                 header, message = await self._receive()
                 await self._dispatch(header, message)
                 await self.writer.drain()
@@ -131,14 +151,20 @@ class LegacyConnection:
         if command == Command.VERSION:
             return self._version(header)
         if command == Command.LOAD:
-            await self._load(message)
+            await self._load(header, message)
             return self._short_ack(Command.LOAD_ACK, header)
         if command == Command.IOCTL:
-            return self._ioctl(header, message)
+            (subcommand,) = struct.unpack_from("<I", message, wire.HEADER_BYTES)
+            if subcommand in (MODEL_INFO, INPUT_DYNAMIC_RANGE):
+                return self._ioctl(header, subcommand)
+            return await self._run_ioctl(header, subcommand)
         if command == Command.RUN:
             return await self._run(header)
         if command == Command.UNLOAD:
+            # The client closes its end without waiting and then joins its reader thread, which only
+            # returns when this side hangs up: so the connection ends here.
             await self._release("unloaded by the toolkit")
+            self.finished = True
             return self._short_ack(Command.UNLOAD_ACK, header)
         raise InvalidInput(f"command {Command(command).name} is not something a client sends")
 
@@ -167,7 +193,7 @@ class LegacyConnection:
         answer[self.layout.text_at : self.layout.text_at + len(data)] = data
         return answer
 
-    async def _load(self, message: bytes) -> None:
+    async def _load(self, header: Header, message: bytes) -> None:
         (size,) = _MODEL_SIZE.unpack_from(message, wire.HEADER_BYTES)
         carried = len(message) - _LOAD_HEADER_BYTES
         if size > carried:
@@ -178,7 +204,11 @@ class LegacyConnection:
         await self._release("replaced by a new model")
         model = message[_LOAD_HEADER_BYTES : _LOAD_HEADER_BYTES + size]
         digest = await self.plane.blocking(self.plane.store_model, model, "model.rknn")
-        options = RuntimeOptions(target=self.plane.backend.soc())
+        options = RuntimeOptions(
+            target=self.plane.backend.soc(),
+            perf_debug=bool(header.flags & wire.FLAG_COLLECT_PERF),
+            eval_mem=bool(header.flags & wire.FLAG_COLLECT_MEMORY),
+        )
         self.session = await self.plane.open_session(digest, options, OWNER)
         log.info("legacy_model_loaded", place=self.name, session=self.session.id[:12], model=digest[:12])
 
@@ -187,22 +217,46 @@ class LegacyConnection:
             raise InvalidInput("no model is loaded on this connection; call load_rknn and init_runtime first")
         return self.plane.registry.get(self.session.id, OWNER)
 
-    def _ioctl(self, header: Header, message: bytes) -> bytearray:
-        (subcommand,) = struct.unpack_from("<I", message, wire.HEADER_BYTES)
+    def _ioctl(self, header: Header, subcommand: int) -> bytearray:
         session = self._loaded()
         layout = self.layout
-        if subcommand == MODEL_INFO:
-            length = layout.model_info_bytes
-        elif subcommand == INPUT_DYNAMIC_RANGE:
-            length = layout.dynamic_range_bytes
-        else:
-            raise InvalidInput(f"ioctl subcommand {subcommand} is not supported by this daemon")
+        length = layout.model_info_bytes if subcommand == MODEL_INFO else layout.dynamic_range_bytes
         answer = wire.build(
             Command.IOCTL_ACK, header.sequence, header.model_id, layout.ioctl_data_at + length
         )
         struct.pack_into("<IIQ", answer, wire.HEADER_BYTES, 0, subcommand, length)
         if subcommand == MODEL_INFO:
             messages.pack_model_info(answer, layout, session.runtime.inputs, session.runtime.outputs)
+        return answer
+
+    async def _run_ioctl(self, header: Header, subcommand: int) -> bytearray:
+        """A query after loading. Its waiter in the client wakes only on an ioctl ack, never on a crash
+        report, so a failure is an ack with an error code (and the reason goes to the log)."""
+        value, data, ack = 0, b"", ACK_SUCC
+        try:
+            session = self._loaded()
+            runtime = session.runtime
+            if subcommand == PERF_RUN:
+                value = round(self.last_run_us)
+            elif subcommand == PERF_DETAIL:
+                data = (await self.plane.in_session(session, runtime.perf, None)).raw_text.encode() + b"\0"
+            elif subcommand == MEMORY_DETAIL:
+                data = memory_text(await self.plane.in_session(session, runtime.memory)).encode() + b"\0"
+            else:
+                ack = ACK_IOCTL_UNKNOWN_CMD
+                log.warning("legacy_ioctl_unsupported", place=self.name, subcommand=subcommand)
+        except Exception as exc:
+            ack = ACK_FAIL
+            log.warning(
+                "legacy_ioctl_failed", place=self.name, subcommand=subcommand, error=status_of(exc)[1]
+            )
+        layout = self.layout
+        answer = wire.build(
+            Command.IOCTL_ACK, header.sequence, header.model_id, layout.run_ioctl_data_at + len(data)
+        )
+        struct.pack_into("<II", answer, wire.HEADER_BYTES, ack, subcommand)
+        struct.pack_into("<Q", answer, layout.run_ioctl_value_at, value or len(data))
+        answer[layout.run_ioctl_data_at :] = data
         return answer
 
     def _take_inputs(self, message: bytes) -> None:
@@ -223,7 +277,9 @@ class LegacyConnection:
         if inputs is None:
             raise InvalidInput("inference without inputs: the run came before any MsgMultiInput")
         arrays, formats = inputs
+        start = time.perf_counter()
         outputs = await self.plane.in_session(session, session.runtime.run, arrays, formats)
+        self.last_run_us = (time.perf_counter() - start) * 1e6
         native = messages.native_outputs(outputs, session.runtime.outputs)
         if len(native) > self.layout.max_tensors:
             raise ResourceExhausted(

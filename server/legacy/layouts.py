@@ -19,8 +19,12 @@ class Layout:
     crash_bytes: int = 0x1070
     text_at: int = 0x70
     version_text_bytes: int = 0x100
-    # MsgIoctl ack: ack at 0x6c, echoed subcommand at 0x70, u64 data length at 0x74, data from DATA_AT.
+    # MsgIoctl ack while loading: ack at 0x6c, echoed subcommand at 0x70, u64 data length at 0x74, data
+    # from IOCTL_DATA_AT. After loading (the client's reader thread): u64 value or data length at 0x7c,
+    # data from RUN_IOCTL_DATA_AT.
     ioctl_data_at: int = 0x7C
+    run_ioctl_value_at: int = 0x7C
+    run_ioctl_data_at: int = 0x84
     model_info_bytes: int = 104985
     dynamic_range_bytes: int = 4228852
     # MODEL_INFO: u32 n_input, input records, u32 n_output, output records, a 20-byte row per input.

@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 MAGIC = 0x05019D62
+FLAG_COLLECT_PERF = 0x8
+FLAG_COLLECT_MEMORY = 0x80000000
 PROTOCOL_DATE = 20181212
 HEADER_BYTES = 0x6C
 OPEN_BYTES = 48
-# magic, version, -1, -1, 1, sequence (u64), an unknown u32, version again, command, total size, model id.
+# magic, version, -1, -1, init flags, sequence (u64), an unknown u32, version again, command, total size,
+# model id. The flags are the client's rknn_init flags (1 = medium priority, 0x8 = collect performance
+# data for eval_perf, 0x80000000 = collect memory data for eval_memory); acks carry 1 there.
 _HEADER = struct.Struct("<IIiiIQIIIII")
 _LENGTH = struct.Struct("<I")
 
@@ -46,6 +50,7 @@ class Header:
     sequence: int
     size: int
     model_id: int
+    flags: int = 0
 
     @classmethod
     def parse(cls, data: bytes) -> Header:
@@ -53,12 +58,12 @@ class Header:
             raise ProtocolError(
                 f"a message of {len(data)} bytes; every message starts with a {HEADER_BYTES}-byte header"
             )
-        magic, _version, _a, _b, _one, sequence, _unknown, _date, command, size, model_id = (
+        magic, _version, _a, _b, flags, sequence, _unknown, _date, command, size, model_id = (
             _HEADER.unpack_from(data)
         )
         if magic != MAGIC:
             raise ProtocolError(f"bad magic {magic:#010x} in a message header; expected {MAGIC:#010x}")
-        return cls(command, sequence, size, model_id)
+        return cls(command, sequence, size, model_id, flags)
 
 
 def build(command: Command, sequence: int, model_id: int, size: int) -> bytearray:

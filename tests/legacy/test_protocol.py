@@ -105,7 +105,27 @@ def test_a_whole_session_over_the_wire(daemon: LegacyDaemon, tmp_path: Path) -> 
     assert open_sessions(daemon) == 1
     assert client.call(UNLOAD).command == UNLOAD_ACK
     assert open_sessions(daemon) == 0
+    # The toolkit's reader thread returns only when the daemon hangs up after the unload.
+    with pytest.raises(EOFError):
+        client.reply()
     client.close()
+
+
+def test_queries_after_a_run_answer_in_the_reader_thread_layout(daemon: LegacyDaemon, tmp_path: Path) -> None:
+    client = connected(daemon)
+    assert client.load(stub_model(tmp_path / "m.rknn")).command == LOAD_ACK
+    run_once(client, np.zeros(SHAPE, np.float32))
+    perf_run = client.ioctl(2)  # PERF_RUN: the last run's duration in microseconds at 0x7c
+    assert struct.unpack_from("<II", perf_run.data, 0x6C) == (0, 2)
+    assert 0 < struct.unpack_from("<Q", perf_run.data, 0x7C)[0] < 10_000_000
+    memory = client.ioctl(3)  # MEMORY_DETAIL: "Name: bytes" lines from 0x84, length at 0x7c
+    (length,) = struct.unpack_from("<Q", memory.data, 0x7C)
+    text = memory.data[0x84 : 0x84 + length].rstrip(b"\0").decode()
+    assert text.splitlines() == [
+        "Total Weight Memory: 1024",
+        "Total Internal Memory: 512",
+        "Total Memory: 4096",
+    ]
 
 
 def test_wrong_magic_gets_a_crash_report_and_others_are_still_served(daemon: LegacyDaemon) -> None:
@@ -223,7 +243,9 @@ def test_requests_out_of_order_or_unknown_are_answered_with_the_reason(
     assert client.load(b"not a model").command != LOAD_ACK
     assert client.load(stub_model(tmp_path / "m.rknn")).command == LOAD_ACK
     assert "inference without inputs" in client.run().text()
-    assert "ioctl subcommand 99 is not supported" in client.ioctl(99).text()
+    # After loading, the client waits on an ioctl ack only: an unknown query gets ACK_IOCTL_UNKNOWN_CMD.
+    unknown = client.ioctl(99)
+    assert unknown.command == IOCTL_ACK and struct.unpack_from("<II", unknown.data, 0x6C) == (7, 99)
     crash = client.call(LOAD, struct.pack("<I", 1 << 20) + b"RKNN")
     assert "the model is 1048576 bytes but this message carries 4" in crash.text()
 

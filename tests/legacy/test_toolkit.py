@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.rknnrt_cases import int8_roundtrip
 OUT_ZP, OUT_SCALE = -10, 0.75
 # An unmodified toolkit script; only the paths come from the command line.
 SCRIPT = """
+import json
 import sys
 import numpy as np
 from rknn.api import RKNN
@@ -25,11 +27,15 @@ from rknn.api import RKNN
 model, device, inputs, outputs = sys.argv[1:5]
 rknn = RKNN(verbose=True)
 assert rknn.load_rknn(model) == 0
-assert rknn.init_runtime(target="rk3588", device_id=device) == 0
+assert rknn.init_runtime(target="rk3588", device_id=device, perf_debug=True, eval_mem=True) == 0
 x = np.load(inputs)
 outs = rknn.inference(inputs=[x])
 np.save(outputs, outs[0])
+perf = rknn.eval_perf()
+memory = rknn.eval_memory()
+sdk = rknn.get_sdk_version()
 rknn.release()
+print("RESULT " + json.dumps({"perf": perf, "memory": memory, "sdk": sdk}))
 """
 
 
@@ -58,16 +64,18 @@ def run_script(
     )
 
 
-def through_grpc(daemon: LegacyDaemon, model: Path, x: np.ndarray) -> np.ndarray:
+def through_grpc(daemon: LegacyDaemon, model: Path, x: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """The rknn.v1 path (rknn_client's RKNN over gRPC) on the same daemon: outputs and eval_memory."""
     rknn = RKNN()
     try:
         assert rknn.load_rknn(str(model)) == 0
-        assert rknn.init_runtime(target="rk3588", device_id=daemon.url) == 0
+        assert rknn.init_runtime(target="rk3588", device_id=daemon.url, eval_mem=True) == 0
         outputs = rknn.inference(inputs=[x])
+        memory = rknn.eval_memory()
     finally:
         rknn.release()
-    assert outputs is not None
-    return np.asarray(outputs[0])
+    assert outputs is not None and memory is not None
+    return np.asarray(outputs[0]), memory
 
 
 def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_outputs(
@@ -105,7 +113,20 @@ def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_ou
     # The stub computes y = 2x + 1 element by element (in the data's own order) into int8 (zp, scale).
     expected = int8_roundtrip(2 * x.ravel() + 1, OUT_ZP, OUT_SCALE).reshape(1, 3, 4, 4)
     np.testing.assert_array_equal(legacy, expected)
-    np.testing.assert_array_equal(legacy, through_grpc(daemon, model, x))
+    result = json.loads(run.stdout.split("RESULT ", 1)[1])
+    grpc_outputs, grpc_memory = through_grpc(daemon, model, x)
+    np.testing.assert_array_equal(legacy, grpc_outputs)
+    # eval_memory: the stand-in's sizes (weight 1024, internal 512, dma 4096), as rknn.v1 reports them.
+    assert result["memory"] == {
+        "weight_memory": 1024,
+        "internal_memory": 512,
+        "other_memory": 2560,
+        "total_memory": 4096,
+    }
+    assert {k: grpc_memory[k] for k in result["memory"]} == result["memory"]
+    # eval_perf (perf_debug): the runtime's own per-layer table; get_sdk_version: both versions.
+    assert "Network Layer Information Table" in result["perf"] and "ConvRelu" in result["perf"]
+    assert "rknn_server: 2.5.0 (rknn-server-oss" in result["sdk"] and "rknnrt: 2.3.2" in result["sdk"]
     # The session was freed when the toolkit released it.
     daemon.process.stop()
     assert "unloaded by the toolkit" in daemon.process.log_text()

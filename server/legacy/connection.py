@@ -8,6 +8,7 @@ on is answered with a crash report, whose text the toolkit prints, so the user r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import struct
 import time
@@ -39,11 +40,17 @@ MEMORY_DETAIL = 3
 ACK_SUCC = 0
 ACK_FAIL = 1
 ACK_IOCTL_UNKNOWN_CMD = 7
+ACK_UNSUPPORT_SET_CORE = 9
 # The most a request other than a model load or inputs may be (the largest seen is 0xb4f0 bytes).
 SMALL_MESSAGE_BYTES = 0x10000
 _MODEL_SIZE = struct.Struct("<I")
 _LOAD_HEADER_BYTES = 0x70
 _COMMANDS = {int(c) for c in Command}
+# rknn_run in the 2.5.0 client sends MsgRun and only then starts waiting on a condition variable,
+# without checking whether the answer already came: a MsgFinish that arrives in between is lost and
+# the toolkit fails with "Run timeout" minutes later (its other waits look alike). A real NPU run is
+# slower than that gap; a fast stand-in is not, so no answer leaves sooner than this after its request.
+MIN_TURNAROUND_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,7 @@ class LegacyConnection:
                 f"a {Command(header.command).name} message of {length} bytes; the limit for it is {most} bytes"
             )
         rest = await wire.read_exactly(self.reader, length - wire.HEADER_BYTES, "a message body")
+        log.debug("legacy_request", place=self.name, command=Command(header.command).name, size=length)
         return header, head + rest
 
     def _most(self, command: int) -> int:
@@ -138,12 +146,14 @@ class LegacyConnection:
         if command == Command.MULTI_INPUT:  # the client waits for no answer
             self._take_inputs(message)
             return
+        received = time.perf_counter()
         try:
             answer = await self._answer(header, message)
         except Exception as exc:
             _, text = status_of(exc)
             log.warning("legacy_request_failed", place=self.name, command=Command(command).name, error=text)
             answer = self._crash(header.sequence, header.model_id, text)
+        await asyncio.sleep(MIN_TURNAROUND_S - (time.perf_counter() - received))
         self.writer.write(wire.frame(answer))
 
     async def _answer(self, header: Header, message: bytes) -> bytearray:
@@ -160,6 +170,8 @@ class LegacyConnection:
             return await self._run_ioctl(header, subcommand)
         if command == Command.RUN:
             return await self._run(header)
+        if command == Command.SET_CORE:
+            return await self._set_core(header, message)
         if command == Command.UNLOAD:
             # The client closes its end without waiting and then joins its reader thread, which only
             # returns when this side hangs up: so the connection ends here.
@@ -257,6 +269,23 @@ class LegacyConnection:
         struct.pack_into("<II", answer, wire.HEADER_BYTES, ack, subcommand)
         struct.pack_into("<Q", answer, layout.run_ioctl_value_at, value or len(data))
         answer[layout.run_ioctl_data_at :] = data
+        return answer
+
+    async def _set_core(self, header: Header, message: bytes) -> bytearray:
+        """init_runtime(core_mask=...) after the load: the session is reopened with that mask (a
+        runtime takes its core mask when it loads). A refused mask is an error ack, as the client waits."""
+        (mask,) = struct.unpack_from("<I", message, wire.HEADER_BYTES)
+        answer = self._short_ack(Command.SET_CORE_ACK, header)
+        session = self._loaded()
+        if mask == session.options.core_mask:
+            return answer
+        try:
+            options = dataclasses.replace(session.options, core_mask=mask)
+            await self._release("reopened with another core mask")
+            self.session = await self.plane.open_session(session.digest, options, OWNER)
+        except Exception as exc:
+            struct.pack_into("<I", answer, wire.HEADER_BYTES, ACK_UNSUPPORT_SET_CORE)
+            log.warning("legacy_core_mask_refused", place=self.name, mask=mask, error=status_of(exc)[1])
         return answer
 
     def _take_inputs(self, message: bytes) -> None:

@@ -38,6 +38,8 @@ class Command(IntEnum):
     VERSION = 11
     VERSION_ACK = 12
     CRASH = 13
+    SET_CORE = 14
+    SET_CORE_ACK = 15
 
 
 class ProtocolError(Exception):

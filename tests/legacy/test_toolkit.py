@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import rknn_client
 from rknn_client import RKNN
 from tests.adb.fixtures import PrivateAdbServer
 from tests.legacy.conftest import LegacyDaemon, LegacyDaemonFactory
@@ -86,7 +87,7 @@ def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_ou
     board_for,
     tmp_path: Path,
 ) -> None:
-    daemon = legacy_daemon()
+    daemon = legacy_daemon("--log-level", "debug")
     board = board_for(daemon)
     model = wrapped_model(real_rknn, tmp_path / "wrapped.rknn")
     x = np.random.default_rng(7).uniform(-20, 20, (1, 4, 4, 3)).astype(np.float32)
@@ -138,3 +139,114 @@ def test_the_daemon_is_named_as_the_toolkit_looks_for_it(
 ) -> None:
     daemon = legacy_daemon()
     assert Path(f"/proc/{daemon.process.pid}/comm").read_text().strip() == name
+
+
+TWO_INPUTS_SCRIPT = """
+import sys
+import numpy as np
+from rknn.api import RKNN
+
+model, device, inputs, outputs = sys.argv[1:5]
+rknn = RKNN()
+assert rknn.load_rknn(model) == 0
+assert rknn.init_runtime(target="rk3588", device_id=device, core_mask=RKNN.NPU_CORE_0_1, perf_debug=True) == 0
+data = np.load(inputs)
+outs = rknn.inference(inputs=[data["a"], data["b"]])
+np.savez(outputs, *outs)
+print(rknn.eval_perf())
+rknn.release()
+"""
+
+
+def test_two_inputs_of_two_dtypes_on_two_cores(
+    toolkit: Toolkit,
+    toolkit_adb: PrivateAdbServer,
+    real_rknn: Path,
+    legacy_daemon: LegacyDaemonFactory,
+    board_for,
+    tmp_path: Path,
+) -> None:
+    daemon = legacy_daemon("--log-level", "debug")
+    board = board_for(daemon)
+    model = write_stub_model(
+        tmp_path / "two.rknn",
+        inputs=[
+            StubTensor("a", "FP32", "NHWC", (1, 4, 4, 3)),
+            StubTensor("b", "UINT8", "NHWC", (1, 4, 4, 3)),
+        ],
+        outputs=[
+            StubTensor("ya", "FP32", "NHWC", (1, 4, 4, 3)),
+            StubTensor("yb", "FP32", "NHWC", (1, 4, 4, 3)),
+        ],
+        a=3.0,
+        b=0.5,
+        container=real_rknn.read_bytes(),
+    )
+    rng = np.random.default_rng(11)
+    a = rng.uniform(-9, 9, (1, 4, 4, 3)).astype(np.float32)
+    b = rng.integers(0, 256, (1, 4, 4, 3), dtype=np.uint8)
+    np.savez(tmp_path / "in.npz", a=a, b=b)
+    run = run_script(
+        toolkit,
+        toolkit_adb,
+        tmp_path,
+        TWO_INPUTS_SCRIPT,
+        str(model),
+        board.serial,
+        str(tmp_path / "in.npz"),
+        str(tmp_path / "y.npz"),
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + daemon.process.log_text()[-3000:]
+    assert (tmp_path / "y.npz").exists(), run.stdout[-3000:] + daemon.process.log_text()[-3000:]
+    saved = np.load(tmp_path / "y.npz")
+    legacy = [saved["arr_0"], saved["arr_1"]]
+    # The stub's output i is 3 * input i + 0.5: each input arrived in its own dtype, in its place (the
+    # toolkit hands the NHWC buffer back in the shape of the model's NCHW output).
+    expected = [np.float32(3) * a + np.float32(0.5), np.float32(3) * b.astype(np.float32) + np.float32(0.5)]
+    for mine, wanted in zip(legacy, expected, strict=True):
+        np.testing.assert_array_equal(mine.ravel(), wanted.ravel())
+    # The mask reached the runtime: its per-layer table splits the work over cores 0 and 1.
+    assert "50.0%/50.0%/0.0%" in run.stdout
+    rknn = RKNN()
+    try:
+        assert rknn.load_rknn(str(model)) == 0
+        assert rknn.init_runtime(target="rk3588", device_id=daemon.url, core_mask=RKNN.NPU_CORE_0_1) == 0
+        grpc_outputs = rknn.inference(inputs=[a, b])
+    finally:
+        rknn.release()
+    assert grpc_outputs is not None
+    # Same values; the shapes differ only because the real toolkit reshapes each output to the .rknn
+    # container's own output shape (tiny.rknn's 1x3x4x4), which this stand-in model does not match.
+    for mine, theirs in zip(legacy, grpc_outputs, strict=True):
+        np.testing.assert_array_equal(mine.ravel(), np.asarray(theirs).ravel())
+
+
+CRASH_SCRIPT = """
+import sys
+from rknn.api import RKNN
+
+rknn = RKNN()
+assert rknn.load_rknn(sys.argv[1]) == 0
+print("INIT", rknn.init_runtime(target="rk3588", device_id=sys.argv[2]))
+rknn.release()
+"""
+
+
+def test_a_model_the_runtime_refuses_is_reported_to_the_toolkit_user_with_the_reason(
+    toolkit: Toolkit,
+    toolkit_adb: PrivateAdbServer,
+    real_rknn: Path,
+    legacy_daemon: LegacyDaemonFactory,
+    board_for,
+    tmp_path: Path,
+) -> None:
+    """The real tiny.rknn alone (no stand-in inside) is refused by the stub librknnrt: the toolkit
+    prints the daemon's crash report instead of hanging or saying only -9."""
+    daemon = legacy_daemon()
+    board = board_for(daemon)
+    run = run_script(toolkit, toolkit_adb, tmp_path, CRASH_SCRIPT, str(real_rknn), board.serial)
+    assert "rknn_init failed for model.rknn: RKNN_ERR_MODEL_INVALID" in run.stdout, run.stdout[-3000:]
+    assert str(daemon.process.log_path.parent) not in run.stdout  # no server paths
+    # The daemon keeps serving and holds no session.
+    with rknn_client.connect(daemon.url) as device:
+        assert device.info(refresh=True).open_sessions == 0

@@ -250,3 +250,38 @@ def test_a_model_the_runtime_refuses_is_reported_to_the_toolkit_user_with_the_re
     # The daemon keeps serving and holds no session.
     with rknn_client.connect(daemon.url) as device:
         assert device.info(refresh=True).open_sessions == 0
+
+
+def test_a_failing_run_is_reported_to_the_toolkit_user_with_the_reason(
+    toolkit: Toolkit,
+    toolkit_adb: PrivateAdbServer,
+    real_rknn: Path,
+    legacy_daemon: LegacyDaemonFactory,
+    board_for,
+    tmp_path: Path,
+) -> None:
+    """A model whose run fails in the runtime (a custom op no plugin provides): the toolkit prints the
+    daemon's reason and fails the inference at once, instead of waiting for its run timeout."""
+    daemon = legacy_daemon()
+    board = board_for(daemon)
+    model = write_stub_model(
+        tmp_path / "needs-op.rknn",
+        inputs=[StubTensor("x", "FP32", "NHWC", (1, 4, 4, 3))],
+        outputs=[StubTensor("y", "FP32", "NCHW", (1, 3, 4, 4))],
+        requires_op="MyCustomOp",
+        container=real_rknn.read_bytes(),
+    )
+    np.save(tmp_path / "x.npy", np.zeros((1, 4, 4, 3), np.float32))
+    run = run_script(
+        toolkit,
+        toolkit_adb,
+        tmp_path,
+        SCRIPT,
+        str(model),
+        board.serial,
+        str(tmp_path / "x.npy"),
+        str(tmp_path / "y.npy"),
+    )
+    assert run.returncode != 0
+    assert "rknn_run failed: RKNN_ERR_MODEL_INVALID" in run.stdout, run.stdout[-3000:]
+    assert "Run timeout" not in run.stdout + run.stderr

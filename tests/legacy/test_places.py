@@ -13,10 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from demo.daemon_process import start_daemon
 from rknn_server.legacy.listener import parse_place
 from rknn_server.legacy.startup import plan
+from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer
+from tests.adb.services import DeviceProfile
 from tests.legacy.conftest import LegacyDaemonFactory
 from tests.legacy.wire_client import VERSION, VERSION_ACK, WireClient
+from tests.rknnrt.fake_sysfs import rk3588_board
+from tests.rknnrt_cases import rknnrt_args
 
 
 @pytest.fixture
@@ -82,3 +87,29 @@ def test_an_explicit_place_with_a_token_file_is_served_with_a_warning(
     client.close()
     daemon.process.stop()
     assert "has no authentication" in daemon.process.log_text()
+
+
+def test_adb_forwards_local_transfer_proxy_to_the_board_socket_file(
+    stub_lib: Path, toolkit_adb: PrivateAdbServer, short_dir: Path
+) -> None:
+    """What the toolkit sets up (`adb forward localabstract:... local:transfer_proxy`) through the real
+    adb binary reaches the daemon at the emulated board's /dev/socket/transfer_proxy."""
+    board_root = rk3588_board(short_dir / "b")
+    socket_path = board_root / "dev" / "socket" / "transfer_proxy"
+    daemon = start_daemon(
+        short_dir / "cache",
+        short_dir / "daemon.log",
+        rknnrt_args(stub_lib, board_root, "--legacy-listen", f"unix:{socket_path}"),
+    )
+    board = EmulatedBoard(toolkit_adb, DeviceProfile(board_root, serial_name="socketfile"))
+    host_name = f"rknn-legacy-forward-{short_dir.name}"
+    try:
+        toolkit_adb.adb("-s", board.serial, "forward", f"localabstract:{host_name}", "local:transfer_proxy")
+        client = WireClient("\0" + host_name)
+        assert client.open() == 0
+        assert client.call(VERSION).command == VERSION_ACK
+        client.close()
+    finally:
+        toolkit_adb.adb("-s", board.serial, "forward", "--remove", f"localabstract:{host_name}", check=False)
+        board.close()
+        daemon.stop()

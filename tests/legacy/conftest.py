@@ -78,9 +78,18 @@ def toolkit_adb(toolkit: Toolkit, tmp_path_factory: pytest.TempPathFactory) -> I
     server.stop()
 
 
+RESTARTS_LOG = "restart-commands.log"
+
+
 def ps_showing(pid: int) -> str:
     """A `ps` that lists the daemon under the name the kernel really has for it."""
     return f'echo "  PID TTY          TIME CMD"; echo "  {pid} ?        00:00:00 $(cat /proc/{pid}/comm)"'
+
+
+def recording(command: str, root: Path) -> str:
+    """A stand-in for a board command the toolkit runs when it finds no `rknn_server` process
+    (`killall rknn_server`, `nohup /usr/bin/rknn_server`): it only records the call."""
+    return f'echo "{command} $*" >> {root / RESTARTS_LOG}'
 
 
 @pytest.fixture
@@ -93,7 +102,11 @@ def board_for(toolkit_adb: PrivateAdbServer) -> Iterator[Callable[[LegacyDaemon]
             daemon.board,
             serial_name=f"legacy{len(boards)}",
             abstract_sockets={"transfer_proxy": daemon.name},
-            commands={"ps": ps_showing(daemon.process.pid)},
+            commands={
+                "ps": ps_showing(daemon.process.pid),
+                "killall": recording("killall", daemon.board),
+                "nohup": recording("nohup", daemon.board),
+            },
         )
         board = EmulatedBoard(toolkit_adb, profile)
         boards.append(board)

@@ -12,7 +12,7 @@ import pytest
 import rknn_client
 from rknn_client import RKNN
 from tests.adb.fixtures import PrivateAdbServer
-from tests.legacy.conftest import LegacyDaemon, LegacyDaemonFactory
+from tests.legacy.conftest import RESTARTS_LOG, LegacyDaemon, LegacyDaemonFactory
 from tests.legacy.toolkit import Toolkit
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 from tests.rknnrt_cases import int8_roundtrip
@@ -128,6 +128,8 @@ def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_ou
     # eval_perf (perf_debug): the runtime's own per-layer table; get_sdk_version: both versions.
     assert "Network Layer Information Table" in result["perf"] and "ConvRelu" in result["perf"]
     assert "rknn_server: 2.5.0 (rknn-server-oss" in result["sdk"] and "rknnrt: 2.3.2" in result["sdk"]
+    # ps showed the daemon as rknn_server, so the toolkit neither killed nor restarted anything.
+    assert not (daemon.board / RESTARTS_LOG).exists()
     # The session was freed when the toolkit released it.
     daemon.process.stop()
     assert "unloaded by the toolkit" in daemon.process.log_text()

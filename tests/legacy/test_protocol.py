@@ -74,7 +74,7 @@ def run_once(client: WireClient, x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture
 def daemon(legacy_daemon: LegacyDaemonFactory) -> LegacyDaemon:
-    return legacy_daemon("--max-message-bytes", str(1 << 20))
+    return legacy_daemon("--max-message-bytes", str(1 << 20), "--log-level", "debug")
 
 
 def test_a_whole_session_over_the_wire(daemon: LegacyDaemon, tmp_path: Path) -> None:

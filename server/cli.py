@@ -16,6 +16,7 @@ from rknn_server import __version__
 from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
 from rknn_server.http_endpoint import parse_metrics_listen
+from rknn_server.legacy.listener import parse_place
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.logs import configure
 from rknn_server.memory import MemoryLimits, format_size
@@ -109,6 +110,16 @@ def serve_parser() -> argparse.ArgumentParser:
     security.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback listener without token or TLS (warns)"
     )
+    security.add_argument(
+        "--legacy-listen",
+        action=Repeat,
+        default=[],
+        metavar="PLACE",
+        help="serve the unmodified RKNN-Toolkit2's own protocol on unix:/PATH or unix-abstract:NAME; repeatable "
+        "(default on a board: unix:/dev/socket/transfer_proxy and unix-abstract:transfer_proxy; no authentication, "
+        "never TCP; off by default when --auth-token-file is given)",
+    )
+    security.add_argument("--no-legacy", action="store_true", help="do not serve the RKNN-Toolkit2 protocol")
     security.add_argument(
         "--metrics-listen",
         type=_metrics_listen_arg,
@@ -437,6 +448,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_layered(parser, argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
+    if args.no_legacy and args.legacy_listen:
+        parser.error("--no-legacy and --legacy-listen contradict each other")
+    for place in args.legacy_listen or ():
+        try:
+            parse_place(place)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.tls_client_ca is not None and args.tls_cert is None:
         parser.error("--tls-client-ca needs --tls-cert and --tls-key")
     configure(args.log_format, args.log_level)
@@ -497,6 +515,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         backend=args.backend,
         metrics_listen=args.metrics_listen,
         ready_file=args.ready_file,
+        legacy_listen=() if args.no_legacy else (tuple(args.legacy_listen) if args.legacy_listen else None),
     )
 
 

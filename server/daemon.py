@@ -26,6 +26,8 @@ from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.data_plane import DataPlane, SessionLimits
 from rknn_server.guard import CallLimits, Guard
 from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
+from rknn_server.legacy import startup as legacy
+from rknn_server.legacy.connection import LegacyLimits
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
 from rknn_server.memory import MemoryLimits
 from rknn_server.metrics import DaemonMetrics, StateCollector
@@ -78,6 +80,8 @@ class DaemonConfig:
     memory: MemoryLimits = field(default_factory=MemoryLimits.for_machine)
     metrics_listen: ListenAddress | None = None  # HTTP: /metrics and the KServe v2 health endpoints
     ready_file: Path | None = None  # JSON of the bound listeners, written once serving (rknn_proto.ready)
+    # Where the RKNN-Toolkit2 protocol is served (server/legacy): None = the default, () = off.
+    legacy_listen: tuple[str, ...] | None = None
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -177,13 +181,17 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         )
     if config.metrics_listen is not None:
         warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
+    probe = probe_platform(config.sysfs_root)
+    legacy_plan = legacy.plan(
+        config.legacy_listen, bool(probe.npu_device) and config.sysfs_root == Path("/"), tokens is not None
+    )
+    warnings += legacy_plan.warnings
     if config.call_timeout_s and config.isolation != "process":
         warnings.append(
             "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
         )
     for text in warnings:
         log.warning("insecure_configuration", warning=text)
-    probe = probe_platform(config.sysfs_root)
     if config.backend:
         backend, reason = load_backend(config.backend), f"backend {config.backend} requested (--backend)"
     else:
@@ -283,6 +291,11 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    legacy_limits = LegacyLimits(
+        config.tensor_limits, config.cache_limits.max_model_bytes, config.max_message_bytes
+    )
+    legacy_listener, legacy_bound = await legacy.start(legacy_plan, plane, legacy_limits)
+    bound += [f"{place} (RKNN-Toolkit2 protocol)" for place in legacy_bound]
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()
@@ -324,6 +337,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     await server.stop(config.grace_s)
     if http_server is not None:
         http_server.close()
+    await legacy_listener.close()
     reaper.cancel()
     maintenance.cancel()
     plane.close_all("daemon shutting down")

@@ -24,6 +24,7 @@ a model damaged on disk is removed and reported instead of loaded.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import threading
@@ -279,6 +280,24 @@ class ModelCache:
         with self._lock:
             self.stats.stored += 1
         return target / manifest.files[0].name
+
+    def store_bytes(self, name: str, data: bytes) -> str:
+        """Cache a one-file model received whole (as an upload of it would) and return its digest: for
+        protocols that carry the model in one message (the RKNN-Toolkit2 listener)."""
+        entry = FileEntry(name, len(data), hashlib.sha256(data).hexdigest())
+        manifest = rknn_pb2.ModelManifest(
+            digest=manifest_digest([entry]),
+            files=[rknn_pb2.ModelFile(name=entry.name, size=entry.size, sha256=entry.sha256)],
+        )
+        cached, _ = self.prepare(manifest)
+        if not cached:
+            upload = self.begin_upload(manifest, [0])
+            try:
+                upload.write(0, 0, data)
+                upload.finish()
+            finally:
+                upload.close()
+        return manifest.digest
 
     def main_file(self, digest: str) -> Path:
         """The main file of a cached model (marks it recently used)."""

@@ -1,4 +1,4 @@
-"""The services the emulated adbd offers: shell:, exec:, tcp:, localabstract:, sync:."""
+"""The services the emulated adbd offers: shell:, exec:, tcp:, localabstract:, local:, sync:."""
 
 from __future__ import annotations
 
@@ -116,9 +116,21 @@ async def open_service(name: str, profile: DeviceProfile) -> Handler | None:
     if name.startswith("localabstract:"):
         local = profile.abstract_socket(name[len("localabstract:") :])
         return await _open_socket(asyncio.open_unix_connection("\0" + local))
+    if name.startswith("local:"):
+        return await _open_reserved(name[len("local:") :], profile)
     if name == "sync:":
         return lambda stream: _serve_sync(stream, profile)
     return None
+
+
+async def _open_reserved(name: str, profile: DeviceProfile) -> Handler | None:
+    """adbd's reserved namespace: `/dev/socket/NAME` under the board root when it exists, else `@NAME`."""
+    if not name or "/" in name:
+        return None
+    path = profile.local_path(f"/dev/socket/{name}")
+    if path.is_socket():
+        return await _open_socket(asyncio.open_unix_connection(str(path)))
+    return await _open_socket(asyncio.open_unix_connection("\0" + profile.abstract_socket(name)))
 
 
 Connecting = Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]

@@ -11,6 +11,9 @@ Model format (one `key value` per line after the `rknn-stub 1` header):
     custom_string TEXT                     what RKNN_QUERY_CUSTOM_STRING reports
     requires_op OPTYPE                     rknn_run fails unless a custom op of that type was registered
     dynamic D1;D2;...                      input 0 takes these NHWC shapes, chosen by rknn_set_input_shapes
+
+A real `.rknn` file (magic "RKNN") may carry a stand-in model appended after its own bytes, from a
+line `rknn-stub 1` on: the stub reads that part, so the real toolkit accepts the file as a model.
 """
 
 from __future__ import annotations
@@ -92,7 +95,9 @@ def write_stub_model(
     custom_string: str = "",
     requires_op: str = "",
     dynamic: Sequence[Sequence[int]] = (),
+    container: bytes = b"",
 ) -> Path:
+    """Write a stand-in model; with `container` (a real .rknn file's bytes), appended to that container."""
     lines = ["rknn-stub 1"]
     lines += [tensor.line("input") for tensor in inputs]
     lines += [tensor.line("output") for tensor in outputs]
@@ -110,5 +115,6 @@ def write_stub_model(
         lines.append(f"requires_op {requires_op}")
     if dynamic:
         lines.append("dynamic " + ";".join(",".join(str(d) for d in shape) for shape in dynamic))
-    path.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    path.write_bytes(container + b"\n" + text.encode() if container else text.encode())
     return path

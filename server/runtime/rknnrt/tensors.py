@@ -38,6 +38,11 @@ def numpy_dtype(kind: int) -> np.dtype:
         return np.dtype(np.float32)
 
 
+def tensor_type(dtype: np.dtype) -> TensorType | None:
+    """The runtime tensor type of a numpy dtype (None when the runtime has no such type)."""
+    return _TYPES_BY_DTYPE.get(np.dtype(dtype))
+
+
 def runtime_type(array: np.ndarray) -> tuple[np.ndarray, TensorType]:
     """The array in a dtype the runtime takes, and that type (float64 travels as float32)."""
     if array.dtype == np.float64:

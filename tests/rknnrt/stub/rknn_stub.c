@@ -1,6 +1,7 @@
 /* A stand-in for librknnrt.so (and, with -DSTUB_MRT, librknnmrt.so) for tests without a board.
  *
- * It loads a tiny text model of the tests' own (see tests/rknnrt/stub_build.py) and computes
+ * It loads a tiny text model of the tests' own (see tests/rknnrt/stub_build.py), alone or appended to a
+ * real .rknn container, and computes
  * output[i] = a * input[i % n_inputs] + b per element (inputs taken in NHWC order), with the real
  * runtime's conventions: quantized int8 tensors, want_float dequantization, NCHW/NHWC inputs,
  * pass_through, dynamic shapes, core masks, perf detail text, memory sizes, zero-copy memory,
@@ -124,8 +125,34 @@ static int parse_tensor(char* rest, tensor_decl* t) {
     return t->n_dims ? 0 : -1;
 }
 
+/* The model's text: the whole file, or, in a real .rknn container (magic "RKNN") made by the toolkit,
+ * what follows the line "rknn-stub 1" appended after the container's own bytes. */
+static FILE* open_model(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return NULL;
+    char magic[4];
+    if (fread(magic, 1, sizeof magic, f) != sizeof magic || memcmp(magic, "RKNN", 4)) {
+        rewind(f);
+        return f;
+    }
+    static const char marker[] = "\nrknn-stub 1\n";
+    size_t matched = 0;
+    long offset = 4;
+    int ch;
+    while ((ch = fgetc(f)) != EOF) {
+        offset++;
+        matched = (ch == marker[matched]) ? matched + 1 : (ch == marker[0] ? 1 : 0);
+        if (matched == sizeof marker - 1) {
+            fseek(f, offset - (long)(sizeof marker - 2), SEEK_SET);
+            return f;
+        }
+    }
+    fclose(f);
+    return NULL;
+}
+
 static int load_model(stub_ctx* c, const char* path) {
-    FILE* f = fopen(path, "r");
+    FILE* f = open_model(path);
     if (!f) return -1;
     char line[1024];
     int ok = fgets(line, sizeof line, f) && !strncmp(line, "rknn-stub 1", 11);

@@ -1,0 +1,65 @@
+"""Where each field sits in the messages of one toolkit release (the client's compiled struct sizes).
+
+The toolkit sends no version of its own and checks every ack's size against its compiled one, so a
+release's constants are data: `RELEASES` maps a toolkit version to its `Layout`. All offsets are from
+the start of a message (after the u32 length). `tools/legacy_constants.py` reads them out of a
+release's `librknn_api.so`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    toolkit: str
+    # Acks of fixed size: version (text at TEXT_AT), load, unload; the crash report (text at TEXT_AT).
+    short_ack_bytes: int = 0x170
+    crash_bytes: int = 0x1070
+    text_at: int = 0x70
+    version_text_bytes: int = 0x100
+    # MsgIoctl ack while loading: ack at 0x6c, echoed subcommand at 0x70, u64 data length at 0x74, data
+    # from IOCTL_DATA_AT. After loading (the client's reader thread): u64 value or data length at 0x7c,
+    # data from RUN_IOCTL_DATA_AT.
+    ioctl_data_at: int = 0x7C
+    run_ioctl_value_at: int = 0x7C
+    run_ioctl_data_at: int = 0x84
+    model_info_bytes: int = 104985
+    dynamic_range_bytes: int = 4228852
+    # MODEL_INFO: u32 n_input, input records, u32 n_output, output records, a 20-byte row per input.
+    max_tensors: int = 128
+    record_bytes: int = 0x15A
+    n_input_at: int = 0x7C
+    inputs_at: int = 0x80
+    n_output_at: int = 0xAD91
+    outputs_at: int = 0xAD95
+    input_flags_at: int = 0x15A99
+    # MsgMultiInput: u32 n at 0x6c, u32 size[], u32 offset[], u8 fmt[], u8 type[], u8 pass_through[], data.
+    input_count_at: int = 0x6C
+    input_sizes_at: int = 0x70
+    input_offsets_at: int = 0x270
+    input_formats_at: int = 0x470
+    input_types_at: int = 0x4F0
+    input_pass_through_at: int = 0x570
+    input_data_at: int = 0x5F0
+    # MsgFinish: u64 frame id, u32 result, u32 n_output, u32 len[], u32 offset[], data.
+    finish_lengths_at: int = 0x7C
+    finish_offsets_at: int = 0x27C
+    finish_data_at: int = 0x47C
+
+
+# Record fields (offsets inside one MODEL_INFO record).
+NAME_BYTES = 0x100
+N_DIMS_AT = 0x100
+DIMS_AT = 0x101
+MAX_DIMS = 16
+FORMAT_AT = 0x141
+TYPE_AT = 0x142
+QUANT_AT = 0x143
+FL_AT = 0x144
+ZERO_POINT_AT = 0x145
+SCALE_AT = 0x149
+
+RELEASES = {"2.5.0": Layout("2.5.0")}
+DEFAULT = RELEASES["2.5.0"]

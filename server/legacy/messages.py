@@ -1,0 +1,143 @@
+"""The bodies of the legacy messages: tensor descriptions out, inputs in, outputs out.
+
+The toolkit describes tensors with librknnrt's enums (rknn_tensor_type, rknn_tensor_format,
+rknn_tensor_qnt_type), so the codes here are the runtime ABI's own. Every count, size and offset the
+client sends is checked against the message it came in before any array is made; arrays are views of
+the received bytes, never copies.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from rknn_proto.codec import TensorLimits
+from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.legacy import layouts
+from rknn_server.legacy.layouts import Layout
+from rknn_server.runtime.base import InputFormat, TensorSpec
+from rknn_server.runtime.rknnrt.abi import QuantType, TensorFormat, TensorType
+from rknn_server.runtime.rknnrt.tensors import numpy_dtype, tensor_type
+
+_FORMATS = {"NCHW": TensorFormat.NCHW, "NHWC": TensorFormat.NHWC}
+_QUANTS = {"none": QuantType.NONE, "dfp": QuantType.DFP, "affine": QuantType.AFFINE_ASYMMETRIC}
+_TYPE_CODES = frozenset(int(t) for t in TensorType)
+_LAYOUT_NAMES = {int(code): name for name, code in _FORMATS.items()}
+
+
+def _check_count(specs: Sequence[TensorSpec], what: str, layout: Layout) -> None:
+    if len(specs) > layout.max_tensors:
+        raise ResourceExhausted(
+            f"the model has {len(specs)} {what}s; the toolkit's protocol carries at most {layout.max_tensors}"
+        )
+
+
+def _pack_record(message: bytearray, at: int, spec: TensorSpec) -> None:
+    if len(spec.shape) > layouts.MAX_DIMS:
+        raise ResourceExhausted(
+            f"tensor {spec.name!r} has {len(spec.shape)} dims; at most {layouts.MAX_DIMS}"
+        )
+    name = spec.name.encode("utf-8", "replace")[: layouts.NAME_BYTES - 1]
+    message[at : at + len(name)] = name
+    message[at + layouts.N_DIMS_AT] = len(spec.shape)
+    struct.pack_into(f"<{len(spec.shape)}I", message, at + layouts.DIMS_AT, *(max(d, 0) for d in spec.shape))
+    kind = tensor_type(spec.dtype)
+    message[at + layouts.FORMAT_AT] = _FORMATS.get(spec.layout.upper(), TensorFormat.UNDEFINED)
+    message[at + layouts.TYPE_AT] = TensorType.FLOAT32 if kind is None else kind
+    message[at + layouts.QUANT_AT] = _QUANTS[spec.quant.kind]
+    struct.pack_into("<b", message, at + layouts.FL_AT, spec.quant.fl)
+    struct.pack_into("<if", message, at + layouts.ZERO_POINT_AT, spec.quant.zero_point, spec.quant.scale)
+
+
+def pack_model_info(
+    message: bytearray, layout: Layout, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
+) -> None:
+    """Fill a MODEL_INFO ack's data with the model's input and output records."""
+    _check_count(inputs, "input", layout)
+    _check_count(outputs, "output", layout)
+    struct.pack_into("<I", message, layout.n_input_at, len(inputs))
+    for i, spec in enumerate(inputs):
+        _pack_record(message, layout.inputs_at + i * layout.record_bytes, spec)
+    struct.pack_into("<I", message, layout.n_output_at, len(outputs))
+    for i, spec in enumerate(outputs):
+        _pack_record(message, layout.outputs_at + i * layout.record_bytes, spec)
+
+
+def _shape_in(spec: TensorSpec, sent: str) -> tuple[int, ...]:
+    """The input's shape in the layout the client says its data has."""
+    if len(spec.shape) != 4 or sent not in _FORMATS or sent == spec.layout.upper():
+        return spec.shape
+    n, a, b, c = spec.shape
+    return (n, c, a, b) if sent == "NCHW" else (n, b, c, a)
+
+
+def unpack_inputs(
+    message: bytes, layout: Layout, specs: Sequence[TensorSpec], limits: TensorLimits
+) -> tuple[list[np.ndarray], list[InputFormat]]:
+    """The arrays (views of `message`) and formats of a MsgMultiInput, checked against the model."""
+    (count,) = struct.unpack_from("<I", message, layout.input_count_at)
+    if count != len(specs):
+        raise InvalidInput(
+            f"{count} inputs were sent; the model has {len(specs)} ({', '.join(s.name for s in specs)})"
+        )
+    data_bytes = len(message) - layout.input_data_at
+    sizes = struct.unpack_from(f"<{count}I", message, layout.input_sizes_at)
+    offsets = struct.unpack_from(f"<{count}I", message, layout.input_offsets_at)
+    arrays: list[np.ndarray] = []
+    formats: list[InputFormat] = []
+    for i, spec in enumerate(specs):
+        size, offset = sizes[i], offsets[i]
+        fmt = message[layout.input_formats_at + i]
+        kind = message[layout.input_types_at + i]
+        pass_through = bool(message[layout.input_pass_through_at + i])
+        if size > limits.max_tensor_bytes:
+            raise ResourceExhausted(
+                f"input {i} ({spec.name}) is {size} bytes; the limit is max_tensor_bytes={limits.max_tensor_bytes}"
+            )
+        if offset + size > data_bytes:
+            raise InvalidInput(
+                f"input {i} ({spec.name}) claims bytes {offset}..{offset + size} of a {data_bytes}-byte data area"
+            )
+        if kind not in _TYPE_CODES:
+            raise InvalidInput(f"input {i} ({spec.name}) has tensor type {kind}, not an rknn_tensor_type")
+        dtype = numpy_dtype(kind)
+        if spec.is_dynamic:
+            raise InvalidInput(
+                f"input {i} ({spec.name}) has a dynamic shape {list(spec.shape)}; not supported here"
+            )
+        sent_layout = _LAYOUT_NAMES.get(fmt, spec.layout)
+        shape = _shape_in(spec, sent_layout)
+        if size != math.prod(shape) * dtype.itemsize:
+            raise InvalidInput(
+                f"input {i} ({spec.name}) is {size} bytes; shape {list(shape)} of {dtype} takes "
+                f"{math.prod(shape) * dtype.itemsize}"
+            )
+        array = np.frombuffer(message, dtype, math.prod(shape), layout.input_data_at + offset).reshape(shape)
+        arrays.append(array)
+        formats.append(InputFormat(layout=sent_layout, pass_through=pass_through))
+    return arrays, formats
+
+
+def native_outputs(outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec]) -> list[np.ndarray]:
+    """Each output in the type MODEL_INFO described (the client converts to float itself)."""
+    native = []
+    for array, spec in zip(outputs, specs, strict=True):
+        if array.dtype != spec.dtype and spec.quant.kind == "affine" and array.dtype.kind == "f":
+            info = np.iinfo(spec.dtype)
+            quantized = np.rint(array / spec.quant.scale) + spec.quant.zero_point
+            array = np.clip(quantized, info.min, info.max)
+        native.append(np.ascontiguousarray(array, dtype=spec.dtype))
+    return native
+
+
+def pack_outputs(message: bytearray, layout: Layout, outputs: Sequence[np.ndarray]) -> None:
+    offset = 0
+    for i, array in enumerate(outputs):
+        struct.pack_into("<I", message, layout.finish_lengths_at + 4 * i, array.nbytes)
+        struct.pack_into("<I", message, layout.finish_offsets_at + 4 * i, offset)
+        start = layout.finish_data_at + offset
+        message[start : start + array.nbytes] = array.tobytes()
+        offset += array.nbytes

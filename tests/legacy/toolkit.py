@@ -1,0 +1,93 @@
+"""The real RKNN-Toolkit2 for the legacy tests: its interpreter, its bundled adb and a real `.rknn`.
+
+Found where `rknn-client toolkit install` puts it (a venv with its stamp under ~/.cache/rknn_client)
+or at RKNN_TOOLKIT2_PYTHON; the tests skip, saying why, when there is none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+STAMP = "rknn-client-toolkit.json"
+# A tiny ONNX model, y = 2x + 1 on a 1x3x4x4 input, exported by the toolkit for rk3588.
+EXPORT_SCRIPT = """
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])
+two = numpy_helper.from_array(np.full((1,), 2.0, np.float32), "two")
+one = numpy_helper.from_array(np.full((1,), 1.0, np.float32), "one")
+nodes = [helper.make_node("Mul", ["x", "two"], ["m"]), helper.make_node("Add", ["m", "one"], ["y"])]
+model = helper.make_model(helper.make_graph(nodes, "tiny", [x], [y], [two, one]),
+                          opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8
+onnx.save(model, sys.argv[1])
+
+from rknn.api import RKNN
+
+rknn = RKNN()
+rknn.config(target_platform="rk3588")
+assert rknn.load_onnx(sys.argv[1]) == 0
+assert rknn.build(do_quantization=False) == 0
+assert rknn.export_rknn(sys.argv[2]) == 0
+rknn.release()
+"""
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    python: Path
+    version: str
+
+    @property
+    def package(self) -> Path:
+        found = sorted(self.python.parent.parent.glob("lib/python3*/site-packages/rknn"))
+        if not found:
+            raise FileNotFoundError(f"no rknn package next to {self.python}")
+        return found[0]
+
+    @property
+    def adb(self) -> Path:
+        """The adb the toolkit ships (it uses it whenever /usr/bin/adb is absent)."""
+        return self.package / "3rdparty/platform-tools/adb/linux-x86_64/adb"
+
+    @property
+    def api_library(self) -> Path:
+        return self.package / "api/lib/linux-x86_64/librknn_api.so"
+
+
+def find_toolkit() -> Toolkit | None:
+    explicit = os.environ.get("RKNN_TOOLKIT2_PYTHON")
+    if explicit:
+        return Toolkit(Path(explicit), os.environ.get("RKNN_TOOLKIT2_VERSION", "2.5.0"))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rknn_client"
+    # The torch-stub kind first: the same toolkit, without 14 s of importing PyTorch per script.
+    for stamp in sorted(cache.glob(f"toolkit2-*/{STAMP}"), key=lambda p: "torch-stub" not in p.parent.name):
+        info = json.loads(stamp.read_text())
+        python = Path(info.get("python", stamp.parent / "bin/python"))
+        if python.exists():
+            return Toolkit(python, str(info.get("version", "")))
+    return None
+
+
+def export_tiny_rknn(toolkit: Toolkit, folder: Path) -> Path:
+    """A real .rknn from the real converter (a few seconds)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "export.py"
+    script.write_text(EXPORT_SCRIPT)
+    out = folder / "tiny.rknn"
+    subprocess.run(
+        [str(toolkit.python), str(script), str(folder / "tiny.onnx"), str(out)],
+        cwd=folder,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return out

@@ -10,6 +10,7 @@ full disk discards this upload's bytes and says so.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -88,6 +89,7 @@ class Upload:
         self._written = list(self._accepted)
         self._block = Block()
         self._fds: dict[int, int] = {}
+        self._discarded = False  # the partial files are gone: nothing more is stored
         self.received_bytes = 0
 
     @staticmethod
@@ -133,6 +135,8 @@ class Upload:
 
     def store(self, block: Block) -> None:
         """Hash a block and append it to its partial files, one system call per file it touches."""
+        if self._discarded:
+            return
         try:
             i = 0
             while i < len(block.parts):
@@ -149,9 +153,9 @@ class Upload:
                 self._written[file_index] += size
                 self._claim.on_disk += size
         except OSError as exc:
+            self._discard()  # what reached the disk may no longer match the hash: never resume from it
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            self._discard()
             raise ResourceExhausted(
                 f"the disk holding the model cache is full ({exc.strerror}); this upload's partial bytes "
                 "were discarded: free space on the board or lower the quota (--cache-quota), then upload again"
@@ -191,7 +195,7 @@ class Upload:
         return self._cache.commit(self.manifest)
 
     def _discard(self) -> None:
-        self._block = Block()
+        self._discarded = True
         self._close_handles()
         shutil.rmtree(self._dir, ignore_errors=True)
         self._claim.on_disk = 0
@@ -208,9 +212,7 @@ class Upload:
     def close(self) -> None:
         """End the upload (whatever happened) and release its claim on the model; the chunks
         gathered but not yet stored are kept for resume, as far as the disk allows."""
-        try:
+        with contextlib.suppress(OSError, ResourceExhausted):
             self.store(self.take())
-        except (OSError, ResourceExhausted):
-            pass
         self._close_handles()
         self._cache.end_upload(self.manifest.digest)

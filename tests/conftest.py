@@ -28,6 +28,18 @@ DaemonFactory = Callable[..., DaemonProcess]
 os.environ[ENV_TOOLKIT] = "host"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _client_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The client's digest cache (~/.cache/rknn_client) goes to a folder of this run, not the user's."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("client-cache"))
+    yield
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")

@@ -153,9 +153,11 @@ def bench_upload(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
     sampler.start()
     hash_s = client_side()  # the first run hashes (and remembers)
     with connect(daemon.url) as device:
+        daemon_cpu, client_cpu = _cpu_seconds(daemon.pid), time.process_time()
         t = time.perf_counter()
         result = device.upload(model)
         upload_s = time.perf_counter() - t
+        daemon_cpu, client_cpu = _cpu_seconds(daemon.pid) - daemon_cpu, time.process_time() - client_cpu
     stop.set()
     sampler.join()
     rerun_client_s = p50([client_side() for _ in range(5)])
@@ -173,6 +175,8 @@ def bench_upload(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
         "upload_mb_s": MODEL_BYTES / upload_s / 1e6,
         "upload_throughput_vs_raw_socket": raw / upload_s,
         "upload_throughput_vs_raw_socket_including_client_sha256": raw / (upload_s + hash_s),
+        "upload_daemon_cpu_s": daemon_cpu,  # where the time goes on a 2-core machine: both sides'
+        "upload_client_cpu_s": client_cpu,  # CPU, beside the no-op stream's one copy
         "rerun_client_side_ms": rerun_client_s * 1e3,
         "rerun_upload_call_ms": rerun_s * 1e3,
         "daemon_rss_idle_mib": idle / 2**20,

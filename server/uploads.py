@@ -2,7 +2,7 @@
 written in one call while the next chunks arrive.
 
 The event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes to the
-executor (`store`), which hashes it and appends it to the partial file with one `writev`, so that
+executor (`store`), which hashes it and appends it to the partial file in one call, so that
 receiving, hashing and writing overlap instead of taking turns, and every byte is hashed once. A file
 is created by its first bytes, never from the header; resuming re-hashes the bytes already held; a
 full disk discards this upload's bytes and says so.
@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rknn_proto import rknn_pb2
+from rknn_server.block_writer import BlockWriter
 from rknn_server.errors import DataLoss, InvalidInput, ResourceExhausted
 
 if TYPE_CHECKING:
@@ -29,8 +29,8 @@ _HASH_READ_BYTES = 1 << 20
 # Chunks are gathered into blocks this large before they are hashed and written: few large writes
 # (whole pages, one system call per block) and one executor hop per block rather than per chunk.
 BLOCK_BYTES = 4 << 20
-# A block is also stored once it holds this many chunks: writev takes at most IOV_MAX buffers, and
-# a client sending tiny chunks must not pile up millions of objects.
+# A block is also stored once it holds this many chunks: a client sending tiny chunks must not pile
+# up millions of objects.
 BLOCK_PARTS = 1024
 
 
@@ -48,19 +48,6 @@ class Block:
 
     parts: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
-
-
-def _write_all(fd: int, buffers: list[bytes]) -> None:
-    """Write every buffer, in order, with as few system calls as the kernel allows."""
-    views = [memoryview(b) for b in buffers]
-    first = 0
-    while first < len(views):
-        written = os.writev(fd, views[first : first + BLOCK_PARTS])
-        while first < len(views) and written >= len(views[first]):
-            written -= len(views[first])
-            first += 1
-        if written:
-            views[first] = views[first][written:]
 
 
 class Upload:
@@ -88,7 +75,7 @@ class Upload:
             self._accepted.append(start)
         self._written = list(self._accepted)
         self._block = Block()
-        self._fds: dict[int, int] = {}
+        self._writers: dict[int, BlockWriter] = {}
         self._discarded = False  # the partial files are gone: nothing more is stored
         self.received_bytes = 0
 
@@ -148,7 +135,7 @@ class Upload:
                 hasher = self._hashers[file_index]
                 for data in run:
                     hasher.update(data)
-                _write_all(self._fd(file_index), run)
+                self._writer(file_index).write(run)
                 size = sum(len(d) for d in run)
                 self._written[file_index] += size
                 self._claim.on_disk += size
@@ -161,13 +148,13 @@ class Upload:
                 "were discarded: free space on the board or lower the quota (--cache-quota), then upload again"
             ) from None
 
-    def _fd(self, file_index: int) -> int:
-        fd = self._fds.get(file_index)
-        if fd is None:
+    def _writer(self, file_index: int) -> BlockWriter:
+        writer = self._writers.get(file_index)
+        if writer is None:
             self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             path = self._dir / self.manifest.files[file_index].name
-            fd = self._fds[file_index] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        return fd
+            writer = self._writers[file_index] = BlockWriter(path, self._written[file_index])
+        return writer
 
     def write(self, file_index: int, offset: int, data: bytes) -> None:
         """`accept` and, once a block is full, `store`: the whole path in the calling thread."""
@@ -201,11 +188,11 @@ class Upload:
         self._claim.on_disk = 0
 
     def _close_handles(self) -> None:
-        fds = list(self._fds.values())
-        self._fds.clear()
-        for fd in fds:
+        writers = list(self._writers.values())
+        self._writers.clear()
+        for writer in writers:
             try:
-                os.close(fd)
+                writer.close()
             except OSError:
                 continue
 

@@ -34,14 +34,30 @@ def pwrite_all(fd: int, buffers: list[bytes] | list[memoryview], offset: int) ->
     return done
 
 
+class AlignedBuffer:
+    """One page-aligned buffer shared by the writers of an upload (they write one block at a time), so
+    that memory stays at one block however many files are in progress."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+
+    def get(self, size: int) -> mmap.mmap:
+        if self._map is None or len(self._map) < size:
+            self._map = mmap.mmap(-1, max(ALIGN, -(-size // ALIGN) * ALIGN))
+        return self._map
+
+    def release(self) -> None:
+        self._map = None  # unmapped once no view of it is left (an exception may still hold one)
+
+
 class BlockWriter:
     """One file being appended to, from `start` (the bytes already held)."""
 
-    def __init__(self, path: Path, start: int) -> None:
+    def __init__(self, path: Path, start: int, buffer: AlignedBuffer) -> None:
         self._pos = start
+        self._buffer = buffer
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         self._direct: int | None = None
-        self._buffer: mmap.mmap | None = None
         if start % ALIGN == 0 and hasattr(os, "O_DIRECT"):
             try:
                 self._direct = os.open(path, os.O_WRONLY | os.O_DIRECT)
@@ -53,7 +69,7 @@ class BlockWriter:
             self._pos += pwrite_all(self._fd, parts, self._pos)
             return
         total = sum(len(p) for p in parts)
-        buffer = self._aligned_buffer(total)
+        buffer = self._buffer.get(total)
         at = 0
         for part in parts:
             buffer[at : at + len(part)] = part
@@ -73,17 +89,10 @@ class BlockWriter:
             self._end_direct()
         self._pos += total
 
-    def _aligned_buffer(self, size: int) -> mmap.mmap:
-        """A page-aligned buffer of at least `size` bytes, kept for the next block."""
-        if self._buffer is None or len(self._buffer) < size:
-            self._buffer = mmap.mmap(-1, max(ALIGN, -(-size // ALIGN) * ALIGN))
-        return self._buffer
-
     def _end_direct(self) -> None:
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None
-        self._buffer = None  # unmapped once no view of it is left (an exception may still hold one)
 
     def close(self) -> None:
         self._end_direct()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rknn_proto import rknn_pb2
-from rknn_server.block_writer import BlockWriter
+from rknn_server.block_writer import AlignedBuffer, BlockWriter
 from rknn_server.errors import DataLoss, InvalidInput, ResourceExhausted
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ class Upload:
             self._accepted.append(start)
         self._written = list(self._accepted)
         self._block = Block()
-        self._writers: dict[int, BlockWriter] = {}
+        self._writers: dict[int, BlockWriter] = {}  # files in progress only: a complete one is closed
+        self._buffer = AlignedBuffer()
         self._discarded = False  # the partial files are gone: nothing more is stored
         self.received_bytes = 0
 
@@ -139,6 +140,8 @@ class Upload:
                 size = sum(len(d) for d in run)
                 self._written[file_index] += size
                 self._claim.on_disk += size
+                if self._written[file_index] == self.manifest.files[file_index].size:
+                    self._writers.pop(file_index).close()
         except OSError as exc:
             self._discard()  # what reached the disk may no longer match the hash: never resume from it
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -153,7 +156,7 @@ class Upload:
         if writer is None:
             self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             path = self._dir / self.manifest.files[file_index].name
-            writer = self._writers[file_index] = BlockWriter(path, self._written[file_index])
+            writer = self._writers[file_index] = BlockWriter(path, self._written[file_index], self._buffer)
         return writer
 
     def write(self, file_index: int, offset: int, data: bytes) -> None:
@@ -190,6 +193,7 @@ class Upload:
     def _close_handles(self) -> None:
         writers = list(self._writers.values())
         self._writers.clear()
+        self._buffer.release()
         for writer in writers:
             try:
                 writer.close()

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from rknn_server import block_writer
-from rknn_server.block_writer import ALIGN, BlockWriter
+from rknn_server.block_writer import ALIGN, AlignedBuffer, BlockWriter
 
 
 def _write(path: Path, blocks: list[list[bytes]], start: int = 0) -> None:
-    writer = BlockWriter(path, start)
+    writer = BlockWriter(path, start, AlignedBuffer())
     try:
         for parts in blocks:
             writer.write(parts)

@@ -184,3 +184,29 @@ def test_chunks_gathered_but_not_yet_written_are_kept_for_resume(tmp_path: Path)
     _send(resumed, _chunked(data, 1 << 20, start=BLOCK_BYTES + (1 << 20)))
     assert resumed.finish().read_bytes() == data
     resumed.close()
+
+
+def _open_under(folder: Path) -> list[str]:
+    """Paths under `folder` this process holds open."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the listing's own descriptor, closed by now
+            continue
+    return [t for t in targets if t.startswith(str(folder))]
+
+
+def test_only_files_still_being_written_are_held_open(tmp_path: Path) -> None:
+    """A model of many files keeps open only those in progress, not one handle per file it ever wrote."""
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    a, b = os.urandom(BLOCK_BYTES), os.urandom(2 * BLOCK_BYTES)
+    man = two_file_manifest(a, b)
+    upload = cache.begin_upload(man, [0, 0])
+    _send(upload, [*_chunked(a, 1 << 20), *_chunked(b[:BLOCK_BYTES], 1 << 20, 1)])
+    partial = cache.partial_dir(man.digest)
+    assert sorted({Path(t).name for t in _open_under(partial)}) == ["w.bin"]
+    _send(upload, _chunked(b, 1 << 20, 1, start=BLOCK_BYTES))
+    upload.finish()
+    upload.close()
+    assert _open_under(tmp_path) == []

@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 
 from rknn_client import __version__
+from rknn_client.digest_cache import DigestCache
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
@@ -297,7 +298,7 @@ class Device:
             if hashing:
                 hashing(hashed, to_hash)
 
-        wire_manifest = manifest.describe_files(paths, hashed_more if hashing else None)
+        wire_manifest = manifest.describe_files(paths, hashed_more if hashing else None, DigestCache().sha256)
         by_name = {p.name: p for p in paths}
         prepared = self._call(
             "PrepareUpload", self._stub.PrepareUpload, rknn_pb2.PrepareUploadRequest(manifest=wire_manifest)

@@ -288,17 +288,19 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 step.add_done_callback(_close_claimed)
                 raise
             try:
+                # One block is hashed and written in the executor while the next one is received.
                 async for message in request_iterator:
                     if message.WhichOneof("part") != "chunk":
                         raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
                     chunk = message.chunk
                     data = chunk.data
                     check_chunk(len(data), self.plane.tensor_limits)
-                    step = loop.run_in_executor(
-                        self.plane.executor, upload.write, chunk.file_index, chunk.offset, data
-                    )
-                    await asyncio.shield(step)
+                    block = upload.accept(chunk.file_index, chunk.offset, data)
                     call.bytes_in += len(data)
+                    if block is not None:
+                        await asyncio.shield(step)
+                        step = loop.run_in_executor(self.plane.executor, upload.store, block)
+                await asyncio.shield(step)
                 step = loop.run_in_executor(self.plane.executor, upload.finish)
                 await asyncio.shield(step)
             finally:

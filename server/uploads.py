@@ -1,25 +1,37 @@
-"""One running upload into the model cache: chunks appended to the partial files, hashed as they arrive.
+"""One running upload into the model cache: chunks gathered into large blocks, each hashed once and
+written in one call while the next chunks arrive.
 
-A file is created by its first bytes, never from the header; resuming re-hashes the bytes already
-held; a full disk discards this upload's bytes and says so.
+The event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes to the
+executor (`store`), which hashes it and appends it to the partial file in one call, so that
+receiving, hashing and writing overlap instead of taking turns, and every byte is hashed once. A file
+is created by its first bytes, never from the header; resuming re-hashes the bytes already held; a
+full disk discards this upload's bytes and says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from rknn_proto import rknn_pb2
+from rknn_server.block_writer import AlignedBuffer, BlockWriter
 from rknn_server.errors import DataLoss, InvalidInput, ResourceExhausted
 
 if TYPE_CHECKING:
     from rknn_server.model_cache import ModelCache
 
 _HASH_READ_BYTES = 1 << 20
+# Chunks are gathered into blocks this large before they are hashed and written: few large writes
+# (whole pages, one system call per block) and one executor hop per block rather than per chunk.
+BLOCK_BYTES = 4 << 20
+# A block is also stored once it holds this many chunks: a client sending tiny chunks must not pile
+# up millions of objects.
+BLOCK_PARTS = 1024
 
 
 @dataclass
@@ -30,8 +42,16 @@ class Claim:
     on_disk: int = 0
 
 
+@dataclass
+class Block:
+    """Accepted chunks not yet on disk, in order: (file index, bytes)."""
+
+    parts: list[tuple[int, bytes]] = field(default_factory=list)
+    size: int = 0
+
+
 class Upload:
-    """One running upload: appends chunks to the partial files, hashing as it goes.
+    """One running upload: checks and gathers chunks, then hashes and appends them block by block.
 
     Each file is opened by its first chunk. Resuming re-hashes the bytes already held."""
 
@@ -43,8 +63,7 @@ class Upload:
         self.manifest = manifest
         self._dir = cache.partial_dir(manifest.digest)
         self._hashers = []
-        self._written = []
-        self.received_bytes = 0
+        self._accepted = []  # bytes checked and taken per file, on disk or in the block
         for f, start in zip(manifest.files, start_offsets, strict=True):
             path = self._dir / f.name
             hasher = hashlib.sha256()
@@ -53,8 +72,13 @@ class Upload:
             else:
                 path.unlink(missing_ok=True)
             self._hashers.append(hasher)
-            self._written.append(start)
-        self._handles: dict[int, BinaryIO] = {}
+            self._accepted.append(start)
+        self._written = list(self._accepted)
+        self._block = Block()
+        self._writers: dict[int, BlockWriter] = {}  # files in progress only: a complete one is closed
+        self._buffer = AlignedBuffer()
+        self._discarded = False  # the partial files are gone: nothing more is stored
+        self.received_bytes = 0
 
     @staticmethod
     def _rehash(path: Path, start: int, hasher: hashlib._Hash, name: str) -> None:
@@ -69,13 +93,14 @@ class Upload:
                 hasher.update(block)
                 remaining -= len(block)
 
-    def write(self, file_index: int, offset: int, data: bytes) -> None:
+    def accept(self, file_index: int, offset: int, data: bytes) -> Block | None:
+        """Check a chunk and gather it; returns a full block for `store` (cheap: no disk, no hash)."""
         files = self.manifest.files
         if not 0 <= file_index < len(files):
             raise InvalidInput(f"chunk for file {file_index}; the manifest has {len(files)} file(s)")
-        if offset != self._written[file_index]:
+        if offset != self._accepted[file_index]:
             raise InvalidInput(
-                f"chunk of {files[file_index].name!r} at offset {offset}; expected offset {self._written[file_index]}"
+                f"chunk of {files[file_index].name!r} at offset {offset}; expected offset {self._accepted[file_index]}"
             )
         end = offset + len(data)
         if end > files[file_index].size:
@@ -83,29 +108,67 @@ class Upload:
                 f"{files[file_index].name!r} received {end} bytes; the manifest declared {files[file_index].size}"
             )
         if not data:
+            return None
+        self._accepted[file_index] = end
+        self.received_bytes += len(data)
+        self._block.parts.append((file_index, data))
+        self._block.size += len(data)
+        full = self._block.size >= BLOCK_BYTES or len(self._block.parts) >= BLOCK_PARTS
+        return self.take() if full else None
+
+    def take(self) -> Block:
+        """The chunks gathered so far, handed over for `store`."""
+        block, self._block = self._block, Block()
+        return block
+
+    def store(self, block: Block) -> None:
+        """Hash a block and append it to its partial files, one system call per file it touches."""
+        if self._discarded:
             return
         try:
-            handle = self._handles.get(file_index)
-            if handle is None:
-                self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                handle = self._handles[file_index] = (self._dir / files[file_index].name).open("ab")
-            handle.write(data)
-            handle.flush()
+            i = 0
+            while i < len(block.parts):
+                file_index = block.parts[i][0]
+                run = []
+                while i < len(block.parts) and block.parts[i][0] == file_index:
+                    run.append(block.parts[i][1])
+                    i += 1
+                hasher = self._hashers[file_index]
+                for data in run:
+                    hasher.update(data)
+                self._writer(file_index).write(run)
+                size = sum(len(d) for d in run)
+                self._written[file_index] += size
+                self._claim.on_disk += size
+                if self._written[file_index] == self.manifest.files[file_index].size:
+                    self._writers.pop(file_index).close()
         except OSError as exc:
+            self._discard()  # what reached the disk may no longer match the hash: never resume from it
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            self._discard()
             raise ResourceExhausted(
                 f"the disk holding the model cache is full ({exc.strerror}); this upload's partial bytes "
                 "were discarded: free space on the board or lower the quota (--cache-quota), then upload again"
             ) from None
-        self._hashers[file_index].update(data)
-        self._written[file_index] = end
-        self._claim.on_disk += len(data)
-        self.received_bytes += len(data)
+
+    def _writer(self, file_index: int) -> BlockWriter:
+        writer = self._writers.get(file_index)
+        if writer is None:
+            self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = self._dir / self.manifest.files[file_index].name
+            writer = self._writers[file_index] = BlockWriter(path, self._written[file_index], self._buffer)
+        return writer
+
+    def write(self, file_index: int, offset: int, data: bytes) -> None:
+        """`accept` and, once a block is full, `store`: the whole path in the calling thread."""
+        block = self.accept(file_index, offset, data)
+        if block is not None:
+            self.store(block)
 
     def finish(self) -> Path:
-        """Verify every file and move the model into the store; returns its main file."""
+        """Store what is gathered, verify every file and move the model into the store; returns its
+        main file."""
+        self.store(self.take())
         self._close_handles()
         for f, written, hasher in zip(self.manifest.files, self._written, self._hashers, strict=True):
             if written != f.size:
@@ -122,20 +185,25 @@ class Upload:
         return self._cache.commit(self.manifest)
 
     def _discard(self) -> None:
+        self._discarded = True
         self._close_handles()
         shutil.rmtree(self._dir, ignore_errors=True)
         self._claim.on_disk = 0
 
     def _close_handles(self) -> None:
-        handles = list(self._handles.values())
-        self._handles.clear()
-        for handle in handles:
+        writers = list(self._writers.values())
+        self._writers.clear()
+        self._buffer.release()
+        for writer in writers:
             try:
-                handle.close()
+                writer.close()
             except OSError:
                 continue
 
     def close(self) -> None:
-        """End the upload (whatever happened) and release its claim on the model."""
+        """End the upload (whatever happened) and release its claim on the model; the chunks
+        gathered but not yet stored are kept for resume, as far as the disk allows."""
+        with contextlib.suppress(OSError, ResourceExhausted):
+            self.store(self.take())
         self._close_handles()
         self._cache.end_upload(self.manifest.digest)

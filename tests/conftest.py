@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from demo.daemon_process import DaemonProcess, start_daemon
+from rknn_client import digest_cache
 from rknn_client.compat.toolkit_route import ENV_TOOLKIT
 from tests import models
 from tests.adb.host_board import AdbHostBoard, adb_host_board, point_adb_at
@@ -26,6 +27,19 @@ DaemonFactory = Callable[..., DaemonProcess]
 # ask for the real toolkit (tests/toolkit: RKNN(toolkit="bridge")); a toolkit installed on the machine
 # must not change what they test. Set here so `rknn-client exec` subprocesses inherit it too.
 os.environ[ENV_TOOLKIT] = "host"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _client_digest_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The client's digest cache goes to a file of this run, not the user's (the user's cache folder
+    stays visible: the toolkit the bridge tests drive is installed there)."""
+    before = os.environ.get(digest_cache.PATH_ENV)
+    os.environ[digest_cache.PATH_ENV] = str(tmp_path_factory.mktemp("client-cache") / digest_cache.FILE_NAME)
+    yield
+    if before is None:
+        del os.environ[digest_cache.PATH_ENV]
+    else:
+        os.environ[digest_cache.PATH_ENV] = before
 
 
 @pytest.fixture(scope="session")

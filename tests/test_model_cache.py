@@ -12,6 +12,7 @@ import pytest
 from rknn_proto import manifest, rknn_pb2
 from rknn_server.errors import Aborted, DataLoss, NotFound, ResourceExhausted
 from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.uploads import BLOCK_BYTES, Upload
 
 
 def manifest_of(data: bytes, name: str = "m.onnx") -> rknn_pb2.ModelManifest:
@@ -110,3 +111,102 @@ def test_partial_bytes_count_against_the_quota_and_a_stale_resume_is_aborted(tmp
     with pytest.raises(Aborted, match="no longer holds"):
         cache.begin_upload(man, [1000])
     assert store(cache, abandoned) == man.digest  # nothing was left claimed
+
+
+def _send(upload: Upload, chunks: list[tuple[int, int, bytes]]) -> None:
+    for index, offset, data in chunks:
+        upload.write(index, offset, data)
+
+
+def _chunked(data: bytes, size: int, index: int = 0, start: int = 0) -> list[tuple[int, int, bytes]]:
+    return [(index, o, data[o : o + size]) for o in range(start, len(data), size)]
+
+
+def two_file_manifest(a: bytes, b: bytes) -> rknn_pb2.ModelManifest:
+    entries = [
+        manifest.FileEntry(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in (("m.onnx", a), ("w.bin", b))
+    ]
+    return rknn_pb2.ModelManifest(
+        digest=manifest.manifest_digest(entries),
+        files=[rknn_pb2.ModelFile(name=e.name, size=e.size, sha256=e.sha256) for e in entries],
+    )
+
+
+def test_a_corrupt_chunk_in_a_later_block_still_fails_verification(tmp_path: Path) -> None:
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    data = os.urandom(2 * BLOCK_BYTES + 12345)
+    man = manifest_of(data)
+    chunks = _chunked(data, 1 << 20)
+    index, offset, bad = chunks[5]  # inside the second block
+    chunks[5] = (index, offset, bytes([bad[0] ^ 1]) + bad[1:])
+    upload = cache.begin_upload(man, [0])
+    _send(upload, chunks)
+    with pytest.raises(DataLoss, match=r"m\.onnx"):
+        upload.finish()
+    upload.close()
+    assert not cache.has(man.digest) and cache.prepare(man) == (False, [0])
+
+
+def test_chunks_of_two_files_interleaved_in_one_block_land_in_their_files(tmp_path: Path) -> None:
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    a, b = os.urandom(300_000), os.urandom(200_000)
+    man = two_file_manifest(a, b)
+    upload = cache.begin_upload(man, [0, 0])
+    interleaved = [
+        c for pair in zip(_chunked(a, 100_000), _chunked(b, 100_000, 1), strict=False) for c in pair
+    ]
+    _send(upload, [*interleaved, *_chunked(a, 100_000)[2:]])
+    main = upload.finish()
+    upload.close()
+    assert main.read_bytes() == a and (main.parent / "w.bin").read_bytes() == b
+
+
+def test_tiny_chunks_are_stored_in_order(tmp_path: Path) -> None:
+    """Many more chunks than one writev takes: the block is split, every byte lands in order."""
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    data = os.urandom(3 * 1024 + 7)
+    man = manifest_of(data)
+    upload = cache.begin_upload(man, [0])
+    _send(upload, _chunked(data, 1))
+    assert upload.finish().read_bytes() == data
+    upload.close()
+
+
+def test_chunks_gathered_but_not_yet_written_are_kept_for_resume(tmp_path: Path) -> None:
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    data = os.urandom(BLOCK_BYTES + (3 << 20))
+    man = manifest_of(data)
+    first = cache.begin_upload(man, [0])
+    _send(first, _chunked(data[: BLOCK_BYTES + (1 << 20)], 1 << 20))  # one block stored, one chunk gathered
+    first.close()
+    assert cache.prepare(man) == (False, [BLOCK_BYTES + (1 << 20)])
+    resumed = cache.begin_upload(man, [BLOCK_BYTES + (1 << 20)])
+    _send(resumed, _chunked(data, 1 << 20, start=BLOCK_BYTES + (1 << 20)))
+    assert resumed.finish().read_bytes() == data
+    resumed.close()
+
+
+def _open_under(folder: Path) -> list[str]:
+    """Paths under `folder` this process holds open."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the listing's own descriptor, closed by now
+            continue
+    return [t for t in targets if t.startswith(str(folder))]
+
+
+def test_only_files_still_being_written_are_held_open(tmp_path: Path) -> None:
+    """A model of many files keeps open only those in progress, not one handle per file it ever wrote."""
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    a, b = os.urandom(BLOCK_BYTES), os.urandom(2 * BLOCK_BYTES)
+    man = two_file_manifest(a, b)
+    upload = cache.begin_upload(man, [0, 0])
+    _send(upload, [*_chunked(a, 1 << 20), *_chunked(b[:BLOCK_BYTES], 1 << 20, 1)])
+    partial = cache.partial_dir(man.digest)
+    assert sorted({Path(t).name for t in _open_under(partial)}) == ["w.bin"]
+    _send(upload, _chunked(b, 1 << 20, 1, start=BLOCK_BYTES))
+    upload.finish()
+    upload.close()
+    assert _open_under(tmp_path) == []

@@ -11,6 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from rknn_client.user_cache import cache_root
+
 ENV_PYTHON = "RKNN_TOOLKIT2_PYTHON"
 DEFAULT_VERSION = "2.5.0"
 INSTALL_HINT = (
@@ -50,12 +52,6 @@ class Missing:
 
     def message(self) -> str:
         return f"RKNN-Toolkit2 is not available: {self.reason}; {INSTALL_HINT}"
-
-
-def cache_root() -> Path:
-    """The user's cache dir for rknn_client (XDG_CACHE_HOME, else ~/.cache), as platformdirs says on Linux."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rknn_client"
 
 
 def managed_dir(version: str = DEFAULT_VERSION, torch_stub: bool = False) -> Path:

@@ -20,10 +20,10 @@ import psutil
 import pytest
 
 from rknn_client import __version__
+from rknn_client.board_shell import BoardShell
 from rknn_client.cli import main
 from rknn_client.deploy.board import BoardFacts, DeployRefused
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, download_command, only
-from rknn_client.board_shell import BoardShell
 from rknn_client.deploy.install import INSTALL_DIR, PID_FILE, TOOLKIT_LAUNCHER, _install_launcher, deploy
 from rknn_client.negotiate import request_info
 from rknn_client.transport.adb import connect_adb_server, open_adb

@@ -37,5 +37,5 @@ def test_the_tool_extracts_each_releases_layout_from_its_library(toolkit: Toolki
     found = tool.extract(toolkit.api_library)
     assert tool.release_version(toolkit.api_library) == toolkit.version
     known = dataclasses.asdict(RELEASES[toolkit.version])
-    assert len(found) >= 20
+    assert len(found) >= 23
     assert {name: known[name] for name in found} == found

@@ -57,6 +57,17 @@ TOKEN_FIX = (
     f"the daemon wants a bearer token: set {ENV_TOKEN} (or pass --token) to the content of the file the "
     "daemon was started with (`--auth-token-file`)"
 )
+# RKNN-Toolkit2's own path to the board: `ps -A | grep rknn_server` (else it runs /usr/bin/rknn_server),
+# then adb forwards local:transfer_proxy, served at one of these sockets.
+TOOLKIT_LAUNCHER = "/usr/bin/rknn_server"
+LEGACY_SOCKETS = ("@transfer_proxy", "/dev/socket/transfer_proxy")
+_TOOLKIT_PROBE = (
+    f"echo launcher=$([ -x {TOOLKIT_LAUNCHER} ] && head -c 2 {TOOLKIT_LAUNCHER})"
+    "; echo named=$(ps -A 2>/dev/null | grep -w rknn_server | grep -v grep | head -n 1)"
+    "; echo sockets=$(awk '{print $NF}' /proc/net/unix | grep -Fx"
+    + "".join(f" -e {name}" for name in LEGACY_SOCKETS)
+    + " | sort -u)"
+)
 NPU_NODES = ("/dev/dri/renderD129", "/dev/rknpu")
 DRIVER_VERSION_FILES = ("/sys/kernel/debug/rknpu/version", "/sys/module/rknpu/version")
 
@@ -203,6 +214,49 @@ def _daemon_process_checks(board: BoardShell, socket_name: str) -> Iterator[Chec
         detail = f"the vendor's respawn scripts exist: {', '.join(scripts)}"
         yield Check("vendor start scripts", False, detail, VENDOR_FIX, blocking=False)
     yield Check("abstract socket", True, f"@{socket_name} is listening")
+    yield _toolkit_path_check(board)
+
+
+def _toolkit_path_check(board: BoardShell) -> Check:
+    """Whether the unmodified RKNN-Toolkit2 finds this daemon: the process name its `ps` looks for,
+    the legacy socket its adb forward reaches, and the launcher it runs when it finds no daemon."""
+    facts = dict(line.split("=", 1) for line in board.output(_TOOLKIT_PROBE).splitlines() if "=" in line)
+    seen, missing, fixes = [], [], []
+    if facts.get("named", "").strip():
+        seen.append("a process named rknn_server")
+    else:
+        missing.append("no process named rknn_server (the toolkit's `ps -A | grep rknn_server` finds none)")
+        fixes.append("start the daemon with the `rknn_server` command, not `python -m rknn_server`")
+    sockets = facts.get("sockets", "").split()
+    if sockets:
+        seen.append(f"the toolkit socket listening ({', '.join(sockets)})")
+    else:
+        missing.append(f"nothing listens on {' or '.join(LEGACY_SOCKETS)}")
+        fixes.append(
+            "the toolkit listener is off: it is on by default on a board unless --auth-token-file is given; "
+            "pass `--legacy-listen unix-abstract:transfer_proxy` to serve it anyway (it has no authentication)"
+        )
+    launcher = facts.get("launcher", "").strip()
+    if launcher == "#!":
+        seen.append(f"{TOOLKIT_LAUNCHER} starts this daemon")
+    else:
+        missing.append(
+            f"{TOOLKIT_LAUNCHER} is missing"
+            if not launcher
+            else f"{TOOLKIT_LAUNCHER} is not a launcher script (the vendor's binary?)"
+        )
+        fixes.append(
+            f"run `rknn-client deploy` as root, or `ln -sf /opt/rknn-server/bin/rknn_server {TOOLKIT_LAUNCHER}`"
+        )
+    if not missing:
+        return Check("toolkit path", True, "; ".join(seen))
+    return Check(
+        "toolkit path",
+        False,
+        "RKNN-Toolkit2 (its own protocol) will not reach this daemon: " + "; ".join(missing),
+        "; ".join(fixes) + " (only needed for the unmodified toolkit; rknn_client works without)",
+        blocking=False,
+    )
 
 
 def _daemon_checks(

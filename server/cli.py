@@ -16,6 +16,7 @@ from rknn_server import __version__
 from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
 from rknn_server.http_endpoint import parse_metrics_listen
+from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
 from rknn_server.legacy.listener import parse_place
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.logs import configure
@@ -120,6 +121,14 @@ def serve_parser() -> argparse.ArgumentParser:
         "never TCP; off by default when --auth-token-file is given)",
     )
     security.add_argument("--no-legacy", action="store_true", help="do not serve the RKNN-Toolkit2 protocol")
+    security.add_argument(
+        "--legacy-toolkit-version",
+        choices=sorted(RELEASES),
+        default=DEFAULT_VERSION,
+        help="the RKNN-Toolkit2 release whose message layout the legacy listener speaks (its clients send no "
+        "version; a client of another layout is refused with a crash report naming this option; default "
+        "%(default)s)",
+    )
     security.add_argument(
         "--metrics-listen",
         type=_metrics_listen_arg,
@@ -516,6 +525,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         metrics_listen=args.metrics_listen,
         ready_file=args.ready_file,
         legacy_listen=() if args.no_legacy else (tuple(args.legacy_listen) if args.legacy_listen else None),
+        legacy_toolkit=args.legacy_toolkit_version,
     )
 
 

@@ -28,6 +28,7 @@ from rknn_server.guard import CallLimits, Guard
 from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
 from rknn_server.legacy import startup as legacy
 from rknn_server.legacy.connection import LegacyLimits
+from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
 from rknn_server.memory import MemoryLimits
 from rknn_server.metrics import DaemonMetrics, StateCollector
@@ -82,6 +83,7 @@ class DaemonConfig:
     ready_file: Path | None = None  # JSON of the bound listeners, written once serving (rknn_proto.ready)
     # Where the RKNN-Toolkit2 protocol is served (server/legacy): None = the default, () = off.
     legacy_listen: tuple[str, ...] | None = None
+    legacy_toolkit: str = DEFAULT_VERSION  # whose message layout it speaks (a key of layouts.RELEASES)
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -294,7 +296,9 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     legacy_limits = LegacyLimits(
         config.tensor_limits, config.cache_limits.max_model_bytes, config.max_message_bytes
     )
-    legacy_listener, legacy_bound = await legacy.start(legacy_plan, plane, legacy_limits)
+    legacy_listener, legacy_bound = await legacy.start(
+        legacy_plan, plane, legacy_limits, RELEASES[config.legacy_toolkit]
+    )
     bound += [f"{place} (RKNN-Toolkit2 protocol)" for place in legacy_bound]
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)

@@ -9,7 +9,9 @@ syntax) and picks the sizes the client checks and the offsets it reads or writes
                     the MODEL_INFO table offsets (record stride, counts, per-input rows);
   rknn_inputs_set   the MsgMultiInput arrays (u32 sizes and offsets, u8 formats, types and
                     pass-through flags, in that field order) and where the data starts;
-  rknn_outputs_get  the MsgFinish length and offset arrays (the data follows them).
+  rknn_outputs_get  the MsgFinish length and offset arrays (the data follows them);
+  rknn_run, rknn_query  the sizes of the MsgRun and MsgIoctl requests (the size each passes to the
+                    buffer it allocates for the message), by which a client of this release is known.
 A value it cannot find is reported and left to the default, never guessed.
 """
 
@@ -40,6 +42,17 @@ def values(pattern: str, text: str) -> list[int]:
 def release_version(library: Path) -> str:
     found = re.search(rb"(\d+\.\d+\.\d+) \([0-9a-f]+ build@", library.read_bytes())
     return found.group(1).decode() if found else "unknown"
+
+
+def request_size(library: Path, function: str) -> int | None:
+    """The message size `function` allocates most often (the size argument, edx, of __buf_create_and_map)."""
+    sizes = Counter(
+        values(
+            rf"mov\s+edx,{IMM}\n(?:[^\n]*\n){{0,8}}?[^\n]*__buf_create_and_map",
+            disassemble(library, function),
+        )
+    )
+    return sizes.most_common(1)[0][0] if sizes else None
 
 
 def extract(library: Path) -> dict[str, int]:
@@ -81,6 +94,10 @@ def extract(library: Path) -> dict[str, int]:
         found["finish_lengths_at"], found["finish_offsets_at"] = lengths_at, offsets_at
         found["finish_data_at"] = offsets_at + (offsets_at - lengths_at)
         found["max_tensors"] = (offsets_at - lengths_at) // 4
+    for field, function in (("run_request_bytes", "rknn_run"), ("ioctl_request_bytes", "rknn_query")):
+        size = request_size(library, function)
+        if size is not None:
+            found[field] = size
     return found
 
 

@@ -36,6 +36,10 @@ BUNDLE_DIR = f"{INSTALL_DIR}/bundle"
 LOG_FILE = f"{INSTALL_DIR}/rknn_server.log"
 PID_FILE = f"{INSTALL_DIR}/rknn_server.pid"
 CACHE_DIR = f"{INSTALL_DIR}/cache"
+# RKNN-Toolkit2 runs `nohup /usr/bin/rknn_server` (no arguments) when `ps` shows no rknn_server:
+# deploy makes that path a launcher of this daemon, and never overwrites a file there that is not one.
+TOOLKIT_LAUNCHER = "/usr/bin/rknn_server"
+LAUNCHER_MARK = "rknn-server-oss launcher"
 _INSTALL_SECONDS = 900.0
 _START_SECONDS = 90.0
 _STOP_SECONDS = 10
@@ -87,6 +91,8 @@ def deploy(
         _install(shell, bundle)
         result.actions.append(f"installed rknn_server {__version__} into {INSTALL_DIR}" + (
             f" (was {facts.installed_version})" if facts.installed_version else ""))  # fmt: skip
+        launcher = _install_launcher(shell)
+        (result.actions if launcher.startswith("installed") else result.notes).append(launcher)
     elif facts.running_pid is not None and _answers(info.serial, socket_name, once=True):
         return result
     if facts.running_pid is not None:
@@ -133,6 +139,36 @@ def _install(shell: BoardShell, bundle: Bundle) -> None:
     target = shlex.quote(f"{BUNDLE_DIR}/{bundle.project_wheel}[server]")
     _checked(shell, f"{pip} install {options}{deps} {target}", "pip install", timeout=_INSTALL_SECONDS)
     _checked(shell, f"rm -rf {BUNDLE_DIR}", "removing the bundle")
+
+
+def launcher_script() -> str:
+    return (
+        f"#!/bin/sh\n# {LAUNCHER_MARK}: RKNN-Toolkit2 starts {TOOLKIT_LAUNCHER} when no rknn_server runs.\n"
+        f'exec {INSTALL_DIR}/bin/rknn_server serve --model-cache {CACHE_DIR} "$@"\n'
+    )
+
+
+def _install_launcher(shell: BoardShell) -> str:
+    """What became of TOOLKIT_LAUNCHER, as an action ("installed ...") or a note."""
+    path = TOOLKIT_LAUNCHER
+    result = shell.run(
+        f"if [ -e {path} ] && ! grep -qF {shlex.quote(LAUNCHER_MARK)} {path}; then echo kept; "
+        f"else mkdir -p {path.rsplit('/', 1)[0]} && printf %s {shlex.quote(launcher_script())} > {path} "
+        f"&& chmod 0755 {path} && echo installed; fi"
+    )
+    said = result.output.strip().splitlines()[-1:] if result.ok else []
+    if said == ["installed"]:
+        return f"installed {path}, which RKNN-Toolkit2 starts when it finds no rknn_server running"
+    if said == ["kept"]:
+        return (
+            f"{path} exists and is not this project's launcher (the vendor's daemon?): left as it is, so "
+            f"RKNN-Toolkit2 would start that one when this daemon is not running; replace it with "
+            f"`ln -sf {INSTALL_DIR}/bin/rknn_server {path}` once the vendor's daemon is retired"
+        )
+    return (
+        f"could not write {path} ({result.output.strip()[-200:] or f'exit {result.code}'}): RKNN-Toolkit2 "
+        "cannot start this daemon by itself; run deploy as root or create it by hand"
+    )
 
 
 def _stop(shell: BoardShell, pid: int) -> None:

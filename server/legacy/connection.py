@@ -20,7 +20,7 @@ from rknn_proto.codec import TensorLimits
 from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, ResourceExhausted, status_of
-from rknn_server.legacy import messages, wire
+from rknn_server.legacy import layouts, messages, wire
 from rknn_server.legacy.layouts import Layout
 from rknn_server.legacy.wire import Command, Header, ProtocolError
 from rknn_server.runtime.base import InputFormat, MemoryResult
@@ -157,6 +157,7 @@ class LegacyConnection:
 
     async def _answer(self, header: Header, message: bytes) -> bytearray:
         command = header.command
+        self._check_release(command, len(message))
         if command == Command.VERSION:
             return self._version(header)
         if command == Command.LOAD:
@@ -178,6 +179,26 @@ class LegacyConnection:
             self.finished = True
             return self._short_ack(Command.UNLOAD_ACK, header)
         raise InvalidInput(f"command {Command(command).name} is not something a client sends")
+
+    def _check_release(self, command: int, size: int) -> None:
+        """A request of another size than this layout's comes from a toolkit release with other structs:
+        answering it would be misread (the client checks every ack's size), so it is refused, saying how."""
+        expected = self.layout.request_bytes(command)
+        if expected is None or size == expected:
+            return
+        known = ", ".join(layouts.RELEASES)
+        what = f"this toolkit sends a {Command(command).name} request of {size} bytes; RKNN-Toolkit2 {self.layout.toolkit} sends {expected}"
+        matching = layouts.releases_sending(command, size)
+        if matching:
+            raise InvalidInput(
+                f"{what} and {', '.join(matching)} send {size}: start the daemon with "
+                f"--legacy-toolkit-version {matching[-1]}"
+            )
+        raise InvalidInput(
+            f"{what}: this daemon speaks the protocol of RKNN-Toolkit2 {known} only. Install one of those on the "
+            f"PC (pip install rknn-toolkit2=={layouts.DEFAULT_VERSION}), or upgrade rknn-server-oss to a release "
+            "that knows this toolkit"
+        )
 
     def _short_ack(self, command: Command, header: Header) -> bytearray:
         return wire.build(command, header.sequence, header.model_id, self.layout.short_ack_bytes)

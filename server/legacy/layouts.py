@@ -4,16 +4,26 @@ The toolkit sends no version of its own and checks every ack's size against its 
 release's constants are data: `RELEASES` maps a toolkit version to its `Layout`. All offsets are from
 the start of a message (after the u32 length). `tools/legacy_constants.py` reads them out of a
 release's `librknn_api.so`.
+
+2.3.2's library is 2.5.0's code byte for byte (only its version string differs), so both releases
+share one layout and nothing a client sends tells them apart. A client of a release with other sizes
+is recognised by the size of its MsgRun or MsgIoctl request (see `request_bytes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rknn_server.legacy.wire import Command
+
 
 @dataclass(frozen=True)
 class Layout:
     toolkit: str
+    # The fixed sizes of the client's MsgRun and MsgIoctl requests (a release with other structs sends
+    # other sizes: the daemon refuses such a client with a crash report instead of misreading it).
+    run_request_bytes: int = 0x478
+    ioctl_request_bytes: int = 0x79
     # Acks of fixed size: version (text at TEXT_AT), load, unload; the crash report (text at TEXT_AT).
     short_ack_bytes: int = 0x170
     crash_bytes: int = 0x1070
@@ -48,6 +58,11 @@ class Layout:
     finish_offsets_at: int = 0x27C
     finish_data_at: int = 0x47C
 
+    def request_bytes(self, command: int) -> int | None:
+        """The size this release's client gives a request of fixed size (None: any size)."""
+        sizes: dict[int, int] = {Command.RUN: self.run_request_bytes, Command.IOCTL: self.ioctl_request_bytes}
+        return sizes.get(command)
+
 
 # Record fields (offsets inside one MODEL_INFO record).
 NAME_BYTES = 0x100
@@ -61,5 +76,11 @@ FL_AT = 0x144
 ZERO_POINT_AT = 0x145
 SCALE_AT = 0x149
 
-RELEASES = {"2.5.0": Layout("2.5.0")}
-DEFAULT = RELEASES["2.5.0"]
+RELEASES = {version: Layout(version) for version in ("2.3.2", "2.5.0")}
+DEFAULT_VERSION = "2.5.0"
+DEFAULT = RELEASES[DEFAULT_VERSION]
+
+
+def releases_sending(command: int, size: int) -> list[str]:
+    """The known releases whose client sends this request with this size."""
+    return [version for version, layout in RELEASES.items() if layout.request_bytes(command) == size]

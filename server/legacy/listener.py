@@ -18,7 +18,7 @@ import structlog
 
 from rknn_server.data_plane import DataPlane
 from rknn_server.legacy.connection import LegacyConnection, LegacyLimits
-from rknn_server.legacy.layouts import DEFAULT, Layout
+from rknn_server.legacy.layouts import Layout
 
 log = structlog.get_logger("rknn_server.legacy")
 DEFAULT_PLACES = ("unix:/dev/socket/transfer_proxy", "unix-abstract:transfer_proxy")
@@ -65,7 +65,7 @@ def _clear_stale_socket(path: Path) -> None:
 
 
 class LegacyListener:
-    def __init__(self, plane: DataPlane, limits: LegacyLimits, layout: Layout = DEFAULT) -> None:
+    def __init__(self, plane: DataPlane, limits: LegacyLimits, layout: Layout) -> None:
         self.plane = plane
         self.limits = limits
         self.layout = layout

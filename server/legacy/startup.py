@@ -11,6 +11,7 @@ import structlog
 
 from rknn_server.data_plane import DataPlane
 from rknn_server.legacy.connection import LegacyLimits
+from rknn_server.legacy.layouts import Layout
 from rknn_server.legacy.listener import DEFAULT_PLACES, LegacyListener, parse_place
 
 log = structlog.get_logger("rknn_server.legacy")
@@ -56,10 +57,10 @@ def name_process() -> None:
 
 
 async def start(
-    plan_: LegacyPlan, plane: DataPlane, limits: LegacyLimits
+    plan_: LegacyPlan, plane: DataPlane, limits: LegacyLimits, layout: Layout
 ) -> tuple[LegacyListener, list[str]]:
     """Listen on the planned places; an explicit place that fails is an error, a default one a warning."""
-    listener = LegacyListener(plane, limits)
+    listener = LegacyListener(plane, limits, layout)
     bound = []
     for text in plan_.places:
         place = parse_place(text)

@@ -28,6 +28,7 @@ DEFAULT_BOARD_PATHS = (
     "/sys/module/rknpu",
     "/dev/rknpu",
     "/dev/dri",
+    "/dev/socket",
     "/usr/bin/rknn_server",
     "/usr/bin/start_rknn.sh",
     "/usr/bin/restart_rknn.sh",

@@ -20,12 +20,13 @@ import psutil
 import pytest
 
 from rknn_client import __version__
+from rknn_client.board_shell import BoardShell
 from rknn_client.cli import main
 from rknn_client.deploy.board import BoardFacts, DeployRefused
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, download_command, only
-from rknn_client.deploy.install import INSTALL_DIR, PID_FILE, deploy
+from rknn_client.deploy.install import INSTALL_DIR, PID_FILE, TOOLKIT_LAUNCHER, _install_launcher, deploy
 from rknn_client.negotiate import request_info
-from rknn_client.transport.adb import open_adb
+from rknn_client.transport.adb import connect_adb_server, open_adb
 from tests.adb.conftest import MakeBoard
 from tests.adb.fixtures import EmulatedBoard
 
@@ -111,6 +112,18 @@ def test_deploy_installs_starts_verifies_and_then_only_verifies(
     assert second.actions == []
     assert "already installed and running" in second.report()
     assert int(python_board.profile.local_path(PID_FILE).read_text()) == pid
+
+    # RKNN-Toolkit2 runs /usr/bin/rknn_server when ps shows none: that path starts this daemon.
+    assert any(TOOLKIT_LAUNCHER in action for action in first.actions)
+    shell = BoardShell(connect_adb_server(start=True).device(python_board.serial))
+    shown = shell.run(f"{TOOLKIT_LAUNCHER} --help", timeout=120)
+    assert shown.ok and "--legacy-listen" in shown.output, shown.output
+    # A file there that is not the launcher (the vendor's daemon) is never overwritten.
+    vendor = b"\x7fELF the vendor's rknn_server"
+    launcher = python_board.profile.local_path(TOOLKIT_LAUNCHER)
+    launcher.write_bytes(vendor)
+    assert "left as it is" in _install_launcher(shell)
+    assert launcher.read_bytes() == vendor
 
 
 def test_no_python3_is_refused_with_the_container_alternative(make_board: MakeBoard) -> None:

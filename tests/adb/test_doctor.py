@@ -3,30 +3,56 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from rknn_client.doctor import Check, diagnose, format_report
+from rknn_client.deploy.install import launcher_script
+from rknn_client.doctor import TOOLKIT_LAUNCHER, Check, diagnose, format_report
 from rknn_client.transport.adb import adb_server_running
 from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto.version import PROTOCOL_VERSION
 from tests.adb.conftest import MakeBoard
 from tests.adb.fake_daemon import FakeDaemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, free_port
+from tests.adb.services import DEFAULT_BOARD_PATHS
 from tests.conftest import DaemonFactory
 
 
-def npu_board(make_board: MakeBoard) -> EmulatedBoard:
-    board = make_board(model="Radxa ROCK 5B")
+def npu_board(make_board: MakeBoard, **profile: object) -> EmulatedBoard:
+    board = make_board(model="Radxa ROCK 5B", **profile)
     node = board.profile.local_path("/dev/rknpu")
     node.parent.mkdir(parents=True)
     node.touch()
     return board
+
+
+# What the toolkit's `ps -A | grep rknn_server` sees on the emulated board, with and without a daemon.
+PS_WITH_DAEMON = 'echo "  PID TTY          TIME CMD"; echo "  4242 ?        00:00:01 rknn_server"'
+PS_WITHOUT = 'echo "  PID TTY          TIME CMD"; echo "  4243 ?        00:00:01 sleep"'
+
+
+@pytest.fixture
+def toolkit_ready_board(make_board: MakeBoard) -> Iterator[EmulatedBoard]:
+    """An NPU board set up for RKNN-Toolkit2: the daemon named rknn_server in `ps`, the launcher
+    deploy installs, and a socket listening at /dev/socket/transfer_proxy."""
+    board = npu_board(make_board, commands={"ps": PS_WITH_DAEMON})
+    launcher = board.profile.local_path(TOOLKIT_LAUNCHER)
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text(launcher_script())
+    launcher.chmod(0o755)
+    path = board.profile.local_path("/dev/socket/transfer_proxy")
+    path.parent.mkdir(parents=True)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen()
+    yield board
+    listener.close()
 
 
 def names(checks: list[Check]) -> list[str]:
@@ -41,9 +67,9 @@ def broken(checks: list[Check]) -> Check:
 
 
 def test_everything_works(
-    adb_env: PrivateAdbServer, make_board: MakeBoard, fake_daemon: Callable[[int], FakeDaemon]
+    adb_env: PrivateAdbServer, toolkit_ready_board: EmulatedBoard, fake_daemon: Callable[[int], FakeDaemon]
 ) -> None:
-    board = npu_board(make_board)
+    board = toolkit_ready_board
     daemon = fake_daemon(PROTOCOL_VERSION)
     checks = diagnose(board.serial, socket_name=daemon.socket_name)
     assert all(check.ok for check in checks), format_report(checks)
@@ -53,6 +79,7 @@ def test_everything_works(
         "device state",
         "daemon process",
         "abstract socket",
+        "toolkit path",
         "gRPC handshake",
         "protocol version",
         "runtime library",
@@ -61,6 +88,35 @@ def test_everything_works(
     ]
     assert "Every link holds." in format_report(checks)
     assert adb_env.adb("forward", "--list").stdout.strip() == ""
+
+
+def test_a_board_the_toolkit_cannot_reach_is_a_warning_naming_each_missing_piece(
+    make_board: MakeBoard, fake_daemon: Callable[[int], FakeDaemon]
+) -> None:
+    daemon = fake_daemon(PROTOCOL_VERSION)
+    # The board's socket table is its own (this machine's may hold a toolkit's @transfer_proxy forward):
+    # the daemon's gRPC socket only.
+    board = npu_board(
+        make_board, commands={"ps": PS_WITHOUT}, board_paths=(*DEFAULT_BOARD_PATHS, "/proc/net/unix")
+    )
+    table = board.profile.local_path("/proc/net/unix")
+    table.parent.mkdir(parents=True)
+    table.write_text(
+        "Num       RefCount Protocol Flags    Type St Inode Path\n"
+        f"0000000000000000: 00000002 00000000 00010000 0001 01 4242 @{daemon.socket_name}\n"
+    )
+    vendor = board.profile.local_path(TOOLKIT_LAUNCHER)
+    vendor.parent.mkdir(parents=True)
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", vendor)
+    checks = diagnose(board.serial, socket_name=daemon.socket_name)
+    (toolkit,) = [check for check in checks if check.name == "toolkit path"]
+    assert not toolkit.ok and not toolkit.blocking
+    assert "no process named rknn_server" in toolkit.detail
+    assert "nothing listens on @transfer_proxy or /dev/socket/transfer_proxy" in toolkit.detail
+    assert "not a launcher script" in toolkit.detail
+    assert "--legacy-listen" in toolkit.fix and "rknn-client deploy" in toolkit.fix
+    # A warning: the walk goes on to the daemon itself.
+    assert names(checks)[-1] == "NPU driver version"
 
 
 def test_no_adb_server(adb_env: PrivateAdbServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -258,3 +258,31 @@ def test_the_uninitialised_header_bytes_are_never_logged(daemon: LegacyDaemon) -
     assert "unknown command 42" in client.reply().text()
     daemon.process.stop()
     assert "hunter2" not in daemon.process.log_text()
+
+
+def test_a_client_of_another_release_gets_a_crash_report_naming_the_supported_ones(
+    daemon: LegacyDaemon, tmp_path: Path
+) -> None:
+    """A release whose structs differ sends other request sizes: answering it in this layout would
+    be misread (its client checks every ack's size), so it gets the versions and the way out."""
+    client = connected(daemon)
+    assert client.load(stub_model(tmp_path / "m.rknn")).command == LOAD_ACK
+    for reply in (client.call(8, struct.pack("<I", 0), pad_to=0x7D), client.call(5, pad_to=0x480)):
+        assert len(reply.data) == CRASH_BYTES, reply.command
+        text = reply.text()
+        assert "RKNN-Toolkit2 2.3.2, 2.5.0 only" in text, text
+        assert "pip install rknn-toolkit2==2.5.0" in text and "upgrade rknn-server-oss" in text
+    assert (
+        "IOCTL request of 125 bytes; RKNN-Toolkit2 2.5.0 sends 121"
+        in client.call(8, struct.pack("<I", 0), pad_to=0x7D).text()
+    )
+    # The same connection, at the known sizes, is served as before.
+    assert client.ioctl(0).command == IOCTL_ACK
+    np.testing.assert_array_equal(run_once(client, np.zeros(SHAPE, np.float32)), np.ones(SHAPE, np.float32))
+
+
+def test_the_daemon_speaks_the_release_it_is_told(legacy_daemon: LegacyDaemonFactory) -> None:
+    daemon = legacy_daemon("--legacy-toolkit-version", "2.3.2")
+    version = connected(daemon).call(VERSION)
+    assert (version.command, len(version.data)) == (VERSION_ACK, 0x170)
+    assert version.text().startswith("rknn_server: 2.3.2 (rknn-server-oss")

@@ -13,7 +13,7 @@ import rknn_client
 from rknn_client import RKNN
 from tests.adb.fixtures import PrivateAdbServer
 from tests.legacy.conftest import RESTARTS_LOG, LegacyDaemon, LegacyDaemonFactory
-from tests.legacy.toolkit import Toolkit
+from tests.legacy.toolkit import Toolkit, find_toolkit
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 from tests.rknnrt_cases import int8_roundtrip
 
@@ -65,6 +65,28 @@ def run_script(
     )
 
 
+def run_standard_script(
+    toolkit: Toolkit,
+    adb: PrivateAdbServer,
+    tmp_path: Path,
+    daemon: LegacyDaemon,
+    serial: str,
+    model: Path,
+    x: np.ndarray,
+) -> subprocess.CompletedProcess[str]:
+    """SCRIPT on `model` with input `x` (its output lands in tmp_path/y.npy); it must succeed."""
+    np.save(tmp_path / "x.npy", x)
+    args = (str(model), serial, str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))
+    run = run_script(toolkit, adb, tmp_path, SCRIPT, *args)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + daemon.process.log_text()[-3000:]
+    return run
+
+
+def expected_output(x: np.ndarray) -> np.ndarray:
+    """The stub computes y = 2x + 1 element by element (in the data's own order) into int8 (zp, scale)."""
+    return int8_roundtrip(2 * x.ravel() + 1, OUT_ZP, OUT_SCALE).reshape(1, 3, 4, 4)
+
+
 def through_grpc(daemon: LegacyDaemon, model: Path, x: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
     """The rknn.v1 path (rknn_client's RKNN over gRPC) on the same daemon: outputs and eval_memory."""
     rknn = RKNN()
@@ -91,18 +113,7 @@ def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_ou
     board = board_for(daemon)
     model = wrapped_model(real_rknn, tmp_path / "wrapped.rknn")
     x = np.random.default_rng(7).uniform(-20, 20, (1, 4, 4, 3)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    run = run_script(
-        toolkit,
-        toolkit_adb,
-        tmp_path,
-        SCRIPT,
-        str(model),
-        board.serial,
-        str(tmp_path / "x.npy"),
-        str(tmp_path / "y.npy"),
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + daemon.process.log_text()[-3000:]
+    run = run_standard_script(toolkit, toolkit_adb, tmp_path, daemon, board.serial, model, x)
     # The toolkit printed what the daemon described: the stand-in runtime's own tensors.
     assert "DRV: rknn_server: 2.5.0 (rknn-server-oss" in run.stdout
     assert "name=x, n_dims=4, dims=[1, 4, 4, 3], n_elems=48, size=192" in run.stdout
@@ -110,10 +121,7 @@ def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_ou
     assert "name=y, n_dims=4, dims=[1, 3, 4, 4], n_elems=48, size=48" in run.stdout
     assert f"type=INT8, qnt_type=AFFINE, zp={OUT_ZP}, scale={OUT_SCALE:f}" in run.stdout
     legacy = np.load(tmp_path / "y.npy")
-    assert legacy.shape == (1, 3, 4, 4)
-    # The stub computes y = 2x + 1 element by element (in the data's own order) into int8 (zp, scale).
-    expected = int8_roundtrip(2 * x.ravel() + 1, OUT_ZP, OUT_SCALE).reshape(1, 3, 4, 4)
-    np.testing.assert_array_equal(legacy, expected)
+    np.testing.assert_array_equal(legacy, expected_output(x))
     result = json.loads(run.stdout.split("RESULT ", 1)[1])
     grpc_outputs, grpc_memory = through_grpc(daemon, model, x)
     np.testing.assert_array_equal(legacy, grpc_outputs)
@@ -133,6 +141,61 @@ def test_the_unmodified_toolkit_runs_a_real_rknn_through_adb_with_the_rknn_v1_ou
     # The session was freed when the toolkit released it.
     daemon.process.stop()
     assert "unloaded by the toolkit" in daemon.process.log_text()
+
+
+@pytest.mark.parametrize("claimed", ["2.3.2", "2.5.0"])
+def test_toolkit_2_3_2_runs_on_the_daemon_in_either_releases_layout(
+    toolkit_adb: PrivateAdbServer,
+    real_rknn: Path,
+    legacy_daemon: LegacyDaemonFactory,
+    board_for,
+    tmp_path: Path,
+    claimed: str,
+) -> None:
+    """2.3.2's librknn_api is 2.5.0's code (only its version string differs): its client is served
+    whichever of the two the daemon speaks, and prints the version the daemon claims."""
+    older = find_toolkit("2.3.2")
+    if older is None:
+        pytest.skip("no RKNN-Toolkit2 2.3.2 venv (rknn-client toolkit install --version 2.3.2 --torch-stub)")
+    daemon = legacy_daemon("--legacy-toolkit-version", claimed)
+    board = board_for(daemon)
+    x = np.random.default_rng(3).uniform(-20, 20, (1, 4, 4, 3)).astype(np.float32)
+    model = wrapped_model(real_rknn, tmp_path / "wrapped.rknn")
+    run = run_standard_script(older, toolkit_adb, tmp_path, daemon, board.serial, model, x)
+    assert "rknn-toolkit2 version: 2.3.2" in run.stdout + run.stderr
+    assert f"DRV: rknn_server: {claimed} (rknn-server-oss" in run.stdout
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected_output(x))
+
+
+def test_a_model_over_8_mb_arrives_in_one_load_and_runs(
+    toolkit: Toolkit,
+    toolkit_adb: PrivateAdbServer,
+    real_rknn: Path,
+    legacy_daemon: LegacyDaemonFactory,
+    board_for,
+    tmp_path: Path,
+) -> None:
+    """load_rknn + init_runtime send the whole file in one MsgLoad (librknn_api's split mode is not
+    used by the toolkit): a 9 MiB model travels whole and runs."""
+    daemon = legacy_daemon("--log-level", "debug")
+    board = board_for(daemon)
+    model = write_stub_model(
+        tmp_path / "big.rknn",
+        inputs=[StubTensor("x", "FP32", "NHWC", (1, 4, 4, 3))],
+        outputs=[StubTensor("y", "INT8", "NCHW", (1, 3, 4, 4), OUT_ZP, OUT_SCALE)],
+        container=real_rknn.read_bytes() + bytes(9 << 20),
+    )
+    x = np.random.default_rng(5).uniform(-20, 20, (1, 4, 4, 3)).astype(np.float32)
+    run_standard_script(toolkit, toolkit_adb, tmp_path, daemon, board.serial, model, x)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected_output(x))
+    daemon.process.stop()
+    loads = [
+        json.loads(line)
+        for line in daemon.process.log_text().splitlines()
+        if '"legacy_request"' in line and '"LOAD"' in line
+    ]
+    # One frame: the 0x70-byte header and size, the file, and the client's 132 trailing zero bytes.
+    assert [entry["size"] for entry in loads] == [0x70 + model.stat().st_size + 132]
 
 
 @pytest.mark.parametrize("name", ["rknn_server"])

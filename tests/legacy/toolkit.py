@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STAMP = "rknn-client-toolkit.json"
+PREFERRED_VERSION = "2.5.0"
 # A tiny ONNX model, y = 2x + 1 on a 1x3x4x4 input, exported by the toolkit for rk3588.
 EXPORT_SCRIPT = """
 import sys
@@ -63,18 +64,26 @@ class Toolkit:
         return self.package / "api/lib/linux-x86_64/librknn_api.so"
 
 
-def find_toolkit() -> Toolkit | None:
-    explicit = os.environ.get("RKNN_TOOLKIT2_PYTHON")
-    if explicit:
-        return Toolkit(Path(explicit), os.environ.get("RKNN_TOOLKIT2_VERSION", "2.5.0"))
+def installed_toolkits() -> list[Toolkit]:
+    """Every toolkit venv `rknn-client toolkit install` left, 2.5.0 first, then the torch-stub kind
+    (the same toolkit without 14 s of importing PyTorch per script)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rknn_client"
-    # The torch-stub kind first: the same toolkit, without 14 s of importing PyTorch per script.
-    for stamp in sorted(cache.glob(f"toolkit2-*/{STAMP}"), key=lambda p: "torch-stub" not in p.parent.name):
+    found = []
+    for stamp in cache.glob(f"toolkit2-*/{STAMP}"):
         info = json.loads(stamp.read_text())
         python = Path(info.get("python", stamp.parent / "bin/python"))
         if python.exists():
-            return Toolkit(python, str(info.get("version", "")))
-    return None
+            found.append((str(info.get("version", "")), "torch-stub" not in stamp.parent.name, python))
+    found.sort(key=lambda item: (item[0] != PREFERRED_VERSION, item[1], item[0]))
+    return [Toolkit(python, version) for version, _, python in found]
+
+
+def find_toolkit(version: str | None = None) -> Toolkit | None:
+    """RKNN_TOOLKIT2_PYTHON if set, else an installed toolkit (of `version` when given)."""
+    explicit = os.environ.get("RKNN_TOOLKIT2_PYTHON")
+    if explicit and version is None:
+        return Toolkit(Path(explicit), os.environ.get("RKNN_TOOLKIT2_VERSION", PREFERRED_VERSION))
+    return next((t for t in installed_toolkits() if version in (None, t.version)), None)
 
 
 def export_tiny_rknn(toolkit: Toolkit, folder: Path) -> Path:

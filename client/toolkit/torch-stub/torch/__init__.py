@@ -1,7 +1,7 @@
 """NOT PyTorch: rknn-client's stand-in, installed only by `rknn-client toolkit install --torch-stub`.
 
 `rknn.api` imports torch at import time and uses just `torch.nn.Module` (as a base class) and
-`torch.no_grad()` (as a decorator) until a PyTorch model is loaded. The PyPI torch wheel needs
+`torch.no_grad()` (as a decorator), and 2.3.2 also `torch.Tensor` (in annotations), until a PyTorch model is loaded. The PyPI torch wheel needs
 gigabytes of CUDA libraries merely to import, so tests may install this instead: ONNX, TFLite, Caffe
 and Darknet conversion, build, export and the simulator work; anything that really needs torch
 (load_pytorch) fails with the message below.
@@ -30,6 +30,13 @@ class no_grad:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+class Tensor:
+    """Only a name for annotations: no tensor is ever made from it."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError(STUB_NOTE)
 
 
 def __getattr__(name: str) -> Any:

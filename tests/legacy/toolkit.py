@@ -12,7 +12,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-STAMP = "rknn-client-toolkit.json"
+from rknn_client.toolkit.locate import STAMP
+from rknn_client.user_cache import cache_root
+
 PREFERRED_VERSION = "2.5.0"
 # A tiny ONNX model, y = 2x + 1 on a 1x3x4x4 input, exported by the toolkit for rk3588.
 EXPORT_SCRIPT = """
@@ -67,7 +69,7 @@ class Toolkit:
 def installed_toolkits() -> list[Toolkit]:
     """Every toolkit venv `rknn-client toolkit install` left, 2.5.0 first, then the torch-stub kind
     (the same toolkit without 14 s of importing PyTorch per script)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rknn_client"
+    cache = cache_root()
     found = []
     for stamp in cache.glob(f"toolkit2-*/{STAMP}"):
         info = json.loads(stamp.read_text())

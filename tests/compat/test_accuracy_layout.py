@@ -33,7 +33,7 @@ def test_accuracy_analysis_writes_the_toolkit_layout_read_with_genfromtxt(
     rknn.release()
 
     mapping = dict(
-        line.split() for line in Path("snapshot/map_name_to_file.txt").read_text().splitlines()[1:]
+        line.split() for line in Path("snapshot/map_name_to_file.txt").read_text().splitlines()[2:]
     )
     assert mapping["logits"] == "logits.txt"
     golden = np.genfromtxt("./snapshot/golden/logits.txt")

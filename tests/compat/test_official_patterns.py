@@ -202,8 +202,11 @@ def test_accuracy_analysis(path: str, orientation: Path, photos: Path, monkeypat
     finally:
         rknn.release()
     snapshot = photos / f"snapshot-{path}"
-    mapping = dict(line.split()[:2] for line in (snapshot / "map_name_to_file.txt").read_text().splitlines()[1:])
-    name = mapping["fetch_name_0"]
+    head, rule, *rows = (snapshot / "map_name_to_file.txt").read_text().splitlines()
+    assert head.split() == ["layer_name", "file_name"] and set(rule) == {"-"}
+    assert len(head) == len(rule) == 112  # the toolkit's two 56-character columns
+    name = dict(row.split() for row in rows)["fetch_name_0"]
+    assert name == "fetch_name_0.txt"
     golden = np.genfromtxt(snapshot / "golden" / name)
     simulator = np.genfromtxt(snapshot / "simulator" / name)
     assert golden.shape == simulator.shape == (4,)

@@ -25,6 +25,7 @@ from PIL import Image
 from rknn_client import RKNN, RKNNLite
 from rknn_client.compat.onnx_edit import onnx_edit
 from rknn_client.toolkit import Missing, locate
+from rknn_client.toolkit.locate import ENV_PYTHON
 from rknn_proto import model_container
 from tests import models
 from tests.adb.host_board import AdbHostBoard, point_adb_at
@@ -39,13 +40,18 @@ REFUSED = "the host runtime cannot run RKNN models"
 
 
 @pytest.fixture(scope="module", params=["host", "bridge"])
-def path(request: pytest.FixtureRequest) -> str:
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Which side the RKNN objects of a test take: `RKNN(toolkit=path)`."""
     if request.param == "bridge":
         found = locate()
         if isinstance(found, Missing):
             pytest.skip(f"no RKNN-Toolkit2 for the bridge ({found.reason}); `make toolkit` installs one")
-    return str(request.param)
+        # Named explicitly: the private adb server's HOME hides the managed venv in the user's cache.
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(ENV_PYTHON, str(found.python))
+            yield "bridge"
+        return
+    yield "host"
 
 
 @pytest.fixture(scope="module")

@@ -79,11 +79,16 @@ def rgb(path: Path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
 
 
-def float_top(model: Path, images: list[np.ndarray]) -> list[int]:
-    """ONNX Runtime's top class in float for NHWC uint8 images, normalised as configured."""
+def float_outputs(model: Path, name: str, images: list[np.ndarray]) -> np.ndarray:
+    """ONNX Runtime's float output for NHWC uint8 images, normalised as configured."""
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     batch = ((np.stack(images).astype(np.float32) - MEAN) / STD).transpose(0, 3, 1, 2).astype(np.float32)
-    return [int(row.argmax()) for row in session.run(None, {"x": batch})[0]]
+    return np.asarray(session.run(None, {name: batch})[0])
+
+
+def float_top(model: Path, images: list[np.ndarray]) -> list[int]:
+    """ONNX Runtime's top class in float, one per image."""
+    return [int(row.argmax()) for row in float_outputs(model, "x", images)]
 
 
 def assert_exported(path: str, exported: Path) -> None:
@@ -356,7 +361,6 @@ def adb_rk3588(adb_board: AdbHostBoard, monkeypatch: pytest.MonkeyPatch) -> AdbH
 
 def test_npu_device_test(
     path: str,
-    orientation: Path,
     photos: Path,
     adb_rk3588: AdbHostBoard,
     monkeypatch: pytest.MonkeyPatch,
@@ -366,12 +370,17 @@ def test_npu_device_test(
     """functions/npu_device_test: build, accuracy_analysis against the board, export, encrypted
     export; then a new RKNN: load_rknn, list_devices, init_runtime(target, perf_debug, eval_mem),
     get_sdk_version, eval_perf, eval_memory, inference. With the bridge, the toolkit's real .rknn
-    needs a real board: the runtime side is refused, saying why."""
+    needs a real board: the runtime side is refused, saying why. The model is small_cnn at 224x224:
+    the board-side accuracy_analysis runs every layer on the daemon, which takes a minute for the
+    trained model on this machine."""
     monkeypatch.chdir(photos)
-    exported = tmp_path / "orientation.rknn"
+    exported = tmp_path / "cnn.rknn"
+    model = models.small_cnn(tmp_path / "cnn.onnx", size=SIDE)
     rknn = RKNN(verbose=True, toolkit=path)
     try:
-        convert(rknn, orientation)
+        assert rknn.config(mean_values=MEAN, std_values=STD, target_platform="rk3588") == 0
+        assert rknn.load_onnx(model=str(model)) == 0
+        assert rknn.build(do_quantization=True, dataset="./dataset.txt") == 0
         analysed = rknn.accuracy_analysis(inputs=["./rot2.jpg"], output_dir=str(tmp_path / "snap"), target="rk3588")
         assert rknn.export_rknn(str(exported)) == 0
         assert rknn.export_encrypted_rknn_model(str(exported), None, 3) == -1
@@ -402,8 +411,8 @@ def test_npu_device_test(
         outputs = rknn.inference(inputs=[image[None]], data_format=["nhwc"])
     finally:
         rknn.release()
-    assert outputs is not None and outputs[0].shape == (1, 4)
-    assert int(outputs[0].argmax()) == float_top(orientation, [image])[0]
+    assert outputs is not None and outputs[0].shape == (1, 10)
+    assert cosine(outputs[0], float_outputs(model, "input", [image])) > 0.99
 
 
 @pytest.fixture(scope="module")

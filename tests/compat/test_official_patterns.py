@@ -143,7 +143,9 @@ def yolo_heads(path: Path, size: int = 64) -> Path:
 
     def weight(name: str, out: int, inp: int, k: int) -> onnx.TensorProto:
         scale = 1.0 / np.sqrt(inp * k * k)
-        return numpy_helper.from_array((rng.standard_normal((out, inp, k, k)) * scale).astype(np.float32), name)
+        return numpy_helper.from_array(
+            (rng.standard_normal((out, inp, k, k)) * scale).astype(np.float32), name
+        )
 
     inits = [weight("stem", 16, 3, 8), weight("s2", 16, 16, 3), weight("s3", 16, 16, 3)]
     inits += [weight(f"h{i}", 255, 16, 1) for i in range(3)]
@@ -157,7 +159,9 @@ def yolo_heads(path: Path, size: int = 64) -> Path:
     ]
     nodes += [helper.make_node("Conv", [f"f{i + 1}", f"h{i}"], [f"output{i}"]) for i in range(3)]
     outputs = [
-        helper.make_tensor_value_info(f"output{i}", TensorProto.FLOAT, [1, 255, size >> (3 + i), size >> (3 + i)])
+        helper.make_tensor_value_info(
+            f"output{i}", TensorProto.FLOAT, [1, 255, size >> (3 + i), size >> (3 + i)]
+        )
         for i in range(3)
     ]
     graph = helper.make_graph(
@@ -182,7 +186,9 @@ def test_yolov5(path: str, photos: Path, monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.chdir(photos)
     rknn = RKNN(verbose=True, toolkit=path)
     try:
-        assert rknn.config(mean_values=[[0, 0, 0]], std_values=[[255, 255, 255]], target_platform="rk3588") == 0
+        assert (
+            rknn.config(mean_values=[[0, 0, 0]], std_values=[[255, 255, 255]], target_platform="rk3588") == 0
+        )
         assert rknn.load_onnx(model=str(model)) == 0
         assert rknn.build(do_quantization=True, dataset="./dataset.txt") == 0
         assert rknn.export_rknn(str(tmp_path / "yolo.rknn")) == 0
@@ -202,7 +208,9 @@ def test_yolov5(path: str, photos: Path, monkeypatch: pytest.MonkeyPatch, tmp_pa
         assert cosine(got, reference) > 0.99
 
 
-def test_accuracy_analysis(path: str, orientation: Path, photos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_accuracy_analysis(
+    path: str, orientation: Path, photos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """functions/accuracy_analysis: build, accuracy_analysis(inputs, output_dir), then the script reads
     snapshot/golden/<output>.txt and snapshot/simulator/<output>.txt with np.genfromtxt."""
     monkeypatch.chdir(photos)
@@ -381,7 +389,9 @@ def test_npu_device_test(
         assert rknn.config(mean_values=MEAN, std_values=STD, target_platform="rk3588") == 0
         assert rknn.load_onnx(model=str(model)) == 0
         assert rknn.build(do_quantization=True, dataset="./dataset.txt") == 0
-        analysed = rknn.accuracy_analysis(inputs=["./rot2.jpg"], output_dir=str(tmp_path / "snap"), target="rk3588")
+        analysed = rknn.accuracy_analysis(
+            inputs=["./rot2.jpg"], output_dir=str(tmp_path / "snap"), target="rk3588"
+        )
         assert rknn.export_rknn(str(exported)) == 0
         assert rknn.export_encrypted_rknn_model(str(exported), None, 3) == -1
     finally:

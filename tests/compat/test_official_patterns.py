@@ -108,29 +108,39 @@ def convert(rknn: RKNN, model: Path, batch: int | None = None) -> None:
     assert rknn.build(do_quantization=True, dataset="./dataset.txt", rknn_batch_size=batch) == 0
 
 
-def test_resnet50v2(
-    path: str, orientation: Path, photos: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """onnx/resnet50v2: config, load_onnx, build(quantized), export_rknn, init_runtime() (the
-    simulator), inference(nhwc) per image, np.save of the output, softmax top-5."""
-    monkeypatch.chdir(photos)
+@pytest.fixture(scope="module")
+def converted(
+    path: str, orientation: Path, photos: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RKNN, Path]]:
+    """onnx/resnet50v2's conversion half on one RKNN (one toolkit worker) that the classifier patterns
+    continue: config, load_onnx, build(quantized), export_rknn. Released after the module."""
+    exported = tmp_path_factory.mktemp(f"converted-{path}") / "orientation_for_rk3588.rknn"
     rknn = RKNN(verbose=True, toolkit=path)
     try:
-        convert(rknn, orientation)
-        assert rknn.export_rknn(str(tmp_path / "orientation.rknn")) == 0
-        assert rknn.init_runtime() == 0
-        images = [rgb(photos / f"rot{turn}.jpg") for turn in range(4)]
-        tops = []
-        for image in images:
-            outputs = rknn.inference(inputs=[np.expand_dims(image, 0)], data_format=["nhwc"])
-            assert outputs is not None and [o.shape for o in outputs] == [(1, 4)]
-            np.save(tmp_path / "out.npy", outputs[0])
-            scores = np.load(tmp_path / "out.npy").astype(np.float64)[0]
-            softmax = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
-            tops.append(int(np.argsort(softmax)[::-1][0]))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(photos)
+            convert(rknn, orientation)
+        assert rknn.export_rknn(str(exported)) == 0
+        assert_exported(path, exported)
+        yield rknn, exported
     finally:
         rknn.release()
-    assert_exported(path, tmp_path / "orientation.rknn")
+
+
+def test_resnet50v2(converted: tuple[RKNN, Path], orientation: Path, photos: Path, tmp_path: Path) -> None:
+    """onnx/resnet50v2 after the conversion: init_runtime() (the simulator), inference(nhwc) per image,
+    np.save of the output, softmax top-5."""
+    rknn, _ = converted
+    assert rknn.init_runtime() == 0
+    images = [rgb(photos / f"rot{turn}.jpg") for turn in range(4)]
+    tops = []
+    for image in images:
+        outputs = rknn.inference(inputs=[np.expand_dims(image, 0)], data_format=["nhwc"])
+        assert outputs is not None and [o.shape for o in outputs] == [(1, 4)]
+        np.save(tmp_path / "out.npy", outputs[0])
+        scores = np.load(tmp_path / "out.npy").astype(np.float64)[0]
+        softmax = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+        tops.append(int(np.argsort(softmax)[::-1][0]))
     want = float_top(orientation, images)
     assert len(set(want)) == 4, want  # the photo's four rotations are four different classes
     assert tops == want
@@ -209,17 +219,13 @@ def test_yolov5(path: str, photos: Path, monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_accuracy_analysis(
-    path: str, orientation: Path, photos: Path, monkeypatch: pytest.MonkeyPatch
+    path: str, converted: tuple[RKNN, Path], orientation: Path, photos: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """functions/accuracy_analysis: build, accuracy_analysis(inputs, output_dir), then the script reads
-    snapshot/golden/<output>.txt and snapshot/simulator/<output>.txt with np.genfromtxt."""
+    """functions/accuracy_analysis after the same conversion: accuracy_analysis(inputs, output_dir), then
+    the script reads snapshot/golden/<output>.txt and snapshot/simulator/<output>.txt with np.genfromtxt."""
     monkeypatch.chdir(photos)
-    rknn = RKNN(verbose=True, toolkit=path)
-    try:
-        convert(rknn, orientation)
-        assert rknn.accuracy_analysis(inputs=["./rot1.jpg"], output_dir=f"./snapshot-{path}") == 0
-    finally:
-        rknn.release()
+    rknn, _ = converted
+    assert rknn.accuracy_analysis(inputs=["./rot1.jpg"], output_dir=f"./snapshot-{path}") == 0
     snapshot = photos / f"snapshot-{path}"
     head, rule, *rows = (snapshot / "map_name_to_file.txt").read_text().splitlines()
     assert head.split() == ["layer_name", "file_name"] and set(rule) == {"-"}
@@ -425,24 +431,9 @@ def test_npu_device_test(
     assert cosine(outputs[0], float_outputs(model, "input", [image])) > 0.99
 
 
-@pytest.fixture(scope="module")
-def lite_model(path: str, orientation: Path, photos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The .rknn a Lite script loads: converted by this path (the host's container, the toolkit's RKNN)."""
-    exported = tmp_path_factory.mktemp(f"lite-{path}") / "orientation_for_rk3588.rknn"
-    rknn = RKNN(toolkit=path)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.chdir(photos)
-            convert(rknn, orientation)
-        assert rknn.export_rknn(str(exported)) == 0
-    finally:
-        rknn.release()
-    return exported
-
-
 def test_rknnlite_resnet18(
     path: str,
-    lite_model: Path,
+    converted: tuple[RKNN, Path],
     orientation: Path,
     photos: Path,
     adb_rk3588: AdbHostBoard,
@@ -452,7 +443,7 @@ def test_rknnlite_resnet18(
     HWC image, top-5 of the reshaped output. On the board here, so no device_id."""
     lite = RKNNLite()
     try:
-        assert lite.load_rknn(str(lite_model)) == 0
+        assert lite.load_rknn(str(converted[1])) == 0
         started = lite.init_runtime(core_mask=RKNNLite.NPU_CORE_0)
         if path == "bridge":
             assert started == -1 and REFUSED in capfd.readouterr().err

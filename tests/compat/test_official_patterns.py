@@ -254,9 +254,9 @@ SHAPES = [32, 24, 16]
 
 
 @pytest.fixture(scope="module")
-def dynamic_export(path: str, photos: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def dynamic_export(path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RKNN, Path, Path]]:
     """functions/dynamic_shape's conversion half: config(dynamic_input=...) with quant_img_RGB2BGR,
-    load_onnx, quantized build, export_rknn. The ONNX model and the exported file."""
+    load_onnx, quantized build, export_rknn. The RKNN object, the ONNX model and the exported file."""
     folder = tmp_path_factory.mktemp(f"dynamic-{path}")
     model = dynamic_cnn(folder / "dynamic.onnx")
     rng = np.random.default_rng(6)
@@ -278,15 +278,10 @@ def dynamic_export(path: str, photos: Path, tmp_path_factory: pytest.TempPathFac
         assert rknn.load_onnx(model=str(model)) == 0
         assert rknn.build(do_quantization=True, dataset=str(folder / "dataset.txt")) == 0
         assert rknn.export_rknn(str(folder / "dynamic.rknn")) == 0
-        assert rknn.init_runtime() == 0
-        for side, image in dynamic_images():
-            outputs = rknn.inference(inputs=[image], data_format=["nchw"])
-            assert outputs is not None and outputs[0].shape == (1, 10), side
-            assert cosine(outputs[0], dynamic_reference(model, image)) > 0.98, side
+        assert_exported(path, folder / "dynamic.rknn")
+        yield rknn, model, folder / "dynamic.rknn"
     finally:
         rknn.release()
-    assert_exported(path, folder / "dynamic.rknn")
-    return model, folder / "dynamic.rknn"
 
 
 def dynamic_images() -> Iterator[tuple[int, np.ndarray]]:
@@ -303,9 +298,15 @@ def dynamic_reference(model: Path, image: np.ndarray) -> np.ndarray:
     return session.run(None, {"input": ((image.astype(np.float32) - mean) / 58.82).astype(np.float32)})[0]
 
 
-def test_dynamic_shape(dynamic_export: tuple[Path, Path]) -> None:
-    """functions/dynamic_shape runs to the end (the fixture: every listed shape through the simulator)."""
-    assert dynamic_export[1].is_file()
+def test_dynamic_shape(dynamic_export: tuple[RKNN, Path, Path]) -> None:
+    """functions/dynamic_shape after the conversion: init_runtime() (the simulator), then nchw inference
+    at each listed shape, the output the same model's in float."""
+    rknn, model, _ = dynamic_export
+    assert rknn.init_runtime() == 0
+    for side, image in dynamic_images():
+        outputs = rknn.inference(inputs=[image], data_format=["nchw"])
+        assert outputs is not None and outputs[0].shape == (1, 10), side
+        assert cosine(outputs[0], dynamic_reference(model, image)) > 0.98, side
 
 
 def test_multi_batch(
@@ -458,11 +459,14 @@ def test_rknnlite_resnet18(
 
 
 def test_rknnlite_dynamic_shape(
-    path: str, dynamic_export: tuple[Path, Path], adb_rk3588: AdbHostBoard, capfd: pytest.CaptureFixture[str]
+    path: str,
+    dynamic_export: tuple[RKNN, Path, Path],
+    adb_rk3588: AdbHostBoard,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """rknn-toolkit-lite2/dynamic_shape: load_rknn of a dynamic_input model, init_runtime, then nchw
     inference at each shape it was built for."""
-    model, exported = dynamic_export
+    _, model, exported = dynamic_export
     lite = RKNNLite()
     try:
         assert lite.load_rknn(str(exported)) == 0

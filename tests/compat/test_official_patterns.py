@@ -190,7 +190,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_yolov5(path: str, photos: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """onnx/yolov5: mean 0 / std 255, quantized build, export, simulator, one letterboxed nhwc image;
+    """onnx/yolov5: mean 0 / std 255, quantized build, export, simulator, one resized nhwc image (the script letterboxes);
     the script reshapes each head to [3, -1, h, w] for its post-processing."""
     model = yolo_heads(tmp_path / "yolo.onnx")
     monkeypatch.chdir(photos)
@@ -264,6 +264,8 @@ def dynamic_export(path: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"c{index}.jpg")
     (folder / "dataset.txt").write_text("".join(f"{folder}/c{index}.jpg\n" for index in range(3)))
     rknn = RKNN(verbose=True, toolkit=path)
+    patch = pytest.MonkeyPatch()
+    patch.chdir(folder)  # the toolkit leaves its check*.onnx files in the working directory
     try:
         assert (
             rknn.config(
@@ -279,8 +281,10 @@ def dynamic_export(path: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         assert rknn.build(do_quantization=True, dataset=str(folder / "dataset.txt")) == 0
         assert rknn.export_rknn(str(folder / "dynamic.rknn")) == 0
         assert_exported(path, folder / "dynamic.rknn")
+        patch.undo()
         yield rknn, model, folder / "dynamic.rknn"
     finally:
+        patch.undo()
         rknn.release()
 
 

@@ -49,8 +49,10 @@ def build_models(
     config: QuantConfig,
     do_quantization: bool = True,
     dataset: str | Path | None = None,
+    fixed_shapes: bool = True,
 ) -> BuiltModels:
-    """Write `float.onnx` (and `quant.onnx` when quantizing) into work_dir."""
+    """Write `float.onnx` (and `quant.onnx` when quantizing) into work_dir; `fixed_shapes=False` for a
+    model that will run at several input shapes (see quantize_model)."""
     if do_quantization and config.quantized_dtype not in EMULATED_DTYPES:
         raise AccuracyError(f"quantized_dtype {config.quantized_dtype!r} is not emulated; use 'w8a8'")
     if do_quantization and dataset is None:
@@ -72,5 +74,6 @@ def build_models(
         config.quantized_algorithm,
         config.quantized_method,
         config.quant_img_RGB2BGR,
+        fixed_shapes,
     )
     return BuiltModels(float_path, quant_path)

@@ -239,15 +239,21 @@ def quantize_model(
     algorithm: str = "normal",
     method: str = "channel",
     rgb2bgr: bool = False,
+    fixed_shapes: bool = True,
 ) -> None:
-    """Write the int8 QDQ model of `float_model_path` to `out_path`, calibrated on dataset.txt."""
+    """Write the int8 QDQ model of `float_model_path` to `out_path`, calibrated on dataset.txt.
+
+    `fixed_shapes=False` (a dynamic_input model, calibrated on its first shape set): GlobalAveragePools
+    stay whole, since the toolkit's split into 7x7 Convs is laid out for one spatial size only."""
     if algorithm not in ALGORITHMS:
         raise AccuracyError(f"quantized_algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
     if method not in METHODS:
         raise AccuracyError(f"quantized_method {method!r} is not one of {', '.join(METHODS)}")
     model = load_model(float_model_path)
     samples = load_dataset(model, dataset_txt, rgb2bgr)
-    optimized = split_global_pools(fuse_hardswish(optimize(model)))
+    optimized = fuse_hardswish(optimize(model))
+    if fixed_shapes:
+        optimized = split_global_pools(optimized)
     fused, activation_bounds = fuse_activations(optimized)
     points = quant_points(fused)
     ranges = activation_ranges(optimized, points, samples, algorithm)

@@ -146,10 +146,19 @@ def write_side(directory: Path, tensors: Mapping[str, np.ndarray], files: Mappin
         for name, array in tensors.items():
             value = np.asarray(array)
             stem = files[name].removesuffix(".txt")
-            np.savetxt(directory / f"{stem}.txt", value.reshape(-1), fmt=_text_format(value))
+            write_values(directory / f"{stem}.txt", value)
             np.save(directory / "npy" / f"{stem}.npy", value, allow_pickle=False)
     except OSError as exc:
         raise AccuracyError(f"cannot write tensors to {directory}: {exc}") from exc
+
+
+def write_values(path: Path, value: np.ndarray) -> None:
+    """One value per line, as np.savetxt of the flattened array writes it, ~4x faster (no Python loop
+    per line: the layer tensors of a 224x224 model are millions of values)."""
+    with path.open("w") as text:
+        value.reshape(-1).tofile(text, sep="\n", format=_text_format(value))
+        if value.size:
+            text.write("\n")
 
 
 def _text_format(value: np.ndarray) -> str:
@@ -157,10 +166,15 @@ def _text_format(value: np.ndarray) -> str:
     return "%.9g" if np.issubdtype(value.dtype, np.floating) else "%d"
 
 
+NAME_MAP_COLUMN = 56  # 2.5.0 pads both columns to 56 characters and rules the header off with dashes
+
+
 def write_name_map(path: Path, files: Mapping[str, str]) -> None:
-    """map_name_to_file.txt: a `layer_name file_name` table."""
-    width = max([len("layer_name"), *(len(name) for name in files)]) + 4
-    lines = [f"{'layer_name':<{width}}file_name", *(f"{name:<{width}}{file}" for name, file in files.items())]
+    """map_name_to_file.txt: the toolkit's `layer_name file_name` table (a longer name keeps one space)."""
+    width = NAME_MAP_COLUMN
+    rows = [("layer_name", "file_name"), *files.items()]
+    lines = [f"{name:<{width - 1}} {file:<{width}}" for name, file in rows]
+    lines.insert(1, "-" * 2 * width)
     write_text_atomically(path, "\n".join(lines) + "\n")
 
 

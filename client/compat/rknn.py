@@ -373,7 +373,9 @@ class RKNN(NpuCoreMasks):
         if do_quantization:
             self.log.i("build", f"quantizing to int8 ({self._quant.quantized_algorithm}) with {dataset}")
         folder = Path(self._workdir.name) / "build"
-        self._models = build_models(prepared, folder, self._quant, do_quantization, dataset)
+        self._models = build_models(
+            prepared, folder, self._quant, do_quantization, dataset, fixed_shapes=sets is None
+        )
         # The daemon runs what was built: the int8 QDQ model, or the float model without quantization,
         # with the batch or the dynamic shapes asked for.
         self._built = self._models.quant_model

@@ -68,7 +68,9 @@ def batched(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
         for node in graph.node:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = f"{node.name or node.op_type}__b{k}"
+            copy.name = (
+                f"{node.name}__b{k}" if node.name else ""
+            )  # unnamed stays unnamed: names must be unique
             copy.input[:] = [renamed(n, k) for n in node.input]
             copy.output[:] = [renamed(n, k) for n in node.output]
             nodes.append(copy)

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from rknn_client import RKNN
+from rknn_client.accuracy.report import write_values
 from tests import models
 
 
@@ -33,7 +34,7 @@ def test_accuracy_analysis_writes_the_toolkit_layout_read_with_genfromtxt(
     rknn.release()
 
     mapping = dict(
-        line.split() for line in Path("snapshot/map_name_to_file.txt").read_text().splitlines()[1:]
+        line.split() for line in Path("snapshot/map_name_to_file.txt").read_text().splitlines()[2:]
     )
     assert mapping["logits"] == "logits.txt"
     golden = np.genfromtxt("./snapshot/golden/logits.txt")
@@ -49,3 +50,26 @@ def test_accuracy_analysis_writes_the_toolkit_layout_read_with_genfromtxt(
         assert sorted(os.listdir(f"snapshot/{side}/npy")) == sorted(
             name[:-4] + ".npy" for name in os.listdir(f"snapshot/{side}") if name.endswith(".txt")
         )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32),
+        np.arange(-3, 5, dtype=np.int64),
+        np.array([], np.float32),
+        np.array([True, False]),
+        np.float16([1.5, -2.25]),
+    ],
+)
+def test_tensor_text_files_read_back_as_the_toolkits_one_value_per_line(
+    value: np.ndarray, tmp_path: Path
+) -> None:
+    """The fast writer writes what np.savetxt of the flattened tensor writes, and genfromtxt reads it back."""
+    write_values(tmp_path / "fast.txt", value)
+    fmt = "%.9g" if np.issubdtype(value.dtype, np.floating) else "%d"
+    np.savetxt(tmp_path / "slow.txt", value.reshape(-1), fmt=fmt)
+    assert (tmp_path / "fast.txt").read_text() == (tmp_path / "slow.txt").read_text()
+    if value.size:
+        read = np.genfromtxt(tmp_path / "fast.txt").astype(value.dtype)  # 9 digits round-trip a float32
+        np.testing.assert_array_equal(read, value.reshape(-1))

@@ -17,6 +17,7 @@ from PIL import Image
 
 from demo.daemon_process import DaemonProcess
 from demo.models import save_mobilenet_v2
+from rknn_client import digest_cache
 from rknn_client.api import connect
 from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import FailedPrecondition, advice
@@ -299,7 +300,11 @@ def test_a_target_mismatch_is_fixed_in_the_terms_of_the_interface_in_use(
     )
 
 
-def test_upload_reports_hashing_before_sending_in_bytes(make_daemon: DaemonFactory, demo_model: Path) -> None:
+def test_upload_reports_hashing_before_sending_in_bytes(
+    make_daemon: DaemonFactory, demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A digest cache of this test's own: the model is hashed here, whatever other tests remembered.
+    monkeypatch.setenv(digest_cache.PATH_ENV, str(tmp_path / digest_cache.FILE_NAME))
     events: list[tuple[str, int, int]] = []
     size = demo_model.stat().st_size
     with connect(make_daemon().url) as device:

@@ -50,7 +50,9 @@ def accuracy_analysis(model: Path, device_url: str) -> int:
     dataset = write_dataset(calibration, photo_crops(IMAGE, calibration, CALIBRATION_IMAGES, 224))
     probe = WORK / "grace_hopper_224.png"
     Image.fromarray(load_image(IMAGE)).save(probe)
-    rknn = RKNN(verbose=False)
+    # The host path, whatever is installed: our int8 emulation against the daemon's runtime (a real
+    # RKNN-Toolkit2, found in auto mode, would compile for a board the virtual one cannot stand in for).
+    rknn = RKNN(verbose=False, toolkit="host")
     rknn.config(mean_values=MEAN, std_values=STD, target_platform="rk3588")
     try:
         if rknn.load_onnx(str(model)) != 0 or rknn.build(do_quantization=True, dataset=str(dataset)) != 0:
@@ -88,7 +90,9 @@ def main() -> int:
                 print(f"{attempt} upload of {model.name} ({model.stat().st_size / 2**20:.1f} MiB): {status}")
 
         banner("RKNN-Toolkit2 flow: from rknn_client import RKNN")
-        rknn = RKNN(verbose=False)
+        # The demo shows the embedded host runtime, so it takes the host path even where a real
+        # RKNN-Toolkit2 is installed (docs/toolkit-compat.md: RKNN(toolkit=...)).
+        rknn = RKNN(verbose=False, toolkit="host")
         rknn.config(mean_values=MEAN, std_values=STD, target_platform="rk3588")
         if rknn.load_onnx(str(model)) != 0 or rknn.build(do_quantization=False) != 0:
             return 1

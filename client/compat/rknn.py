@@ -138,6 +138,7 @@ def _bridged(
                 return failure
             if then is not None:
                 then(self, reply.value)
+            self._remember_for_host(api, fn, args, kwargs, reply.value)
             return reply.value
 
         return wrapper
@@ -185,6 +186,9 @@ class RKNN(NpuCoreMasks):
             mode = "auto"
         self._route = ToolkitRoute(mode, verbose, verbose_file)
         self._toolkit_model = False  # the current model lives in the toolkit's worker
+        # In auto mode, the host-path twins of the toolkit's config/load_onnx/build, replayed when the
+        # model must run on a virtual board (a host-runtime daemon cannot run what the toolkit compiled).
+        self._host_replay: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] | None = []
         self._toolkit_built = False
         self._exported: Path | None = None  # the toolkit's .rknn for init_runtime(target=...)
         self._simulator = False  # init_runtime() ran in the toolkit: inference goes there
@@ -465,6 +469,38 @@ class RKNN(NpuCoreMasks):
 
     # -- runtime -----------------------------------------------------------------------------
 
+    def _remember_for_host(
+        self, api: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], value: Any
+    ) -> None:
+        """Keep what the host path needs to build the same model (auto mode only; ONNX models only)."""
+        if self._route.mode != "auto" or value != 0:
+            return
+        if api.startswith("load_"):
+            replay = self._host_replay or []
+            configs = [call for call in replay if call[0].__name__ == "config"]
+            self._host_replay = [*configs, (fn, args, kwargs)] if api == "load_onnx" else None
+        elif api in ("config", "build") and self._host_replay is not None:
+            self._host_replay.append((fn, args, kwargs))
+        elif api.startswith("hybrid_quantization"):
+            self._host_replay = None  # the toolkit's own quantization: nothing on the host path matches it
+
+    def _build_on_host(self, where: str) -> bool:
+        """Auto mode, a daemon that runs ONNX models only (a virtual board): build the model on the host
+        path too, as the toolkit's config/load_onnx/build calls asked. False when that cannot be done."""
+        replay = self._host_replay
+        if self._route.mode != "auto" or not replay or not any(c[0].__name__ == "load_onnx" for c in replay):
+            return False
+        self.log.i(
+            "init_runtime",
+            f"the daemon at {where} is a virtual board (it runs ONNX models, not what RKNN-Toolkit2 "
+            "compiled): building the model with ONNX Runtime for it",
+        )
+        for fn, args, kwargs in replay:
+            if fn(self, *args, **kwargs) != 0:
+                raise BuildError(f"{fn.__name__}() on the host path failed (see the error above)")
+        self._toolkit_model = self._toolkit_built = False
+        return True
+
     def _toolkit_missing(self, api: str, missing: Missing) -> None:
         if self._route.mode == "auto":  # the host path is the documented fallback: say why at debug level
             self.log.d(api, f"{missing.message()}; using the host path (ONNX Runtime)")
@@ -539,7 +575,10 @@ class RKNN(NpuCoreMasks):
                 f"target mismatch: init_runtime(target='{self._target}') but the board at "
                 f"{self._device.endpoint.description} is {info.soc}"
             )
-        self._check_runnable(model, info.model_formats, info.soc, self._device.endpoint.description)
+        where = self._device.endpoint.description
+        if self._toolkit_model and ".rknn" not in info.model_formats and self._build_on_host(where):
+            model = self._model_for_runtime()
+        self._check_runnable(model, info.model_formats, info.soc, where)
         self._session = self._device.load(
             model,
             target=self._target,

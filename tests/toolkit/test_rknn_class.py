@@ -199,6 +199,35 @@ def test_a_host_runtime_daemon_refuses_the_toolkits_rknn(
     assert "the host runtime cannot run RKNN models" in err
 
 
+def test_auto_mode_builds_on_the_host_path_for_a_virtual_board(
+    toolkit: Toolkit,
+    host_daemon: DaemonProcess,
+    images: tuple[Path, list[np.ndarray]],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The demo's flow with a toolkit installed: auto mode converts in the toolkit, and a host-runtime
+    daemon (which cannot run what the toolkit compiled) gets the same model built with ONNX Runtime."""
+    model = models.small_cnn(tmp_path / "cnn.onnx", size=SIZE)
+    rknn = RKNN(verbose=True, toolkit="auto")
+    try:
+        assert rknn.config(mean_values=[MEAN], std_values=[STD], target_platform="rk3588") == 0
+        assert rknn.load_onnx(model=str(model)) == 0
+        assert rknn.build(do_quantization=False) == 0
+        assert rknn._route.started  # the conversion ran in the real toolkit
+        assert rknn.init_runtime(device_id=host_daemon.url) == 0
+        said = capfd.readouterr()
+        assert "is a virtual board" in said.out + said.err
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        image = images[1][0]
+        outputs = rknn.inference(inputs=[image])
+        assert outputs is not None
+        nchw = ((image.astype(np.float32) - MEAN) / STD).transpose(2, 0, 1)[None].astype(np.float32)
+        np.testing.assert_allclose(outputs[0], session.run(None, {"input": nchw})[0], rtol=1e-4, atol=1e-4)
+    finally:
+        rknn.release()
+
+
 def test_a_killed_worker_is_minus_one_naming_the_install(
     toolkit: Toolkit, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

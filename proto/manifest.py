@@ -81,5 +81,14 @@ def describe_files(
     )
 
 
+def one_file_manifest(name: str, data: bytes) -> rknn_pb2.ModelManifest:
+    """The manifest of a one-file model held whole in memory."""
+    entry = FileEntry(name, len(data), hashlib.sha256(data).hexdigest())
+    return rknn_pb2.ModelManifest(
+        digest=manifest_digest([entry]),
+        files=[rknn_pb2.ModelFile(name=entry.name, size=entry.size, sha256=entry.sha256)],
+    )
+
+
 def entries_of(manifest: rknn_pb2.ModelManifest) -> list[FileEntry]:
     return [FileEntry(f.name, f.size, f.sha256) for f in manifest.files]

@@ -24,7 +24,6 @@ a model damaged on disk is removed and reported instead of loaded.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import threading
@@ -41,6 +40,7 @@ from rknn_proto.manifest import (
     entries_of,
     file_sha256,
     manifest_digest,
+    one_file_manifest,
     valid_digest,
     valid_file_name,
 )
@@ -284,11 +284,7 @@ class ModelCache:
     def store_bytes(self, name: str, data: bytes) -> str:
         """Cache a one-file model received whole (as an upload of it would) and return its digest: for
         protocols that carry the model in one message (the RKNN-Toolkit2 listener)."""
-        entry = FileEntry(name, len(data), hashlib.sha256(data).hexdigest())
-        manifest = rknn_pb2.ModelManifest(
-            digest=manifest_digest([entry]),
-            files=[rknn_pb2.ModelFile(name=entry.name, size=entry.size, sha256=entry.sha256)],
-        )
+        manifest = one_file_manifest(name, data)
         cached, _ = self.prepare(manifest)
         if not cached:
             upload = self.begin_upload(manifest, [0])

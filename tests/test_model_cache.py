@@ -16,22 +16,11 @@ from rknn_server.uploads import BLOCK_BYTES, Upload
 
 
 def manifest_of(data: bytes, name: str = "m.onnx") -> rknn_pb2.ModelManifest:
-    entry = manifest.FileEntry(name, len(data), hashlib.sha256(data).hexdigest())
-    return rknn_pb2.ModelManifest(
-        digest=manifest.manifest_digest([entry]),
-        files=[rknn_pb2.ModelFile(name=name, size=entry.size, sha256=entry.sha256)],
-    )
+    return manifest.one_file_manifest(name, data)
 
 
 def store(cache: ModelCache, data: bytes) -> str:
-    man = manifest_of(data)
-    upload = cache.begin_upload(man, [0])
-    try:
-        upload.write(0, 0, data)
-        upload.finish()
-    finally:
-        upload.close()
-    return man.digest
+    return cache.store_bytes("m.onnx", data)
 
 
 def test_a_model_appears_only_after_it_verified(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from rknn_server import __version__
 from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
 from rknn_server.http_endpoint import parse_metrics_listen
+from rknn_server.kserve.repository import RepositoryError
 from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
 from rknn_server.legacy.listener import parse_place
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
@@ -148,6 +149,13 @@ def serve_parser() -> argparse.ArgumentParser:
         default=Path("~/.cache/rknn_server").expanduser(),
         metavar="DIR",
         help="model cache folder",
+    )
+    cache.add_argument(
+        "--model-repository",
+        type=Path,
+        metavar="DIR",
+        help="KServe v2 model repository: one folder per model (its file(s) and an optional config.toml), "
+        "served by folder name beside the uploaded models (default: none)",
     )
     cache.add_argument(
         "--cache-quota", type=size, default=CacheLimits.quota_bytes, metavar="SIZE", help="model cache size"
@@ -475,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         return run(daemon_config(args))
-    except (BackendUnavailable, SecurityConfigError, OSError) as exc:
+    except (BackendUnavailable, SecurityConfigError, RepositoryError, OSError) as exc:
         print(f"rknn_server: {exc}", file=sys.stderr)
         return 2
 
@@ -487,6 +495,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         runtime=args.runtime,
         soc=args.soc.lower(),
         model_cache=args.model_cache,
+        model_repository=args.model_repository,
         cache_limits=CacheLimits(
             quota_bytes=args.cache_quota,
             max_model_bytes=args.max_model_bytes,

@@ -19,6 +19,7 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.kserve import grpc_service_pb2_grpc as v2_grpc
 from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server import __version__
@@ -26,6 +27,9 @@ from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.data_plane import DataPlane, SessionLimits
 from rknn_server.guard import CallLimits, Guard
 from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
+from rknn_server.kserve import grpc_service as v2
+from rknn_server.kserve.models import V2Models
+from rknn_server.kserve.repository import ModelRepository
 from rknn_server.legacy import startup as legacy
 from rknn_server.legacy.connection import LegacyLimits
 from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
@@ -51,6 +55,7 @@ class DaemonConfig:
     runtime: str = "auto"
     soc: str = ""
     model_cache: Path = field(default_factory=lambda: Path("~/.cache/rknn_server").expanduser())
+    model_repository: Path | None = None  # KServe v2 models by folder name (server/kserve)
     cache_limits: CacheLimits = field(default_factory=CacheLimits)
     verify_interval_s: float = 86400.0  # re-hash each cached model this often (0: only when its files change)
     verify_cache: bool = False  # re-hash every cached model at start-up, before serving
@@ -243,6 +248,16 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ),
         metrics,
     )
+    # KServe v2 beside rknn.v1: the repository's configs are checked now (a bad one stops the start).
+    repository = None
+    if config.model_repository is not None:
+        repository = ModelRepository(
+            config.model_repository, backend.model_suffixes, config.cache_limits.max_model_bytes
+        )
+        for name in repository.names():
+            repository.read(name)
+    models = V2Models(plane, repository, max(1, config.max_sessions // 2))
+    serving = asyncio.Event()
     guard = Guard(access, _call_limits(config))
     metrics.watch(
         StateCollector(
@@ -264,12 +279,20 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
+    v2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        v2.InferenceService(models, metrics, serving.is_set), server
+    )
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     from grpc_reflection.v1alpha import reflection
 
     reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        [
+            SERVICE_NAME,
+            v2.SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
         server,
     )
     bound = []
@@ -278,7 +301,6 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         bound.append(address.display(port))
         if address.scheme == "tcp":
             access.listeners.append((address.host, port))
-    serving = asyncio.Event()
     http_server, metrics_url = None, ""
     if config.metrics_listen is not None:
         endpoint = HttpEndpoint(
@@ -300,6 +322,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         legacy_plan, plane, legacy_limits, RELEASES[config.legacy_toolkit]
     )
     bound += [f"{place} (RKNN-Toolkit2 protocol)" for place in legacy_bound]
+    await models.load_all()
     for status_name in ("", SERVICE_NAME):
         await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()

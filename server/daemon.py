@@ -30,6 +30,7 @@ from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_ex
 from rknn_server.kserve import grpc_service as v2
 from rknn_server.kserve.models import V2Models
 from rknn_server.kserve.repository import ModelRepository
+from rknn_server.kserve.rest import RestV2
 from rknn_server.legacy import startup as legacy
 from rknn_server.legacy.connection import LegacyLimits
 from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
@@ -304,7 +305,15 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     http_server, metrics_url = None, ""
     if config.metrics_listen is not None:
         endpoint = HttpEndpoint(
-            Routes(metrics.exposition, serving.is_set), HttpAccess(tokens, not config.trust_loopback)
+            Routes(
+                metrics.exposition,
+                serving.is_set,
+                more=RestV2(models, metrics),
+                posts=RestV2.posts,
+                max_body_bytes=config.max_message_bytes,
+                body_budget=plane.frame_memory,
+            ),
+            HttpAccess(tokens, not config.trust_loopback),
         )
         http_server, http_port = await endpoint.start(config.metrics_listen)
         metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"

@@ -56,7 +56,7 @@ class InputTensor:
     datatype: str
     shape: tuple[int, ...]
     raw: bytes | None = None
-    values: Sequence[object] | None = None
+    values: Sequence[object] | np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from rknn_server.errors import InvalidInput, NotFound, status_of
+from rknn_server.errors import InvalidInput, status_of
 from rknn_server.http_endpoint import Reply, Request
 from rknn_server.kserve.models import InputTensor, ModelMetadata, OutputTensor, TensorMetadata, V2Models
 from rknn_server.metrics import DaemonMetrics
@@ -274,10 +274,9 @@ class RestV2:
         return _json(200, {})
 
     async def _infer(self, name: str, version: str, request: Request) -> Reply:
+        self.models.resolve(name, version)  # an unknown model or version first, whatever the body
         header, binary = _header_and_binary(request)
         requested, binary_out = _wanted_binary(header)
-        if not name:
-            raise NotFound("the route names no model")
         model, outputs = await self.models.infer(
             name, version, request.owner, decode_inputs(header, binary), requested
         )

@@ -91,6 +91,23 @@ def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: 
                 "rknn_server.pipeline",
             ),
         ),
+        # KServe v2's protocol-neutral half is shared by its gRPC and REST forms: it knows neither.
+        *(
+            (
+                f"server/kserve/{name}.py",
+                (
+                    "rknn_proto.kserve",
+                    "rknn_server.http_endpoint",
+                    "rknn_server.kserve.grpc_service",
+                    "rknn_server.kserve.rest",
+                    "rknn_server.service",
+                    "rknn_server.runtime.host",
+                    "rknn_server.runtime.rknnrt",
+                    "rknn_server.runtime.isolated",
+                ),
+            )
+            for name in ("models", "repository", "datatypes")
+        ),
     ],
 )
 def test_a_module_imports_only_what_its_room_allows(module: str, forbidden: tuple[str, ...]) -> None:

@@ -166,8 +166,9 @@ class HttpEndpoint:
             return _text(exc.status, str(exc))
         route = path.partition("?")[0]
         posts = self.routes.posts(route)
-        if method != "GET" and not (method == "POST" and posts):
-            return Reply(405, TEXT, b"only GET is served here\n", (("Allow", "POST" if posts else "GET"),))
+        if method != ("POST" if posts else "GET"):
+            allowed = "POST" if posts else "GET"
+            return Reply(405, TEXT, f"only {allowed} is served here\n".encode(), (("Allow", allowed),))
         # Health stays open (as gRPC health does), so that load balancers and probes need no token.
         if route == "/v2/health/live":
             return Reply(200, TEXT, b"")

@@ -4,6 +4,7 @@ inference on repository and uploaded models equal bit for bit to the rknn.v1 pat
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -312,3 +313,29 @@ def test_repository_index_unload_and_load(v2_daemon: V2Daemon) -> None:
         )
     missing = v2_daemon.one({"op": "load", "model": "nothing-here"})
     assert missing["status"] == "StatusCode.NOT_FOUND"
+
+
+def raw_http(daemon: V2Daemon, data: bytes) -> bytes:
+    """Send bytes to the HTTP listener, end the request stream, and read the whole answer."""
+    host, _, port = daemon.http.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_the_http_listener_bounds_request_bodies(v2_daemon: V2Daemon) -> None:
+    infer = b"POST /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\n"
+    too_big = raw_http(v2_daemon, infer + b"Content-Length: 100000000\r\n\r\n")
+    assert too_big.startswith(b"HTTP/1.1 413 ") and b"over the limit" in too_big
+    assert raw_http(v2_daemon, infer + b"\r\n").startswith(b"HTTP/1.1 411 ")
+    assert raw_http(v2_daemon, infer + b"Transfer-Encoding: chunked\r\n\r\n").startswith(b"HTTP/1.1 411 ")
+    short = raw_http(v2_daemon, infer + b"Content-Length: 100\r\n\r\n{}")
+    assert short.startswith(b"HTTP/1.1 400 ") and b"ended after 2 of its 100 bytes" in short
+    # POST only where a body is taken; GET where it is not.
+    assert raw_http(v2_daemon, b"POST /v2 HTTP/1.1\r\nContent-Length: 0\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+    assert raw_http(v2_daemon, b"GET /v2/models/cnn/infer HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+    assert v2_daemon.infer("cnn", "http-json", {"input": IMAGE})["logits"].shape == (1, 10)

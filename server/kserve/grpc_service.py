@@ -16,13 +16,15 @@ import grpc
 
 from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
-from rknn_server.errors import InvalidInput
+from rknn_proto.version import MAX_MESSAGE_BYTES
+from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.guard import client_identity
 from rknn_server.kserve.models import InputTensor, ModelMetadata, TensorMetadata, V2Models
 from rknn_server.metrics import DaemonMetrics
 from rknn_server.service import _Call, _fail
 
 T = TypeVar("T")
+REPLY_HEADROOM_BYTES = 64 << 10  # the reply's names, shapes and framing besides the output bytes
 
 # The InferTensorContents field that carries each datatype's elements.
 CONTENTS_FIELD = {
@@ -162,8 +164,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 decode_inputs(request),
                 [o.name for o in request.outputs],
             )
+            call.bytes_out = sum(o.array.nbytes for o in outputs)
+            if call.bytes_out > MAX_MESSAGE_BYTES - REPLY_HEADROOM_BYTES:
+                raise ResourceExhausted(
+                    f"the outputs are {call.bytes_out} bytes, over the {MAX_MESSAGE_BYTES} bytes of one gRPC "
+                    "reply; ask for fewer outputs, or use rknn.v1's streaming Inference"
+                )
             raw = [o.array.tobytes() for o in outputs]
-            call.bytes_out = sum(len(r) for r in raw)
             return pb.ModelInferResponse(
                 model_name=model.name,
                 model_version=request.model_version or "1",

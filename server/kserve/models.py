@@ -26,7 +26,7 @@ from rknn_proto import codec, rknn_pb2
 from rknn_proto.manifest import valid_digest
 from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
-from rknn_server.errors import InvalidInput, NotFound, ServiceError
+from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
 from rknn_server.frames import PERMUTATIONS, Declared, take_arrays, wire_outputs
 from rknn_server.kserve.datatypes import datatype_of, dtype_of
 from rknn_server.kserve.repository import ModelConfig, ModelRepository, TensorConfig
@@ -290,7 +290,7 @@ class V2Models:
         except NotFound:
             raise
         except Exception as exc:
-            self._unload(name, str(exc) if isinstance(exc, ServiceError) else "its model failed to load")
+            self._unload(name, status_of(exc)[1])
             await self._drop_old(name)
             log.warning("model_load_failed", model=name, error=f"{type(exc).__name__}: {exc}")
             raise

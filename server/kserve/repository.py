@@ -73,12 +73,20 @@ def valid_model_name(name: str) -> bool:
     return valid_file_name(name) and not valid_digest(name)
 
 
-def _loads_toml(text: str) -> dict[str, Any]:
+def _loads_toml(model: str, text: str) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # Python 3.10 board images: the [server] extra installs tomli
-        import tomli as tomllib
-    return tomllib.loads(text)
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise RepositoryError(
+                f"model {model!r}: reading {CONFIG_FILE} on Python 3.10 needs tomli"
+            ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RepositoryError(f"model {model!r}: {CONFIG_FILE} is not valid TOML: {exc}") from None
 
 
 def _tensors(model: str, key: str, value: object) -> tuple[TensorConfig, ...]:
@@ -112,10 +120,7 @@ def _tensors(model: str, key: str, value: object) -> tuple[TensorConfig, ...]:
 
 def parse_config(model: str, text: str) -> ModelConfig:
     """A model's config.toml, validated: unknown keys and bad values are errors that say what is expected."""
-    try:
-        table = _loads_toml(text)
-    except ValueError as exc:  # tomllib.TOMLDecodeError
-        raise RepositoryError(f"model {model!r}: {CONFIG_FILE} is not valid TOML: {exc}") from None
+    table = _loads_toml(model, text)
     unknown = sorted(set(table) - set(_TOP_KEYS))
     if unknown:
         raise RepositoryError(

@@ -11,8 +11,10 @@ import numpy as np
 
 from demo.daemon_process import clean_environ
 from rknn_client import connect
-from tests.kserve.conftest import start_v2_daemon
-from tests.metrics.conftest import get
+from tests.kserve.conftest import V2Daemon, start_v2_daemon
+from tests.metrics.conftest import get, start_metrics_daemon
+from tests.rknnrt.fake_sysfs import rk3588_board
+from tests.rknnrt_cases import image_model, rknnrt_args
 
 TOKEN = "kserve-token-0123456789abcdef"
 IMAGE = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
@@ -103,3 +105,31 @@ def test_sessions_are_cached_per_caller_bounded_and_closed_on_unload(
             assert device.info(refresh=True).open_sessions == 0
     finally:
         daemon.running.daemon.stop()
+
+
+def test_an_rknn_model_on_the_rknnrt_runtime(tmp_path: Path, triton_python: Path, stub_lib: Path) -> None:
+    """A repository .rknn on librknnrt (the stub): uint8 NHWC in, the int8 output dequantized as rknn.v1 does."""
+    repository = tmp_path / "repository"
+    (repository / "score").mkdir(parents=True)
+    image_model(repository / "score" / "image.rknn")
+    board = rk3588_board(tmp_path / "board")
+    running = start_metrics_daemon(
+        tmp_path, "--model-repository", str(repository), *rknnrt_args(stub_lib, board)
+    )
+    daemon = V2Daemon(running, triton_python, tmp_path)
+    try:
+        meta = daemon.one({"op": "metadata", "model": "score", "protocol": "http-json"})["ok"]
+        assert meta["platform"] == "rknn"
+        assert [(t["datatype"], t["shape"]) for t in meta["inputs"]] == [("UINT8", [1, 16, 16, 3])]
+        assert [t["datatype"] for t in meta["outputs"]] == ["FP32"]
+        image = np.random.default_rng(4).integers(0, 255, (1, 16, 16, 3), dtype=np.uint8)
+        with (
+            connect(running.daemon.url) as device,
+            device.load(repository / "score" / "image.rknn") as session,
+        ):
+            expected = session.run([image])[0]
+        for protocol in ("grpc", "http-binary"):
+            found = daemon.infer("score", protocol, {"image": image})["score"]
+            assert found.dtype == expected.dtype == np.float32 and found.tobytes() == expected.tobytes()
+    finally:
+        running.daemon.stop()

@@ -77,8 +77,6 @@ def _handshake(endpoint: Endpoint, timeout: float, token: str | None) -> rknn_pb
             return device.handshake(timeout)
     except (RknnError, TransportError):
         return None
-    finally:
-        endpoint.close()
 
 
 def _adb_row(

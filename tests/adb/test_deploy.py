@@ -20,12 +20,12 @@ import psutil
 import pytest
 
 from rknn_client import __version__
+from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
 from rknn_client.cli import main
 from rknn_client.deploy.board import BoardFacts, DeployRefused
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, download_command, only
 from rknn_client.deploy.install import INSTALL_DIR, PID_FILE, TOOLKIT_LAUNCHER, _install_launcher, deploy
-from rknn_client.negotiate import request_info
 from rknn_client.transport.adb import connect_adb_server, open_adb
 from tests.adb.conftest import MakeBoard
 from tests.adb.fixtures import EmulatedBoard
@@ -102,11 +102,8 @@ def test_deploy_installs_starts_verifies_and_then_only_verifies(
     assert any("start_rknn.sh" in note and "killall" in note for note in first.notes)
     pid = int(python_board.profile.local_path(PID_FILE).read_text())
     assert psutil.pid_exists(pid)
-    endpoint = open_adb(python_board.serial, socket_name=socket_name)
-    try:
-        assert request_info(endpoint.grpc_target, 10, "test").daemon_version == __version__
-    finally:
-        endpoint.close()
+    with Device(open_adb(python_board.serial, socket_name=socket_name)) as device:
+        assert device.handshake(10).daemon_version == __version__
 
     second = deploy(python_board.serial, socket_name=socket_name, builder=builder)
     assert second.actions == []

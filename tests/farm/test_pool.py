@@ -23,7 +23,7 @@ from grpc_health.v1.health import HealthServicer
 
 from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import connect
-from rknn_client.errors import FailedPrecondition
+from rknn_client.errors import FailedPrecondition, VersionMismatch
 from rknn_client.farm import (
     AcquireTimeout,
     DeviceEntry,
@@ -300,3 +300,16 @@ def test_a_board_with_a_token_file_takes_the_farm_files_token_over_the_variable(
     with Farm([keyed], holder="keyed-job").acquire(timeout=30) as device, device.load(cnn_model) as session:
         assert session.outputs[0].shape == (1, 10)
         assert probe(keyed).reserved_by == "keyed-job"
+
+
+def test_every_call_of_a_device_is_made_after_the_version_check(sick_peers: tuple[str, str]) -> None:
+    """A daemon needing newer clients is refused with the one VersionMismatch message whatever the
+    first call is (a Reserve used to reach it and come back as a bare UNIMPLEMENTED)."""
+    _, newer = sick_peers
+    for call in (
+        lambda device: device.reserve("job", 30.0),
+        lambda device: device.queue_reservation("job", 30.0, wait_s=1.0),
+        lambda device: device.release_reservation("no-such-token"),
+    ):
+        with connect(newer) as device, pytest.raises(VersionMismatch, match="needs clients >= "):
+            call(device)

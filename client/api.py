@@ -14,12 +14,13 @@ import functools
 import math
 import os
 import platform
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 import numpy as np
@@ -30,7 +31,9 @@ from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMism
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
 from rknn_client.pipeline import Pipeline, ordered_map
+from rknn_client.reservation import PendingReservation, Reservation
 from rknn_client.transport.base import Endpoint
+from rknn_client.transport.health import SERVING, health_status
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
 from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
@@ -39,10 +42,12 @@ from rknn_proto.version import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
+    RESERVATION_METADATA_KEY,
     RUN_RPC_VERSION,
 )
 
 T = TypeVar("T")
+R_co = TypeVar("R_co", covariant=True)
 Progress = Callable[[int, int], None]
 # Re-opens a lost session on a restarted daemon: the new InitRuntime reply and the model bytes re-sent.
 Reopen = Callable[[], tuple[rknn_pb2.InitRuntimeResponse, int]]
@@ -58,6 +63,8 @@ _QUANT_NAMES = {
     rknn_pb2.QUANT_TYPE_DFP: "dfp",
 }
 _QUANT_CODES = {name: code for code, name in _QUANT_NAMES.items()}
+# How long the version handshake (and the health check) may take unless the caller says otherwise.
+HANDSHAKE_TIMEOUT_S = 30.0
 # Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
 NATIVE_OUTPUTS_ENV = "RKNN_NATIVE_OUTPUTS"
 # Frames kept in flight by Session.map unless told otherwise.
@@ -129,6 +136,8 @@ class DeviceInfo:
     insecure: bool = False
     client_identity: str = ""
     warnings: tuple[str, ...] = ()
+    reserved_by: str = ""  # who holds the board's reservation, "" when nobody does
+    reservation_waiters: int = 0  # Reserve calls queued behind the holder
 
 
 @dataclass(frozen=True)
@@ -185,8 +194,23 @@ class UploadResult:
     cached: bool
 
 
+class ResponseStream(Protocol[R_co]):
+    """A streaming call in progress: its responses in order (errors arrive as grpc.RpcError while
+    reading, for the reader to map with its own context), cancellation and an end callback."""
+
+    def __iter__(self) -> Iterator[R_co]: ...
+
+    def __next__(self) -> R_co: ...
+
+    def cancel(self) -> bool: ...
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None: ...
+
+
 class Device:
-    """A connection to one daemon. Closing it closes the channel and undoes the transport."""
+    """A connection to one daemon: every call the client makes goes through here, with the
+    credentials, the protocol version check and the error mapping. Closing it closes the channel and
+    undoes the transport (the endpoint is the Device's from construction on)."""
 
     def __init__(
         self,
@@ -204,30 +228,46 @@ class Device:
         self.timeout_s = timeout_s
         # Sent with every call: the protocol version, plus e.g. a farm reservation token.
         self.metadata = (*_METADATA, *metadata)
-        self._channel = open_channel(
-            endpoint,
-            Credentials.resolve(endpoint.token or token, tls_ca, tls_cert, tls_key),
-            [
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                # A restarted daemon is found again within about a second.
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ],
-        )
+        try:
+            self._channel = open_channel(
+                endpoint,
+                Credentials.resolve(endpoint.token or token, tls_ca, tls_cert, tls_key),
+                [
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    # A restarted daemon is found again within about a second.
+                    ("grpc.initial_reconnect_backoff_ms", 200),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                ],
+            )
+        except BaseException:
+            endpoint.close()  # the Device owns the endpoint from the start, even when it fails
+            raise
         self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
         self._info: DeviceInfo | None = None
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        """Every unary RPC but the handshake: the version check (once per Device), then `_rpc`."""
+        self._negotiate(timeout)
+        return self._rpc(name, fn, request, timeout)
+
+    def _negotiate(self, timeout: float | None = None) -> None:
+        """Raise VersionMismatch (or the handshake's error) unless this daemon's protocol fits."""
+        if self._info is None:
+            self.info(timeout=timeout or self.timeout_s or HANDSHAKE_TIMEOUT_S)
+
+    def _rpc(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        """One unary call with the credentials (channel and metadata) and the protocol version; a
+        failure becomes the typed RknnError naming the call and the daemon."""
         try:
             return fn(request, metadata=self.metadata, timeout=timeout or self.timeout_s)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
 
-    def handshake(self, timeout: float = 30) -> rknn_pb2.GetInfoResponse:
+    def handshake(self, timeout: float = HANDSHAKE_TIMEOUT_S) -> rknn_pb2.GetInfoResponse:
         """GetInfo as the daemon answers it, whatever its protocol version (doctor and devices judge
         that themselves); raises RknnError."""
-        return self._call(
+        return self._rpc(
             "GetInfo",
             self._stub.GetInfo,
             rknn_pb2.GetInfoRequest(
@@ -237,10 +277,11 @@ class Device:
             timeout=timeout,
         )
 
-    def info(self, refresh: bool = False) -> DeviceInfo:
-        """The daemon's description; the first call is the version handshake."""
+    def info(self, refresh: bool = False, *, timeout: float = HANDSHAKE_TIMEOUT_S) -> DeviceInfo:
+        """The daemon's description; the first call is the version handshake (VersionMismatch when
+        the two sides cannot work together)."""
         if self._info is None or refresh:
-            reply = self.handshake()
+            reply = self.handshake(timeout)
             mismatch = check_versions(reply, self.endpoint.description, self.endpoint.device_id)
             if mismatch is not None:
                 raise VersionMismatch(mismatch.message())
@@ -265,8 +306,67 @@ class Device:
                 insecure=reply.insecure,
                 client_identity=reply.client_identity,
                 warnings=tuple(reply.warnings),
+                reserved_by=reply.reservation.holder if reply.HasField("reservation") else "",
+                reservation_waiters=reply.reservation_waiters,
             )
         return self._info
+
+    def health(self, timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+        """Raise unless the daemon's gRPC health check says SERVING (asked without the handshake:
+        the daemon answers it to anyone, so it tells a sick daemon from refused credentials)."""
+        try:
+            status = health_status(self._channel, timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, f"health check on {self.endpoint.description}") from None
+        if status != SERVING:
+            raise RknnError(f"the daemon at {self.endpoint.description} reports health {status}")
+
+    def reserve(
+        self, holder: str, ttl_s: float, *, wait_s: float = 0.0, timeout: float | None = None
+    ) -> Reservation:
+        """Hold the board for `holder` alone (other clients cannot open sessions), queueing up to
+        `wait_s` behind someone else's reservation; FailedPrecondition when it is still held then.
+        The reservation lapses after `ttl_s` (clamped by the daemon) unless renewed."""
+        request = rknn_pb2.ReserveRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s)
+        return Reservation.from_wire(self._call("Reserve", self._stub.Reserve, request, timeout))
+
+    def queue_reservation(
+        self, holder: str, ttl_s: float, wait_s: float, timeout: float | None = None
+    ) -> PendingReservation:
+        """Like `reserve`, without waiting: the call queues on the daemon and the handle says when it
+        is granted, or leaves the queue (the farm queues on several boards and takes the first)."""
+        self._negotiate()
+        token = secrets.token_urlsafe(24)
+        request = rknn_pb2.ReserveRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s, token=token)
+        future = self._stub.Reserve.future(
+            request, metadata=self.metadata, timeout=timeout if timeout is not None else self.timeout_s
+        )
+        return PendingReservation(future, token, f"Reserve on {self.endpoint.description}")
+
+    def renew_reservation(self, token: str, timeout: float | None = None) -> float:
+        """Extend the reservation `token` proves; the seconds left. NotFound once it has lapsed."""
+        request = rknn_pb2.RenewReservationRequest(token=token)
+        return self._call("RenewReservation", self._stub.RenewReservation, request, timeout).expires_in_s
+
+    def release_reservation(self, token: str, timeout: float | None = None) -> None:
+        """Give the board back; NotFound when `token` holds nothing (never granted, or lapsed)."""
+        request = rknn_pb2.ReleaseReservationRequest(token=token)
+        self._call("ReleaseReservation", self._stub.ReleaseReservation, request, timeout)
+
+    def use_reservation(self, token: str) -> None:
+        """From now on every call of this Device proves the reservation `token` (a reserved board
+        admits only its holder's sessions)."""
+        self.metadata = (*self.metadata, (RESERVATION_METADATA_KEY, token))
+
+    def inference_pipeline(
+        self, requests: Iterator[rknn_pb2.InferenceRequest]
+    ) -> ResponseStream[rknn_pb2.InferenceResponse]:
+        """An InferencePipeline stream fed from `requests` (read by gRPC's own thread), no deadline."""
+        self._negotiate()
+        return cast(
+            ResponseStream[rknn_pb2.InferenceResponse],
+            self._stub.InferencePipeline(requests, metadata=self.metadata),
+        )
 
     def upload(
         self, model: Path | str, progress: Progress | None = None, *, hashing: Progress | None = None

@@ -40,9 +40,7 @@ class Pipeline:
         self._pending: collections.deque[int] = collections.deque()
         self._last_id = 0
         self._closed = False
-        self._call = session.device._stub.InferencePipeline(
-            self._requests(), metadata=session.device.metadata
-        )
+        self._call = session.device.inference_pipeline(self._requests())
         self._responses = cast(Iterator[rknn_pb2.InferenceResponse], self._call)
 
     def _requests(self) -> Iterator[rknn_pb2.InferenceRequest]:

@@ -18,9 +18,9 @@ from rknn_server.daemon import DaemonConfig, run
 from rknn_server.http_endpoint import parse_metrics_listen
 from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
 from rknn_server.legacy.listener import parse_place
+from rknn_server.limits import Limits
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.logs import configure
-from rknn_server.limits import Limits
 from rknn_server.memory import format_size
 from rknn_server.options import CONFIG_ENV, Repeat, document, env_name, parse_layered, size
 from rknn_server.runtime.select import BackendUnavailable
@@ -522,6 +522,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         legacy_listen=() if args.no_legacy else (tuple(args.legacy_listen) if args.legacy_listen else None),
         legacy_toolkit=args.legacy_toolkit_version,
     )
+
 
 if __name__ == "__main__":
     sys.exit(main())

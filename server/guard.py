@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -60,7 +60,7 @@ _WAITING_SUFFIXES = ("/Reserve",)
 CANCEL_GRACE_S = 1.0
 CANCEL_POLL_S = 0.01
 Context = grpc.aio.ServicerContext
-Metadata = Sequence[tuple[str, Any]]
+Metadata = Iterable[tuple[str, Any]]
 T = TypeVar("T")
 
 
@@ -103,7 +103,9 @@ class _Method:
 
     @classmethod
     def of(cls, path: str) -> _Method:
-        return cls(path.rsplit("/", 1)[-1], not path.endswith(_WAITING_SUFFIXES), path.startswith(_VERSIONED_PREFIX))
+        return cls(
+            path.rsplit("/", 1)[-1], not path.endswith(_WAITING_SUFFIXES), path.startswith(_VERSIONED_PREFIX)
+        )
 
 
 def _certificate_subject(context: Context) -> str:
@@ -168,7 +170,9 @@ class Guard(grpc.aio.ServerInterceptor):
         """Check the caller, count the call in and make it the current call (for limits and logs)."""
         metadata = context.invocation_metadata() or ()
         try:
-            client = self.access.admit(context.peer() or "", bearer_token(tuple(metadata)), _certificate_subject(context))
+            client = self.access.admit(
+                context.peer() or "", bearer_token(tuple(metadata)), _certificate_subject(context)
+            )
         except Unauthenticated as exc:
             self.refused[grpc.StatusCode.UNAUTHENTICATED.name] += 1
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
@@ -289,7 +293,10 @@ class Guard(grpc.aio.ServerInterceptor):
                 async with aclosing(responses):
                     async for response in responses:
                         yield response
-            except (asyncio.CancelledError, GeneratorExit):  # the client cancelled: the task or the stream ends
+            except (
+                asyncio.CancelledError,
+                GeneratorExit,
+            ):  # the client cancelled: the task or the stream ends
                 self._done(call, "CANCELLED")
                 raise
             except grpc.aio.AbortError:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rknn_server.model_cache import ModelCache
+from rknn_server.reservations import ReservationBook
 
 # Run latencies from a tiny model on a fast NPU (~0.1 ms) to a large one on a slow CPU (~10 s).
 LATENCY_BUCKETS = (
@@ -133,29 +133,28 @@ class StateCollector(Collector):
     def __init__(
         self,
         sessions: Callable[[], int],
-        reservation: Callable[[], Mapping[str, Any]],
+        reservations: ReservationBook,
         inflight: Callable[[], Mapping[str, int]],
         refused: Callable[[], Mapping[str, int]],
         cache: ModelCache,
     ) -> None:
         self._sessions = sessions
-        self._reservation = reservation
+        self._reservations = reservations
         self._inflight = inflight
         self._refused = refused
         self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("rknn_sessions_open", "Sessions (loaded models) open", value=self._sessions())
-        fields = self._reservation()
         yield GaugeMetricFamily(
             "rknn_reservation_held",
             "1 while a holder has reserved this device",
-            value=int("reservation" in fields),
+            value=int(self._reservations.current is not None),
         )
         yield GaugeMetricFamily(
             "rknn_reservation_waiters",
             "Clients queued for this device's reservation",
-            value=int(fields.get("reservation_waiters", 0)),
+            value=self._reservations.waiting,
         )
         inflight = GaugeMetricFamily(
             "rknn_inflight_calls", "Calls being served, by client identity", labels=["client"]

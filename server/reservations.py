@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+
 import structlog
 
 from rknn_proto.reasons import Reason

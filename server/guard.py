@@ -1,12 +1,12 @@
 """The one interceptor in front of every RPC of every service on the daemon's gRPC server.
 
 For each call it admits the caller (auth.AccessPolicy: token, certificate, loopback rule), counts the
-call against the in-flight limits, checks the client's protocol version (rknn.v1 methods only),
-bounds idle request streams, and when the call ends records it once: the per-RPC metrics, one `rpc`
-log event, and for a failure the status (errors.status_of: a ServiceError's own code and message, an
-unexpected exception as INTERNAL with a reference id whose detail is logged) with the error's reason
-and hints as trailing metadata. Handlers are left with protobuf translation: they raise, and they
-report the session and bytes of their call on `current_call()`.
+call against the in-flight limits, checks the client's protocol version (rknn.v1 methods only) and
+bounds idle request streams. When the call ends it records it once (calls.py: the metrics, one `rpc`
+log event) and ends a failed one with its status (errors.status_of: a ServiceError's own code and
+message, an unexpected exception as INTERNAL with a reference id whose detail is logged), the error's
+reason and hints as trailing metadata. Handlers are left with protobuf translation: they raise, and
+they report the session and bytes of their call on `current_call()`.
 
 It wraps each method's handler rather than filtering in the interceptor proper, because only the
 servicer context knows the peer and the TLS certificate. Health and reflection stay open (and
@@ -22,7 +22,6 @@ never the shared one. Every request stream must deliver its next message within
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -38,6 +37,7 @@ from rknn_proto import rknn_pb2
 from rknn_proto.reasons import Reason
 from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_METADATA_KEY
 from rknn_server.auth import AccessPolicy, Unauthenticated, bearer_token
+from rknn_server.calls import Call, Recorder
 from rknn_server.errors import (
     FailedPrecondition,
     ResourceExhausted,
@@ -50,7 +50,6 @@ from rknn_server.frames import TruncatedStream
 from rknn_server.limits import Limits
 from rknn_server.metrics import DaemonMetrics
 
-log = structlog.get_logger("rknn_server.rpc")
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 # Methods whose callers speak this daemon's protocol version (metadata rknn-protocol-version).
 _VERSIONED_PREFIX = f"/{rknn_pb2.DESCRIPTOR.package}."
@@ -62,21 +61,6 @@ CANCEL_POLL_S = 0.01
 Context = grpc.aio.ServicerContext
 Metadata = Iterable[tuple[str, Any]]
 T = TypeVar("T")
-
-
-class Call:
-    """One RPC being served. The handler fills in its session and the tensor and model bytes it moved;
-    the interceptor turns that into the call's metrics and its log event when it ends."""
-
-    __slots__ = ("bytes_in", "bytes_out", "client", "method", "session", "start")
-
-    def __init__(self, method: str, client: str) -> None:
-        self.method = method
-        self.client = client
-        self.session = ""
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.start = time.perf_counter()
 
 
 _CALL: ContextVar[Call] = ContextVar("rknn_call")
@@ -155,14 +139,13 @@ class Guard(grpc.aio.ServerInterceptor):
     def __init__(self, access: AccessPolicy, limits: Limits, metrics: DaemonMetrics) -> None:
         self.access = access
         self.limits = limits
-        self.metrics = metrics
+        self.recorder = Recorder(metrics)
         self.inflight = 0
         # Read by the metrics at scrape time: calls in flight per client, calls refused per status code.
         self.per_client: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         # The wrapped handler of each method served so far (the registered services never change).
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
-        self._log_info = log.is_enabled_for(logging.INFO)
 
     # -- admission and counting ----------------------------------------------------------------
 
@@ -226,21 +209,6 @@ class Guard(grpc.aio.ServerInterceptor):
 
     # -- the end of a call ---------------------------------------------------------------------
 
-    def _done(self, call: Call, outcome: str) -> None:
-        """The call's metrics and its one log event (built only when info events are logged)."""
-        seconds = time.perf_counter() - call.start
-        self.metrics.rpc_done(call.method, outcome, seconds, call.bytes_in, call.bytes_out)
-        if self._log_info:
-            log.info(
-                "rpc",
-                method=call.method,
-                session=call.session[:12] or None,
-                bytes_in=call.bytes_in,
-                bytes_out=call.bytes_out,
-                duration_ms=round(seconds * 1000, 3),
-                outcome=outcome,
-            )
-
     async def _fail(self, call: Call, context: Context, exc: Exception, request_stream: bool) -> None:
         """End a failed call with its status (context.abort raises). Returns only when the client had
         cancelled the call: a request stream cut short inside a frame is what a cancellation looks
@@ -251,10 +219,10 @@ class Guard(grpc.aio.ServerInterceptor):
             while not context.cancelled() and time.monotonic() < deadline:
                 await asyncio.sleep(CANCEL_POLL_S)
         if context.cancelled():
-            self._done(call, "CANCELLED")
+            self.recorder.done(call, "CANCELLED")
             return
         code, message = status_of(exc)
-        self._done(call, code.name)
+        self.recorder.done(call, code.name)
         await context.abort(code, message, error_metadata(exc))
 
     # -- the wrappers --------------------------------------------------------------------------
@@ -267,17 +235,17 @@ class Guard(grpc.aio.ServerInterceptor):
             try:
                 response = await inner(self._requests(request) if request_stream else request, context)
             except asyncio.CancelledError:
-                self._done(call, "CANCELLED")
+                self.recorder.done(call, "CANCELLED")
                 raise
             except grpc.aio.AbortError:
-                self._done(call, _aborted_code(context))
+                self.recorder.done(call, _aborted_code(context))
                 raise
             except Exception as exc:
                 await self._fail(call, context, exc, request_stream)
                 raise asyncio.CancelledError from exc  # the client cancelled it
             finally:
                 self._count_out(call.client, method.shared)
-            self._done(call, "OK")
+            self.recorder.done(call, "OK")
             return response
 
         return behavior
@@ -297,15 +265,15 @@ class Guard(grpc.aio.ServerInterceptor):
                 asyncio.CancelledError,
                 GeneratorExit,
             ):  # the client cancelled: the task or the stream ends
-                self._done(call, "CANCELLED")
+                self.recorder.done(call, "CANCELLED")
                 raise
             except grpc.aio.AbortError:
-                self._done(call, _aborted_code(context))
+                self.recorder.done(call, _aborted_code(context))
                 raise
             except Exception as exc:
                 await self._fail(call, context, exc, request_stream)
             else:
-                self._done(call, "OK")
+                self.recorder.done(call, "OK")
             finally:
                 self._count_out(call.client, method.shared)
 

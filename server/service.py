@@ -21,10 +21,11 @@ import numpy as np
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RESERVATION_METADATA_KEY
 from rknn_server import __version__
+from rknn_server.calls import Call
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
-from rknn_server.guard import Call, client_identity, current_call
+from rknn_server.guard import client_identity, current_call
 from rknn_server.limits import Limits
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook

@@ -182,6 +182,11 @@ class _Security:
             warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
         return cls(tokens, access, credentials, bool(exposure), tuple(warnings))
 
+    def kinds(self) -> list[str]:
+        """The kinds of credentials callers need (for the start-up log)."""
+        kinds = (("token", self.tokens is not None), ("client-certificate", self.access.client_certificates))
+        return [kind for kind, on in kinds if on]
+
 
 def _backend(config: DaemonConfig, probe: PlatformInfo, metrics: DaemonMetrics) -> tuple[Backend, str]:
     """The backend the config asks for (isolated in worker processes with --isolation process), and why."""
@@ -232,6 +237,44 @@ def _grpc_server(
     return server, health, bound
 
 
+def _data_plane(
+    config: DaemonConfig,
+    limits: Limits,
+    backend: Backend,
+    metrics: DaemonMetrics,
+    reservations: ReservationBook,
+) -> DataPlane:
+    """The data plane over the model cache and the executor; the reservations keep others' sessions out."""
+    cache = ModelCache(config.model_cache, limits.cache())
+    if config.verify_cache:
+        _verify_cache(cache)
+    executor = ThreadPoolExecutor(
+        max_workers=max(4, limits.max_sessions, limits.max_inflight_requests), thread_name_prefix="runtime"
+    )
+    return DataPlane(
+        backend,
+        cache,
+        executor,
+        metrics,
+        limits.tensors(),
+        limits.sessions(),
+        limits.memory(),
+        reservations.admit,
+    )
+
+
+def _announce(config: DaemonConfig, bound: list[str], metrics_url: str, instance_id: str) -> None:
+    """Say where the daemon serves: the ready file (--ready-file) and one `listening on` line each."""
+    if config.ready_file is not None:
+        write_ready_file(
+            config.ready_file, ReadyInfo(os.getpid(), __version__, instance_id, bound, metrics_url)
+        )
+    for text in bound:
+        print(listening_line(text), flush=True)
+    if metrics_url:
+        print(f"metrics on {metrics_url}", flush=True)
+
+
 async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
     security = _Security.of(config)
     probe = probe_platform(config.sysfs_root)
@@ -251,23 +294,8 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     limits = config.enforced_limits()
     metrics = DaemonMetrics()
     backend, reason = _backend(config, probe, metrics)
-    cache = ModelCache(config.model_cache, limits.cache())
-    if config.verify_cache:
-        _verify_cache(cache)
-    executor = ThreadPoolExecutor(
-        max_workers=max(4, limits.max_sessions, limits.max_inflight_requests), thread_name_prefix="runtime"
-    )
     reservations = ReservationBook()
-    plane = DataPlane(
-        backend,
-        cache,
-        executor,
-        metrics,
-        limits.tensors(),
-        limits.sessions(),
-        limits.memory(),
-        reservations.admit,
-    )
+    plane = _data_plane(config, limits, backend, metrics, reservations)
     facts = ServiceConfig(
         runtime_reason=reason,
         board=probe.board_model,
@@ -280,7 +308,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     guard = Guard(security.access, limits, metrics)
     metrics.watch(
         StateCollector(
-            plane.registry.__len__, reservations, lambda: guard.per_client, lambda: guard.refused, cache
+            plane.registry.__len__, reservations, lambda: guard.per_client, lambda: guard.refused, plane.cache
         )
     )
     metrics.watch(BoardTelemetry(config.sysfs_root))
@@ -311,14 +339,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     for status_name in ("", SERVICE_NAME):
         await health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()
-    if config.ready_file is not None:
-        write_ready_file(
-            config.ready_file, ReadyInfo(os.getpid(), __version__, facts.instance_id, bound, metrics_url)
-        )
-    for text in bound:
-        print(listening_line(text), flush=True)
-    if metrics_url:
-        print(f"metrics on {metrics_url}", flush=True)
+    _announce(config, bound, metrics_url, facts.instance_id)
     log.info(
         "daemon_started",
         version=__version__,
@@ -327,14 +348,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         listen=bound,
         metrics=metrics_url or None,
         soc=backend.soc(),
-        auth=[
-            kind
-            for kind, on in (
-                ("token", security.tokens),
-                ("client-certificate", security.access.client_certificates),
-            )
-            if on
-        ],
+        auth=security.kinds(),
         trust_loopback=config.trust_loopback,
         tls=security.credentials is not None,
         instance=facts.instance_id,
@@ -343,7 +357,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
     reaper = asyncio.create_task(_reap(plane, min(1.0, limits.session_idle_timeout_s / 4)))
-    maintenance = asyncio.create_task(_maintain_cache(cache, executor, config))
+    maintenance = asyncio.create_task(_maintain_cache(plane.cache, plane.executor, config))
     if ready is not None:
         ready.set()
     await stop.wait()
@@ -357,7 +371,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     reaper.cancel()
     maintenance.cancel()
     plane.close_all("daemon shutting down")
-    executor.shutdown(wait=False, cancel_futures=True)
+    plane.executor.shutdown(wait=False, cancel_futures=True)
     if config.ready_file is not None:
         config.ready_file.unlink(missing_ok=True)
     log.info("daemon_stopped")

@@ -363,6 +363,13 @@ class Limits(_message.Message):
     MAX_TENSOR_ELEMENTS_FIELD_NUMBER: _builtins.int
     MAX_INFLIGHT_REQUESTS_FIELD_NUMBER: _builtins.int
     CALL_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    MAX_INFLIGHT_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    STREAM_IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    MAX_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_SESSION_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_MODEL_FILES_FIELD_NUMBER: _builtins.int
+    PARTIAL_TTL_S_FIELD_NUMBER: _builtins.int
+    MAX_TENSORS_FIELD_NUMBER: _builtins.int
     max_message_bytes: _builtins.int
     """Largest single gRPC message accepted, in bytes."""
     chunk_bytes: _builtins.int
@@ -389,6 +396,20 @@ class Limits(_message.Message):
     """Most RPCs the daemon serves at once; more are refused, not queued."""
     call_timeout_s: _builtins.float
     """Seconds a runtime call may take before its worker is killed (0: no deadline)."""
+    max_inflight_per_client: _builtins.int
+    """Most RPCs one client identity may have in flight (a Reserve waiting for the board included)."""
+    stream_idle_timeout_s: _builtins.float
+    """Seconds a request stream may send nothing before the call ends (0: no limit)."""
+    max_memory_bytes: _builtins.int
+    """Bytes the daemon holds for incoming tensors of all clients together (0: no limit)."""
+    max_session_memory_bytes: _builtins.int
+    """Bytes one session's model may materialize (0: no limit)."""
+    max_model_files: _builtins.int
+    """Most files in one model (its main file plus external data)."""
+    partial_ttl_s: _builtins.float
+    """Seconds an unfinished upload's bytes are kept (0: until evicted for room)."""
+    max_tensors: _builtins.int
+    """Most tensors in one frame."""
     def __init__(
         self,
         *,
@@ -405,10 +426,17 @@ class Limits(_message.Message):
         max_tensor_elements: _builtins.int = ...,
         max_inflight_requests: _builtins.int = ...,
         call_timeout_s: _builtins.float = ...,
+        max_inflight_per_client: _builtins.int = ...,
+        stream_idle_timeout_s: _builtins.float = ...,
+        max_memory_bytes: _builtins.int = ...,
+        max_session_memory_bytes: _builtins.int = ...,
+        max_model_files: _builtins.int = ...,
+        partial_ttl_s: _builtins.float = ...,
+        max_tensors: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_timeout_s", b"call_timeout_s", "chunk_bytes", b"chunk_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_inflight_requests", b"max_inflight_requests", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_sessions", b"max_sessions", "max_sessions_per_client", b"max_sessions_per_client", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_elements", b"max_tensor_elements", "max_tensor_rank", b"max_tensor_rank", "model_cache_quota_bytes", b"model_cache_quota_bytes", "session_idle_timeout_s", b"session_idle_timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_timeout_s", b"call_timeout_s", "chunk_bytes", b"chunk_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_inflight_per_client", b"max_inflight_per_client", "max_inflight_requests", b"max_inflight_requests", "max_memory_bytes", b"max_memory_bytes", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_model_files", b"max_model_files", "max_session_memory_bytes", b"max_session_memory_bytes", "max_sessions", b"max_sessions", "max_sessions_per_client", b"max_sessions_per_client", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_elements", b"max_tensor_elements", "max_tensor_rank", b"max_tensor_rank", "max_tensors", b"max_tensors", "model_cache_quota_bytes", b"model_cache_quota_bytes", "partial_ttl_s", b"partial_ttl_s", "session_idle_timeout_s", b"session_idle_timeout_s", "stream_idle_timeout_s", b"stream_idle_timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

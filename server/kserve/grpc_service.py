@@ -1,16 +1,15 @@
 """KServe v2 over gRPC (`inference.GRPCInferenceService`), served on the rknn.v1 port behind the same
-guard (tokens, in-flight limits): protobuf in, `V2Models` calls, protobuf out.
+guard (tokens, in-flight limits, the record and error mapping of every call): protobuf in, `V2Models`
+calls, protobuf out.
 
 Errors travel with v2 semantics: INVALID_ARGUMENT for a request that does not fit the model,
 NOT_FOUND for an unknown model or version, UNAVAILABLE for a model that is not ready; each RPC is
-counted and logged like rknn.v1's (method names `v2.<RPC>`).
+counted and logged by the interceptor like rknn.v1's (method names `v2.<RPC>`).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -18,12 +17,9 @@ from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.guard import client_identity
+from rknn_server.guard import client_identity, current_call
 from rknn_server.kserve.models import InputTensor, ModelMetadata, TensorMetadata, V2Models
-from rknn_server.metrics import DaemonMetrics
-from rknn_server.service import _Call, _fail
 
-T = TypeVar("T")
 REPLY_HEADROOM_BYTES = 64 << 10  # the reply's names, shapes and framing besides the output bytes
 
 # The InferTensorContents field that carries each datatype's elements.
@@ -87,135 +83,89 @@ def metadata_response(meta: ModelMetadata) -> pb.ModelMetadataResponse:
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, models: V2Models, metrics: DaemonMetrics, ready: Callable[[], bool]) -> None:
+    def __init__(self, models: V2Models, ready: Callable[[], bool]) -> None:
         self.models = models
-        self.metrics = metrics
         self.ready = ready
-
-    async def _unary(
-        self, method: str, context: grpc.aio.ServicerContext, body: Callable[[_Call], Awaitable[T]]
-    ) -> T:
-        call = None
-        try:
-            call = _Call(f"v2.{method}", context, self.metrics)
-            result = await body(call)
-        except asyncio.CancelledError:
-            if call is not None:
-                call.done("CANCELLED")
-            raise
-        except Exception as exc:
-            await _fail(call, context, exc)
-            raise AssertionError("unreachable: abort raises") from exc
-        call.done("OK")
-        return result
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerLiveResponse:
-        async def body(call: _Call) -> pb.ServerLiveResponse:
-            return pb.ServerLiveResponse(live=True)
-
-        return await self._unary("ServerLive", context, body)
+        return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerReadyResponse:
-        async def body(call: _Call) -> pb.ServerReadyResponse:
-            return pb.ServerReadyResponse(ready=self.ready())
-
-        return await self._unary("ServerReady", context, body)
+        return pb.ServerReadyResponse(ready=self.ready())
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
-        async def body(call: _Call) -> pb.ModelReadyResponse:
-            return pb.ModelReadyResponse(ready=self.models.ready(request.name, request.version))
-
-        return await self._unary("ModelReady", context, body)
+        return pb.ModelReadyResponse(ready=self.models.ready(request.name, request.version))
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        async def body(call: _Call) -> pb.ServerMetadataResponse:
-            name, version, extensions = self.models.server_metadata()
-            return pb.ServerMetadataResponse(name=name, version=version, extensions=list(extensions))
-
-        return await self._unary("ServerMetadata", context, body)
+        name, version, extensions = self.models.server_metadata()
+        return pb.ServerMetadataResponse(name=name, version=version, extensions=list(extensions))
 
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        async def body(call: _Call) -> pb.ModelMetadataResponse:
-            return metadata_response(
-                await self.models.metadata(request.name, request.version, client_identity())
-            )
-
-        return await self._unary("ModelMetadata", context, body)
+        return metadata_response(await self.models.metadata(request.name, request.version, client_identity()))
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        async def body(call: _Call) -> pb.ModelInferResponse:
-            call.bytes_in = sum(len(raw) for raw in request.raw_input_contents)
-            model, outputs = await self.models.infer(
-                request.model_name,
-                request.model_version,
-                client_identity(),
-                decode_inputs(request),
-                [o.name for o in request.outputs],
+        call = current_call()
+        call.bytes_in = sum(len(raw) for raw in request.raw_input_contents)
+        model, outputs = await self.models.infer(
+            request.model_name,
+            request.model_version,
+            client_identity(),
+            decode_inputs(request),
+            [o.name for o in request.outputs],
+        )
+        call.bytes_out = sum(o.array.nbytes for o in outputs)
+        if call.bytes_out > MAX_MESSAGE_BYTES - REPLY_HEADROOM_BYTES:
+            raise ResourceExhausted(
+                f"the outputs are {call.bytes_out} bytes, over the {MAX_MESSAGE_BYTES} bytes of one gRPC "
+                "reply; ask for fewer outputs, or use rknn.v1's streaming Inference"
             )
-            call.bytes_out = sum(o.array.nbytes for o in outputs)
-            if call.bytes_out > MAX_MESSAGE_BYTES - REPLY_HEADROOM_BYTES:
-                raise ResourceExhausted(
-                    f"the outputs are {call.bytes_out} bytes, over the {MAX_MESSAGE_BYTES} bytes of one gRPC "
-                    "reply; ask for fewer outputs, or use rknn.v1's streaming Inference"
-                )
-            raw = [o.array.tobytes() for o in outputs]
-            return pb.ModelInferResponse(
-                model_name=model.name,
-                model_version=request.model_version or "1",
-                id=request.id,
-                outputs=[
-                    pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.shape)
-                    for o in outputs
-                ],
-                raw_output_contents=raw,
-            )
-
-        return await self._unary("ModelInfer", context, body)
+        raw = [o.array.tobytes() for o in outputs]
+        return pb.ModelInferResponse(
+            model_name=model.name,
+            model_version=request.model_version or "1",
+            id=request.id,
+            outputs=[
+                pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.shape)
+                for o in outputs
+            ],
+            raw_output_contents=raw,
+        )
 
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
-        async def body(call: _Call) -> pb.RepositoryIndexResponse:
-            return pb.RepositoryIndexResponse(
-                models=[
-                    pb.RepositoryIndexResponse.ModelIndex(
-                        name=e.name, version=e.version, state=e.state, reason=e.reason
-                    )
-                    for e in self.models.index(request.ready)
-                ]
-            )
-
-        return await self._unary("RepositoryIndex", context, body)
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=e.name, version=e.version, state=e.state, reason=e.reason
+                )
+                for e in self.models.index(request.ready)
+            ]
+        )
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
-        async def body(call: _Call) -> pb.RepositoryModelLoadResponse:
-            await self.models.load(request.model_name)
-            return pb.RepositoryModelLoadResponse()
-
-        return await self._unary("RepositoryModelLoad", context, body)
+        await self.models.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
-        async def body(call: _Call) -> pb.RepositoryModelUnloadResponse:
-            await self.models.unload(request.model_name)
-            return pb.RepositoryModelUnloadResponse()
-
-        return await self._unary("RepositoryModelUnload", context, body)
+        await self.models.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name

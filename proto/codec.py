@@ -159,18 +159,6 @@ def iter_chunks(
         yield rknn_pb2.TensorChunk(**fields)
 
 
-def chunk_requests(arrays: Sequence[np.ndarray]) -> Iterator[rknn_pb2.InferenceRequest]:
-    """InferenceRequest chunk messages of wire-ready arrays, built without sub-message copies."""
-    for fields in iter_chunk_fields(arrays):
-        yield rknn_pb2.InferenceRequest(chunk=fields)  # type: ignore[arg-type]  # protobuf takes a dict
-
-
-def chunk_responses(arrays: Sequence[np.ndarray]) -> Iterator[rknn_pb2.InferenceResponse]:
-    """InferenceResponse chunk messages of wire-ready arrays, built without sub-message copies."""
-    for fields in iter_chunk_fields(arrays):
-        yield rknn_pb2.InferenceResponse(chunk=fields)  # type: ignore[arg-type]  # protobuf takes a dict
-
-
 def check_meta(
     meta: rknn_pb2.TensorMeta, limits: TensorLimits, what: str
 ) -> tuple[np.dtype, tuple[int, ...]]:

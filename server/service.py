@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import structlog
 
-from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import codec, framing, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.reasons import Reason
 from rknn_proto.version import (
     CHUNK_BYTES,
@@ -32,14 +32,13 @@ from rknn_proto.version import (
 )
 from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
-from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, error_metadata, status_of
-from rknn_server.frames import QUANT_CODES, IncomingFrame, TruncatedStream, check_chunk, wire_outputs
+from rknn_server.errors import FailedPrecondition, InvalidInput, error_metadata, status_of
+from rknn_server.frames import QUANT_CODES, check_chunk
 from rknn_server.guard import client_identity
 from rknn_server.metrics import DaemonMetrics
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import TensorSpec
-from rknn_server.sessions import Session
 from rknn_server.uploads import Upload
 
 log = structlog.get_logger("rknn_server.rpc")
@@ -130,7 +129,7 @@ async def _fail_stream(call: _Call | None, context: grpc.aio.ServicerContext, ex
     cancellation looks like to the reader when it wins the race with the cancellation itself: wait
     for that to land before blaming the client, so that a cancel is CANCELLED in the log, not
     INVALID_ARGUMENT (a cancellation ends this task meanwhile; a real truncation is answered late)."""
-    if isinstance(exc, TruncatedStream):
+    if isinstance(exc, framing.TruncatedFrame):
         deadline = time.monotonic() + CANCEL_GRACE_S
         while not context.cancelled() and time.monotonic() < deadline:
             await asyncio.sleep(CANCEL_POLL_S)
@@ -350,92 +349,51 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
 
         return await self._unary("InitRuntime", context, body)
 
-    async def _receive_frame(
-        self, call: _Call, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest]
-    ) -> tuple[rknn_pb2.InferenceHeader, Session, IncomingFrame]:
-        """One complete frame of an Inference-framed request stream (a header, then chunks)."""
-        first = await _first(request_iterator, "an InferenceHeader")
-        if first.WhichOneof("part") != "header":
-            raise InvalidInput(f"the first {call.method} message must be an InferenceHeader")
-        header = first.header
-        session = self.plane.session(header.session_id, client_identity())
-        call.session = session.id
-        frame = IncomingFrame.start(header, session, self.plane.tensor_limits, self.plane.frame_memory)
-        with frame.dropped_on_error():
-            async for message in request_iterator:
-                if message.WhichOneof("part") != "chunk":
-                    raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
-                call.bytes_in += frame.add(message.chunk)
-            frame.ensure_complete("the frame")
-        return header, session, frame
-
     async def Inference(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        async def body(call: _Call) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
-            header, session, frame = await self._receive_frame(call, request_iterator)
-            ran = await self.plane.run(session, frame.inputs(), frame.formats())
-            metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
-            yield rknn_pb2.InferenceResponse(
-                header=rknn_pb2.OutputsHeader(
-                    outputs=metas, run_time_us=ran.run_time_us, frame_id=header.frame_id
-                )
-            )
-            for response in codec.chunk_responses(wire):
-                yield response
-            call.bytes_out += sum(a.nbytes for a in wire)
-
-        async with aclosing(self._streaming("Inference", context, body)) as responses:
+        async with aclosing(
+            self._framed("Inference", context, lambda traffic: self.pipeline.one(request_iterator, traffic))
+        ) as responses:
             async for response in responses:
                 yield response
 
     async def Run(
         self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.RunResponse:
+        traffic = Traffic()
+
         async def body(call: _Call) -> rknn_pb2.RunResponse:
-            header = request.header
-            session = self.plane.session(header.session_id, client_identity())
-            call.session = session.id
-            frame = IncomingFrame.start(header, session, self.plane.tensor_limits, self.plane.frame_memory)
-            with frame.dropped_on_error():
-                call.bytes_in = frame.add_whole(request.inputs)
-            ran = await self.plane.run(session, frame.inputs(), frame.formats())
-            metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
-            call.bytes_out = sum(a.nbytes for a in wire)
-            if call.bytes_out > self.config.max_message_bytes // 2:
-                raise ResourceExhausted(
-                    f"the outputs are {call.bytes_out} bytes, too large for one Run message "
-                    f"(max_message_bytes={self.config.max_message_bytes}); use the streaming Inference"
-                )
-            return rknn_pb2.RunResponse(
-                header=rknn_pb2.OutputsHeader(
-                    outputs=metas, run_time_us=ran.run_time_us, frame_id=header.frame_id
-                ),
-                outputs=[a.tobytes() for a in wire],
-            )
+            try:
+                done = await self.pipeline.unary(request.header, request.inputs, traffic)
+            finally:
+                _account(call, traffic)
+            return rknn_pb2.RunResponse(header=done.header, outputs=[a.tobytes() for a in done.wire])
 
         return await self._unary("Run", context, body)
 
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
+        traffic = Traffic()
+
         async def body(call: _Call) -> AsyncGenerator[rknn_pb2.DumpLayersResponse, None]:
-            _, session, frame = await self._receive_frame(call, request_iterator)
-            async with aclosing(self.plane.layers(session, frame.inputs(), frame.formats())) as layers:
+            frame = await self.pipeline.receive_one(request_iterator, traffic, "DumpLayers")
+            _account(call, traffic)
+            inputs = frame.inputs()
+            async with aclosing(self.plane.layers(frame.session, inputs, frame.formats())) as layers:
                 async for layer in layers:
                     wire = codec.wire_array(layer.array)
-                    yield rknn_pb2.DumpLayersResponse(
-                        layer=rknn_pb2.LayerDumpHeader(
-                            index=layer.index,
-                            op_type=layer.op_type,
-                            node_name=layer.node_name,
-                            tensor_name=layer.tensor_name,
-                            tensor=codec.meta_of(wire, layer.tensor_name),
-                        )
+                    head = rknn_pb2.LayerDumpHeader(
+                        index=layer.index,
+                        op_type=layer.op_type,
+                        node_name=layer.node_name,
+                        tensor_name=layer.tensor_name,
+                        tensor=codec.meta_of(wire, layer.tensor_name),
                     )
-                    for chunk in codec.iter_chunks([wire]):
-                        call.bytes_out += len(chunk.data)
-                        yield rknn_pb2.DumpLayersResponse(chunk=chunk)
+                    for message in framing.frame_messages(rknn_pb2.DumpLayersResponse, head, [wire], "layer"):
+                        yield message
+                    call.bytes_out += wire.nbytes
 
         async with aclosing(self._streaming("DumpLayers", context, body)) as responses:
             async for response in responses:
@@ -444,17 +402,25 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     async def InferencePipeline(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        traffic = Traffic()
-
-        def body(call: _Call) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
-            return self.pipeline.stream(request_iterator, traffic)
-
-        def account(call: _Call) -> None:
-            _account(call, traffic)
-
-        async with aclosing(self._streaming("InferencePipeline", context, body, account)) as responses:
+        async with aclosing(
+            self._framed(
+                "InferencePipeline", context, lambda traffic: self.pipeline.stream(request_iterator, traffic)
+            )
+        ) as responses:
             async for response in responses:
                 yield response
+
+    def _framed(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        frames: Callable[[Traffic], AsyncGenerator[rknn_pb2.InferenceResponse, None]],
+    ) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+        """A frame-moving streaming RPC (Inference, InferencePipeline) with its traffic in the log event."""
+        traffic = Traffic()
+        return self._streaming(
+            method, context, lambda call: frames(traffic), lambda call: _account(call, traffic)
+        )
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext

@@ -254,6 +254,16 @@ class TensorAssembler:
         self._remaining -= len(data)
         return len(data)
 
+    def adopt(self, i: int, data: bytes) -> int:
+        """Take a whole tensor's bytes, arrived in one piece, as its buffer: no copy (the array is
+        read-only). For a receiver that owns the bytes object and only reads the tensor."""
+        if self._filled[i] or len(data) != self._metas[i].byte_length:
+            return self.add_bytes(i, 0, data)
+        self._buffers[i] = np.frombuffer(data, np.uint8)
+        self._filled[i] = len(data)
+        self._remaining -= len(data)
+        return len(data)
+
     @property
     def buffers(self) -> list[np.ndarray]:
         """The preallocated byte buffers, one per tensor (for a receiver that accounts for memory)."""

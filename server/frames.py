@@ -170,8 +170,9 @@ class IncomingFrame:
         return size
 
     def add_bytes(self, i: int, offset: int, data: bytes) -> int:
-        """Take a whole input's bytes (the unary Run, whose message size gRPC already bounded)."""
-        return self.assembler.add_bytes(i, offset, data)
+        """Take a whole input's bytes (the unary Run, whose message gRPC already received and bounded):
+        the runtime reads them where they are, without a copy (runtimes never write their inputs)."""
+        return self.assembler.adopt(i, data) if offset == 0 else self.assembler.add_bytes(i, offset, data)
 
     def missing(self) -> list[str]:
         return self.assembler.missing()

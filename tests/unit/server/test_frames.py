@@ -89,3 +89,15 @@ def test_whole_arrays_go_through_the_same_intake() -> None:
         take_arrays([INPUT], [x[..., :2]], [Declared.of(x, "NHWC")])
     with pytest.raises(InvalidInput, match="the model has 1 input"):
         take_arrays([INPUT], [x, x], [Declared.of(x, "NHWC")] * 2)
+
+
+def test_a_whole_input_is_read_where_it_arrived_without_a_copy() -> None:
+    x = np.arange(48, dtype=np.float32).reshape(1, 3, 4, 4)
+    data = x.tobytes()
+    frame = framing.whole_frame(
+        IncomingFrame.start(header(x), session(), codec.TensorLimits(), MemoryBudget(0)), [data], 1
+    )
+    (received,) = frame.inputs()
+    np.testing.assert_array_equal(received, x)
+    assert received.base is not None and not received.flags.writeable  # a view of the message's bytes
+    assert memoryview(received).obj is not None and bytes(received.data) == data

@@ -56,6 +56,7 @@ _UPLOAD_RETRY_S = 0.1
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
 # Room in a unary Run request for its header beside the inputs' bytes.
 _HEADER_ROOM = 64 << 10
+_RUN_METHOD = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}/Run"
 _QUANT_NAMES = {
     rknn_pb2.QUANT_TYPE_NONE: "none",
     rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC: "affine",
@@ -454,6 +455,8 @@ class Session:
         self._reconnect_allowed = True
         self._on_reconnect = on_reconnect
         self._route: int | None = None  # see _decide_route
+        # Run with the request serialized by framing.run_request_bytes (made on first use).
+        self._run_call: grpc.UnaryUnaryMultiCallable | None = None
         self._adopt(reply)
 
     def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
@@ -643,8 +646,11 @@ class Session:
 
     def _run_unary(self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]) -> list[np.ndarray]:
         where = f"Run on {self.device.endpoint.description}"
-        request = rknn_pb2.RunRequest(header=header, inputs=[a.tobytes() for a in wire])
-        reply = self.device._call("Run", self.device._stub.Run, request)
+        if self._run_call is None:
+            self._run_call = self.device._channel.unary_unary(
+                _RUN_METHOD, request_serializer=None, response_deserializer=rknn_pb2.RunResponse.FromString
+            )
+        reply = self.device._call("Run", self._run_call, framing.run_request_bytes(header, wire))
         self.last_run_time_us = reply.header.run_time_us
         try:
             frame = framing.whole_frame(

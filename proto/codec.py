@@ -165,13 +165,13 @@ def check_meta(
     """Validate a meta before allocating: dtype, rank, dims and byte length must agree."""
     dtype = dtype_from_wire(meta.dtype)
     layout_name(meta.layout)
-    shape = tuple(int(d) for d in meta.shape)
+    shape = tuple(meta.shape)  # the wire's dims are ints already
     if len(shape) > limits.max_rank:
         raise LimitExceeded(
             f"{what}: rank {len(shape)} exceeds the limit of {limits.max_rank} dimensions "
             f"(max_tensor_rank={limits.max_rank})"
         )
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise CodecError(f"{what}: shape {list(shape)} has a negative dimension")
     elements = math.prod(shape)
     expected = elements * dtype.itemsize
@@ -200,7 +200,7 @@ def check_metas(
     if len(metas) > limits.max_tensors:
         raise LimitExceeded(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
     layouts = [check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)]
-    total = sum(m.byte_length for m in metas)
+    total = sum([m.byte_length for m in metas])
     if total > limits.max_tensor_bytes:
         raise LimitExceeded(
             f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
@@ -220,7 +220,7 @@ class TensorAssembler:
         self._buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in metas]
         self._views = [b.data for b in self._buffers]
         self._filled = [0] * len(metas)
-        self._remaining = sum(m.byte_length for m in metas)
+        self._remaining = sum([m.byte_length for m in metas])
         self._current = 0
         self._what = what
 

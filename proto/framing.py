@@ -7,7 +7,7 @@ ending inside one) and hands out each frame once its last byte arrived; `read_fr
 a blocking iterator (the client), `aread_frames` from an async one (the daemon). What a frame's
 bytes go into is the caller's: a `TensorAssembler` on the client, the daemon's checked frame intake.
 `frame_messages` writes one frame; `whole_frame` takes a frame whose tensors came in one message
-(the unary Run), through the same assembly.
+(the unary Run), through the same assembly, and `run_request_bytes` writes that message.
 """
 
 from __future__ import annotations
@@ -154,6 +154,30 @@ def whole_frame(assembly: A, tensors: Sequence[bytes], declared: int, what: str 
     return assembly
 
 
+# RunRequest.inputs (field 2, length-delimited): its tag byte on the wire.
+_RUN_INPUTS_TAG = bytes([(rknn_pb2.RunRequest.INPUTS_FIELD_NUMBER << 3) | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def run_request_bytes(header: rknn_pb2.InferenceHeader, arrays: Sequence[np.ndarray]) -> bytes:
+    """A serialized RunRequest of wire-ready arrays, their bytes copied once, straight from their
+    buffers into the message (protobuf would copy them three times: `tobytes()`, into the message,
+    into its serialization). The same bytes as `RunRequest(header, [a.tobytes()...]).SerializeToString()`;
+    send it on a call whose request serializer passes bytes through."""
+    parts: list[bytes | memoryview] = [rknn_pb2.RunRequest(header=header).SerializeToString()]
+    for array in arrays:
+        parts += (_RUN_INPUTS_TAG, _varint(array.nbytes), array.reshape(-1).view(np.uint8).data)
+    return b"".join(parts)
+
+
 def frame_messages(
     message: Callable[..., M], header: Any, arrays: Sequence[np.ndarray], header_part: str = "header"
 ) -> Iterator[M]:
@@ -172,5 +196,6 @@ __all__ = [
     "aread_frames",
     "frame_messages",
     "read_frames",
+    "run_request_bytes",
     "whole_frame",
 ]

@@ -61,7 +61,6 @@ class Declared:
 
 def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
     """Check the inputs a frame header declares against the model before any byte is received."""
-    _check_count(specs, len(metas))
     return plan_inputs(
         specs,
         [
@@ -193,13 +192,15 @@ class IncomingFrame:
 def reply_bytes_bound(specs: Sequence[TensorSpec], native: bool) -> int | None:
     """The most bytes a run's outputs take on the wire, known from the model alone (None when an
     output has a dynamic dimension): a quantized output counts as float32 unless sent native."""
-    if any(spec.is_dynamic for spec in specs):
-        return None
-    return sum(
-        math.prod(spec.shape)
-        * (max(spec.dtype.itemsize, 4) if spec.quant.kind != "none" and not native else spec.dtype.itemsize)
-        for spec in specs
-    )
+    total = 0
+    for spec in specs:
+        if spec.is_dynamic:
+            return None
+        itemsize = spec.dtype.itemsize
+        total += math.prod(spec.shape) * (
+            max(itemsize, 4) if spec.quant.kind != "none" and not native else itemsize
+        )
+    return total
 
 
 def wire_outputs(

@@ -80,7 +80,7 @@ class Pipeline:
     @staticmethod
     def _send(done: Done, traffic: Traffic) -> Iterator[rknn_pb2.InferenceResponse]:
         yield from framing.frame_messages(rknn_pb2.InferenceResponse, done.header, done.wire)
-        traffic.bytes_out += sum(a.nbytes for a in done.wire)
+        traffic.bytes_out += _nbytes(done.wire)
         traffic.frames += 1
 
     # -- One frame -----------------------------------------------------------------------------
@@ -121,13 +121,13 @@ class Pipeline:
         the stream); a frame with outputs of unknown size is answered whatever they come to, up to
         the one hard limit of a protobuf message."""
         frame = framing.whole_frame(self._start(header, traffic), inputs, len(header.inputs), "input")
-        traffic.bytes_in = sum(len(b) for b in inputs)
+        traffic.bytes_in = sum(map(len, inputs))
         known = reply_bytes_bound(frame.session.runtime.outputs, header.native_outputs)
         if known is not None and known > MAX_REPLY_BYTES:
             frame.drop()
             raise _too_large(known)
         done = await self._run(frame)
-        traffic.bytes_out = sum(a.nbytes for a in done.wire)
+        traffic.bytes_out = _nbytes(done.wire)
         if traffic.bytes_out > MAX_REPLY_BYTES:
             raise _too_large(traffic.bytes_out)
         return done
@@ -201,3 +201,7 @@ def _too_large(size: int) -> ResourceExhausted:
         f"the outputs are {size} bytes, too large for one Run message (at most {MAX_REPLY_BYTES}); "
         "use the streaming Inference"
     )
+
+
+def _nbytes(arrays: Sequence[np.ndarray]) -> int:
+    return sum([a.nbytes for a in arrays])

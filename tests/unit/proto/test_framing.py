@@ -200,3 +200,15 @@ def test_a_whole_frame_takes_each_tensor_at_once_and_checks_the_count_and_sizes(
     assert short.dropped
     with pytest.raises(codec.CodecError, match="received 23 bytes; its meta declared 22"):
         framing.whole_frame(Outputs(head), [a.tobytes() for a in items[:2]] + [b"\0" * 23], 3, "output")
+
+
+def test_a_run_request_written_by_hand_is_protobufs_own_bytes() -> None:
+    items = arrays()
+    head = rknn_pb2.InferenceHeader(session_id="s" * 32, inputs=[codec.meta_of(a) for a in items], frame_id=3)
+    written = framing.run_request_bytes(head, items)
+    assert (
+        written == rknn_pb2.RunRequest(header=head, inputs=[a.tobytes() for a in items]).SerializeToString()
+    )
+    big = np.zeros(300, np.float32)  # a length that takes a two-byte varint
+    parsed = rknn_pb2.RunRequest.FromString(framing.run_request_bytes(head, [big]))
+    assert parsed.header == head and parsed.inputs[0] == big.tobytes()

@@ -547,7 +547,7 @@ class Session:
         progress: Progress | None = None,
     ) -> list[np.ndarray]:
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id=0)
-        sent = sum(a.nbytes for a in wire)
+        sent = sum([a.nbytes for a in wire])
         if self._goes_unary(sent):
             return self._run_unary(header, wire)
         where = f"Inference on {self.device.endpoint.description}"

@@ -138,7 +138,8 @@ async def aread_frames(messages: AsyncIterable[Part], reader: FrameReader[Any, A
 
 def whole_frame(assembly: A, tensors: Sequence[bytes], declared: int, what: str = "tensor") -> A:
     """A frame whose tensors' bytes came whole in one message (the unary Run): each into place
-    through the same assembly as chunks; raises unless exactly every declared byte is there."""
+    through the same assembly as chunks; raises unless exactly every declared byte is there. Each
+    tensor is read once (every read of a protobuf bytes field is a new copy)."""
     if len(tensors) != declared:
         assembly.drop()
         raise FrameError(f"{len(tensors)} {what} byte strings were sent for {declared} declared {what}(s)")

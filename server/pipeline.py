@@ -121,7 +121,8 @@ class Pipeline:
         the stream); a frame with outputs of unknown size is answered whatever they come to, up to
         the one hard limit of a protobuf message."""
         frame = framing.whole_frame(self._start(header, traffic), inputs, len(header.inputs), "input")
-        traffic.bytes_in = sum(map(len, inputs))
+        # From the checked header, not len(inputs[i]): each read of a bytes field copies it.
+        traffic.bytes_in = sum([meta.byte_length for meta in header.inputs])
         known = reply_bytes_bound(frame.session.runtime.outputs, header.native_outputs)
         if known is not None and known > MAX_REPLY_BYTES:
             frame.drop()

@@ -636,13 +636,13 @@ class Session:
         info = self.device.info()
         if info.protocol_version < RUN_RPC_VERSION:
             return -1
+        message_limit = int(info.limits.get("max_message_bytes") or MAX_MESSAGE_BYTES)
         bound = _reply_bound(self.outputs, self.native_outputs)
-        if bound is None and info.protocol_version < UNBOUNDED_RUN_VERSION:
-            return -1
+        if info.protocol_version < UNBOUNDED_RUN_VERSION and (bound is None or bound > message_limit // 2):
+            return -1  # an older daemon's Run refuses, after computing, outputs over half its limit
         if bound is not None and bound >= codec.SMALL_TRANSFER_BYTES:
             return -1
-        limit = int(info.limits.get("max_message_bytes") or MAX_MESSAGE_BYTES) - _HEADER_ROOM
-        return min(codec.SMALL_TRANSFER_BYTES - 1, limit)
+        return min(codec.SMALL_TRANSFER_BYTES - 1, message_limit - _HEADER_ROOM)
 
     def _run_unary(self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]) -> list[np.ndarray]:
         where = f"Run on {self.device.endpoint.description}"

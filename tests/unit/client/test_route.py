@@ -51,9 +51,12 @@ def test_outputs_of_unknown_size_go_unary_on_a_daemon_that_answers_any_size() ->
     assert s.asked == [1]  # type: ignore[attr-defined]  # decided once
 
 
-def test_outputs_of_unknown_size_go_by_the_stream_on_an_older_daemon() -> None:
+def test_an_older_daemon_gets_run_only_for_outputs_its_run_answers() -> None:
     assert not session([[1, -1, 4]], info(RUN_RPC_VERSION))._goes_unary(1)
     assert not session([[10]], info(RUN_RPC_VERSION - 1))._goes_unary(1)
+    assert session([[1, 1000]], info(RUN_RPC_VERSION))._goes_unary(1)
+    # Its Run refused (after computing) outputs over half its max_message_bytes.
+    assert not session([[1, 1000]], info(RUN_RPC_VERSION, max_message_bytes=6000))._goes_unary(1)
 
 
 @pytest.mark.parametrize(

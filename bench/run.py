@@ -273,6 +273,13 @@ def main() -> int:
             results["upload_1gib"]["upload_mb_s"] / results["grpc_ceiling"]["no_op_stream_mb_s"]
         )
         print(f"upload_vs_no_op_grpc_stream: {results['upload_1gib']['upload_vs_no_op_grpc_stream']:.2f}")
+        latency = results["latency"]
+        latency["overhead_over_no_op_unary_call"] = (
+            latency["remote_p50_ms"] - latency["in_process_p50_ms"]
+        ) / results["grpc_ceiling"]["no_op_unary_call_with_602112_bytes_p50_ms"]
+        print(
+            f"per-call overhead over the no-op unary call: {latency['overhead_over_no_op_unary_call']:.2f} (target <= 1.3)"
+        )
         print("measuring adb_forward ...", flush=True)
         measure_adb(results, work / "adb")
         print(json.dumps(results["adb_forward"], indent=2), flush=True)

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.kserve import grpc_service_pb2_grpc as v2_grpc
 from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
-from rknn_proto.version import MAX_MESSAGE_BYTES
+from rknn_proto.version import MAX_RUN_REPLY_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.data_plane import DataPlane
@@ -224,7 +224,7 @@ def _grpc_server(
         interceptors=[guard],
         options=[
             ("grpc.max_receive_message_length", config.limits.max_message_bytes),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_RUN_REPLY_BYTES),
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
         ],

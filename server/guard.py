@@ -34,6 +34,7 @@ import grpc
 import structlog
 
 from rknn_proto import rknn_pb2
+from rknn_proto.framing import TruncatedFrame
 from rknn_proto.reasons import Reason
 from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_METADATA_KEY
 from rknn_server.auth import AccessPolicy, Unauthenticated, bearer_token
@@ -46,7 +47,6 @@ from rknn_server.errors import (
     error_metadata,
     status_of,
 )
-from rknn_server.frames import TruncatedStream
 from rknn_server.limits import Limits
 from rknn_server.metrics import DaemonMetrics
 
@@ -216,7 +216,7 @@ class Guard(grpc.aio.ServerInterceptor):
         cancelled the call: a request stream cut short inside a frame is what a cancellation looks
         like to the reader when it wins the race with the cancellation itself, so wait for that to
         land before blaming the client (a cancel is CANCELLED in the log, not INVALID_ARGUMENT)."""
-        if request_stream and isinstance(exc, TruncatedStream):
+        if request_stream and isinstance(exc, TruncatedFrame):
             deadline = time.monotonic() + CANCEL_GRACE_S
             while not context.cancelled() and time.monotonic() < deadline:
                 await asyncio.sleep(CANCEL_POLL_S)

@@ -10,7 +10,7 @@ its call on `current_call()`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import codec, framing, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RESERVATION_METADATA_KEY
 from rknn_server import __version__
 from rknn_server.calls import Call
 from rknn_server.data_plane import DataPlane, OpenRequest
-from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.frames import QUANT_CODES, IncomingFrame, check_chunk, wire_outputs
+from rknn_server.errors import InvalidInput
+from rknn_server.frames import QUANT_CODES, check_chunk
 from rknn_server.guard import client_identity, current_call
 from rknn_server.limits import Limits
 from rknn_server.pipeline import Pipeline, Traffic
@@ -211,104 +211,53 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             runtime_driver_version=version.driver,
         )
 
-    async def _receive_frame(
-        self, call: Call, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest]
-    ) -> tuple[rknn_pb2.InferenceHeader, Session, IncomingFrame]:
-        """One complete frame of an Inference-framed request stream (a header, then chunks)."""
-        first = await _first(request_iterator, "an InferenceHeader")
-        if first.WhichOneof("part") != "header":
-            raise InvalidInput(f"the first {call.method} message must be an InferenceHeader")
-        header = first.header
-        session = self.plane.session(header.session_id, client_identity())
-        call.session = session.id
-        frame = IncomingFrame.start(header, session, self.plane.tensor_limits, self.plane.frame_memory)
-        with frame.dropped_on_error():
-            async for message in request_iterator:
-                if message.WhichOneof("part") != "chunk":
-                    raise InvalidInput(f"after the header, {call.method} takes only TensorChunk messages")
-                call.bytes_in += frame.add(message.chunk)
-            frame.ensure_complete("the frame")
-        return header, session, frame
-
     async def Inference(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        async def body(call: Call) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
-            header, session, frame = await self._receive_frame(call, request_iterator)
-            ran = await self.plane.run(session, frame.inputs(), frame.formats())
-            metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
-            yield rknn_pb2.InferenceResponse(
-                header=rknn_pb2.OutputsHeader(
-                    outputs=metas, run_time_us=ran.run_time_us, frame_id=header.frame_id
-                )
-            )
-            for response in codec.chunk_responses(wire):
-                yield response
-            call.bytes_out += sum(a.nbytes for a in wire)
-
-        async with aclosing(body(current_call())) as responses:
+        async with aclosing(
+            _framed(lambda traffic: self.pipeline.one(request_iterator, traffic))
+        ) as responses:
             async for response in responses:
                 yield response
 
     async def Run(
         self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.RunResponse:
-        async def body(call: Call) -> rknn_pb2.RunResponse:
-            header = request.header
-            session = self.plane.session(header.session_id, client_identity())
-            call.session = session.id
-            frame = IncomingFrame.start(header, session, self.plane.tensor_limits, self.plane.frame_memory)
-            with frame.dropped_on_error():
-                call.bytes_in = frame.add_whole(request.inputs)
-            ran = await self.plane.run(session, frame.inputs(), frame.formats())
-            metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
-            call.bytes_out = sum(a.nbytes for a in wire)
-            if call.bytes_out > self.limits.max_message_bytes // 2:
-                raise ResourceExhausted(
-                    f"the outputs are {call.bytes_out} bytes, too large for one Run message "
-                    f"(max_message_bytes={self.limits.max_message_bytes}); use the streaming Inference"
-                )
-            return rknn_pb2.RunResponse(
-                header=rknn_pb2.OutputsHeader(
-                    outputs=metas, run_time_us=ran.run_time_us, frame_id=header.frame_id
-                ),
-                outputs=[a.tobytes() for a in wire],
-            )
-
-        return await body(current_call())
+        traffic = Traffic()
+        try:
+            done = await self.pipeline.unary(request.header, request.inputs, traffic)
+        finally:
+            _account(current_call(), traffic)
+        return rknn_pb2.RunResponse(header=done.header, outputs=[a.tobytes() for a in done.wire])
 
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
-        call = current_call()
-        _, session, frame = await self._receive_frame(call, request_iterator)
-        async with aclosing(self.plane.layers(session, frame.inputs(), frame.formats())) as layers:
+        call, traffic = current_call(), Traffic()
+        frame = await self.pipeline.receive_one(request_iterator, traffic, "DumpLayers")
+        _account(call, traffic)
+        async with aclosing(self.plane.layers(frame.session, frame.inputs(), frame.formats())) as layers:
             async for layer in layers:
                 wire = codec.wire_array(layer.array)
-                yield rknn_pb2.DumpLayersResponse(
-                    layer=rknn_pb2.LayerDumpHeader(
-                        index=layer.index,
-                        op_type=layer.op_type,
-                        node_name=layer.node_name,
-                        tensor_name=layer.tensor_name,
-                        tensor=codec.meta_of(wire, layer.tensor_name),
-                    )
+                head = rknn_pb2.LayerDumpHeader(
+                    index=layer.index,
+                    op_type=layer.op_type,
+                    node_name=layer.node_name,
+                    tensor_name=layer.tensor_name,
+                    tensor=codec.meta_of(wire, layer.tensor_name),
                 )
-                for chunk in codec.iter_chunks([wire]):
-                    call.bytes_out += len(chunk.data)
-                    yield rknn_pb2.DumpLayersResponse(chunk=chunk)
+                for message in framing.frame_messages(rknn_pb2.DumpLayersResponse, head, [wire], "layer"):
+                    yield message
+                call.bytes_out += wire.nbytes
 
     async def InferencePipeline(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        call = current_call()
-        traffic = Traffic()
-        try:
-            async with aclosing(self.pipeline.stream(request_iterator, traffic)) as responses:
-                async for response in responses:
-                    yield response
-        finally:
-            _account(call, traffic)
+        async with aclosing(
+            _framed(lambda traffic: self.pipeline.stream(request_iterator, traffic))
+        ) as responses:
+            async for response in responses:
+                yield response
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext
@@ -400,6 +349,19 @@ def _close_claimed(step: asyncio.Future[Upload]) -> None:
     """Release an upload claimed by a call that ended before it could take it."""
     if not step.cancelled() and step.exception() is None:
         step.result().close()
+
+
+async def _framed(
+    frames: Callable[[Traffic], AsyncGenerator[rknn_pb2.InferenceResponse, None]],
+) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+    """A frame-moving streaming RPC (Inference, InferencePipeline), its traffic in the call's record."""
+    call, traffic = current_call(), Traffic()
+    try:
+        async with aclosing(frames(traffic)) as responses:
+            async for response in responses:
+                yield response
+    finally:
+        _account(call, traffic)
 
 
 def _account(call: Call, traffic: Traffic) -> None:

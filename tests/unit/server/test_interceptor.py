@@ -14,11 +14,11 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
+from rknn_proto.framing import TruncatedFrame
 from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY, Reason
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
 from rknn_server.auth import AccessPolicy
 from rknn_server.errors import FailedPrecondition
-from rknn_server.frames import TruncatedStream
 from rknn_server.guard import Guard, client_identity, current_call
 from rknn_server.limits import Limits
 from rknn_server.metrics import DaemonMetrics
@@ -236,7 +236,7 @@ def test_a_failing_stream_sends_what_it_had_then_its_status_with_its_bytes_count
 
 def test_a_stream_cut_short_by_a_cancelled_client_is_cancelled_not_the_clients_error() -> None:
     served, context = (
-        Served(streaming(TruncatedStream("the stream ended inside a frame"))),
+        Served(streaming(TruncatedFrame("the stream ended inside a frame"))),
         FakeContext(cancelled=True),
     )
     with capture_logs() as logs:

@@ -39,6 +39,7 @@ from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
+from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
@@ -84,6 +85,7 @@ class DaemonConfig:
     # Where the RKNN-Toolkit2 protocol is served (server/legacy): None = the default, () = off.
     legacy_listen: tuple[str, ...] | None = None
     legacy_toolkit: str = DEFAULT_VERSION  # whose message layout it speaks (a key of layouts.RELEASES)
+    shm: bool = True  # offer shared-memory tensors to same-host callers (server/shm.py)
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -99,10 +101,11 @@ KEEPALIVE_OPTIONS = [
 ]
 
 
-async def _reap(plane: DataPlane, period: float) -> None:
+async def _reap(plane: DataPlane, shared: SharedMemoryRegistry, period: float) -> None:
     while True:
         await asyncio.sleep(period)
         await plane.reap()
+        shared.reap()
 
 
 async def _maintain_cache(cache: ModelCache, executor: ThreadPoolExecutor, config: DaemonConfig) -> None:
@@ -226,6 +229,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         config.memory,
         reservations.admit,
     )
+    shared = SharedMemoryRegistry(
+        ShmLimits(enabled=config.shm), config.session_idle_timeout_s, access.listeners
+    )
+    plane.on_close.append(shared.session_closed)
     service = RknnService(
         plane,
         reservations,
@@ -242,6 +249,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             instance_id=secrets.token_hex(8),
         ),
         metrics,
+        shared,
     )
     guard = Guard(access, _call_limits(config))
     metrics.watch(
@@ -330,7 +338,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
 
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
-    reaper = asyncio.create_task(_reap(plane, min(1.0, config.session_idle_timeout_s / 4)))
+    reaper = asyncio.create_task(_reap(plane, shared, min(1.0, config.session_idle_timeout_s / 4)))
     maintenance = asyncio.create_task(_maintain_cache(cache, executor, config))
     if ready is not None:
         ready.set()
@@ -345,6 +353,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     reaper.cancel()
     maintenance.cancel()
     plane.close_all("daemon shutting down")
+    shared.close_all()
     executor.shutdown(wait=False, cancel_futures=True)
     if config.ready_file is not None:
         config.ready_file.unlink(missing_ok=True)

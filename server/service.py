@@ -40,6 +40,8 @@ from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import TensorSpec
 from rknn_server.sessions import Session
+from rknn_server.shm import SharedMemoryRegistry, ShmLimits
+from rknn_server.shm_run import run_shared
 from rknn_server.uploads import Upload
 
 log = structlog.get_logger("rknn_server.rpc")
@@ -143,13 +145,19 @@ async def _fail_stream(call: _Call | None, context: grpc.aio.ServicerContext, ex
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
     def __init__(
-        self, plane: DataPlane, reservations: ReservationBook, config: ServiceConfig, metrics: DaemonMetrics
+        self,
+        plane: DataPlane,
+        reservations: ReservationBook,
+        config: ServiceConfig,
+        metrics: DaemonMetrics,
+        shared: SharedMemoryRegistry | None = None,
     ) -> None:
         self.plane = plane
         self.reservations = reservations
         self.config = config
         self.metrics = metrics
         self.pipeline = Pipeline(plane)
+        self.shared = shared if shared is not None else SharedMemoryRegistry(ShmLimits(enabled=False), 0.0)
 
     async def _unary(
         self, method: str, context: grpc.aio.ServicerContext, body: Callable[[_Call], Awaitable[T]]
@@ -249,6 +257,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 instance_id=self.config.instance_id,
                 warnings=list(self.config.warnings),
                 tls=self.config.tls,
+                shared_memory=self._shared_memory_info(context),
                 **self.reservations.info_fields(),
             )
 
@@ -555,6 +564,80 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             return self.reservations.release(request)
 
         return await self._unary("ReleaseReservation", context, body)
+
+    # -- Shared-memory tensors (server/shm.py) -----------------------------------------------
+
+    def _shared_memory_info(self, context: grpc.aio.ServicerContext) -> rknn_pb2.SharedMemoryInfo:
+        refused = self.shared.refusal_for(context.peer() or "")
+        limits = self.shared.limits
+        return rknn_pb2.SharedMemoryInfo(
+            allowed=refused is None,
+            reason=refused or "",
+            boot_id=self.shared.boot_id,
+            max_regions_per_client=limits.max_regions_per_client,
+            max_bytes_per_client=limits.max_bytes_per_client,
+        )
+
+    async def RegisterSharedMemory(
+        self, request: rknn_pb2.RegisterSharedMemoryRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.RegisterSharedMemoryResponse:
+        async def body(call: _Call) -> rknn_pb2.RegisterSharedMemoryResponse:
+            uid = self.shared.admit(context.peer() or "")
+            owner = client_identity()
+            if request.session_id:
+                call.session = self.plane.session(request.session_id, owner, usable=False).id
+            region = self.shared.register(
+                owner, uid, request.key, request.name, request.size, request.session_id
+            )
+            return rknn_pb2.RegisterSharedMemoryResponse(
+                size=region.size, device=region.device, inode=region.inode
+            )
+
+        return await self._unary("RegisterSharedMemory", context, body)
+
+    async def UnregisterSharedMemory(
+        self, request: rknn_pb2.UnregisterSharedMemoryRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.UnregisterSharedMemoryResponse:
+        async def body(call: _Call) -> rknn_pb2.UnregisterSharedMemoryResponse:
+            return rknn_pb2.UnregisterSharedMemoryResponse(
+                closed=self.shared.unregister(client_identity(), request.key)
+            )
+
+        return await self._unary("UnregisterSharedMemory", context, body)
+
+    async def SharedMemoryStatus(
+        self, request: rknn_pb2.SharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.SharedMemoryStatusResponse:
+        async def body(call: _Call) -> rknn_pb2.SharedMemoryStatusResponse:
+            return rknn_pb2.SharedMemoryStatusResponse(
+                regions=[
+                    rknn_pb2.SharedMemoryRegion(
+                        key=r.key, name=r.name, size=r.size, session_id=r.session_id, uses=r.uses
+                    )
+                    for r in self.shared.mine(client_identity(), request.key)
+                ]
+            )
+
+        return await self._unary("SharedMemoryStatus", context, body)
+
+    async def RunShared(
+        self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.RunResponse:
+        async def body(call: _Call) -> rknn_pb2.RunResponse:
+            self.shared.admit(context.peer() or "", lookup=False)  # its regions passed the uid check
+            header = request.header
+            if request.inputs:
+                raise InvalidInput("RunShared takes its inputs from regions; the request carried bytes")
+            session = self.plane.session(header.session_id, client_identity())
+            call.session = session.id
+            result = await run_shared(self.plane, self.shared, session, header, client_identity())
+            return rknn_pb2.RunResponse(
+                header=rknn_pb2.OutputsHeader(
+                    outputs=result.metas, run_time_us=result.run_time_us, frame_id=header.frame_id
+                )
+            )
+
+        return await self._unary("RunShared", context, body)
 
 
 def _close_claimed(step: asyncio.Future[Upload]) -> None:

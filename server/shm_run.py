@@ -1,0 +1,136 @@
+"""One inference over shared memory (RunShared): inputs read from, outputs written into, regions.
+
+The intake is the wire's: the header's metas are checked against the tensor limits and the model
+(frames.check_inputs) and the inputs' buffers are held against the frame memory budget before a
+byte is read; the one layout transpose is frames.arrange's. Only where the bytes come from differs:
+each input's slot is checked to lie inside its region, has the meta's exact length, and is copied
+with pread (shm.py says why not a mapping). Every output is checked to fit its slot before the first
+one is written, so a slot too small leaves the client's region as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rknn_proto import codec, rknn_pb2
+from rknn_server.data_plane import DataPlane
+from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.frames import arrange, check_inputs, wire_outputs
+from rknn_server.sessions import Session
+from rknn_server.shm import Region, SharedMemoryRegistry
+
+
+@dataclass(frozen=True)
+class Slot:
+    region: Region
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class SharedResult:
+    metas: list[rknn_pb2.TensorMeta]
+    run_time_us: int
+    bytes_in: int
+    bytes_out: int
+
+
+def _slots(
+    registry: SharedMemoryRegistry, owner: str, regions: Sequence[rknn_pb2.TensorRegion], what: str
+) -> list[Slot]:
+    slots = []
+    for i, r in enumerate(regions):
+        region = registry.get(owner, r.key)
+        region.check_slot(r.offset, r.byte_length, f"{what} {i}")
+        slots.append(Slot(region, r.offset, r.byte_length))
+    return slots
+
+
+def _plan(
+    header: rknn_pb2.InferenceHeader, session: Session, registry: SharedMemoryRegistry, owner: str
+) -> tuple[list[Slot], list[Slot]]:
+    """Check the header's slots against the model and the regions; nothing is read yet."""
+    if len(header.input_regions) != len(header.inputs):
+        raise InvalidInput(
+            f"{len(header.input_regions)} input regions were named for {len(header.inputs)} input(s); "
+            "RunShared takes one per input"
+        )
+    outputs = session.runtime.outputs
+    if len(header.output_regions) != len(outputs):
+        raise InvalidInput(
+            f"{len(header.output_regions)} output regions were named; the model has {len(outputs)} output(s)"
+        )
+    inputs = _slots(registry, owner, header.input_regions, "input")
+    for i, (slot, meta) in enumerate(zip(inputs, header.inputs, strict=True)):
+        if slot.length != meta.byte_length:
+            raise InvalidInput(
+                f"input {i}: its region slot holds {slot.length} bytes, its meta declares {meta.byte_length}"
+            )
+    return inputs, _slots(registry, owner, header.output_regions, "output")
+
+
+def _read(slots: Sequence[Slot], buffers: Sequence[np.ndarray]) -> None:
+    for i, (slot, buffer) in enumerate(zip(slots, buffers, strict=True)):
+        slot.region.read_into(buffer, slot.offset, f"input {i}")
+
+
+def _write(slots: Sequence[Slot], arrays: Sequence[np.ndarray]) -> None:
+    for slot, array in zip(slots, arrays, strict=True):
+        slot.region.write(array, slot.offset)
+
+
+async def run_shared(
+    plane: DataPlane,
+    registry: SharedMemoryRegistry,
+    session: Session,
+    header: rknn_pb2.InferenceHeader,
+    owner: str,
+) -> SharedResult:
+    """Run one frame whose tensors live in the owner's regions."""
+    layouts = codec.check_metas(header.inputs, plane.tensor_limits, "input")
+    plans = check_inputs(session.runtime.inputs, header.inputs)
+    inputs, outputs = _plan(header, session, registry, owner)
+    used = [slot.region for slot in inputs + outputs]
+    registry.acquire(used)
+    try:
+        buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in header.inputs]
+        plane.frame_memory.hold(buffers, f"the inputs of frame {header.frame_id}")
+        await _blocking(plane, _read, inputs, buffers)
+        arrays = [b.view(dtype).reshape(shape) for b, (dtype, shape) in zip(buffers, layouts, strict=True)]
+        del buffers
+        ran = await plane.run(session, arrange(arrays, plans), [p.format for p in plans])
+        del arrays
+        metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
+        for i, (slot, array) in enumerate(zip(outputs, wire, strict=True)):
+            if array.nbytes > slot.length:
+                raise ResourceExhausted(
+                    f"output {i} is {array.nbytes} bytes; its region slot holds {slot.length}. Nothing "
+                    "was written; give it a larger slot"
+                )
+        await _blocking(plane, _write, outputs, wire)
+    finally:
+        registry.release(used)
+    return SharedResult(
+        metas,
+        ran.run_time_us,
+        sum(m.byte_length for m in header.inputs),
+        sum(a.nbytes for a in wire),
+    )
+
+
+async def _blocking(plane: DataPlane, fn: Callable[..., Any], *args: Any) -> None:
+    """Descriptor copies in the executor; a cancelled call waits for its copy (the regions stay open)."""
+    work = asyncio.get_running_loop().run_in_executor(plane.executor, fn, *args)
+    try:
+        await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
+
+
+__all__ = ["SharedResult", "run_shared"]

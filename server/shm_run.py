@@ -36,8 +36,6 @@ class Slot:
 class SharedResult:
     metas: list[rknn_pb2.TensorMeta]
     run_time_us: int
-    bytes_in: int
-    bytes_out: int
 
 
 def _slots(
@@ -115,12 +113,7 @@ async def run_shared(
         await _blocking(plane, _write, outputs, wire)
     finally:
         registry.release(used)
-    return SharedResult(
-        metas,
-        ran.run_time_us,
-        sum(m.byte_length for m in header.inputs),
-        sum(a.nbytes for a in wire),
-    )
+    return SharedResult(metas, ran.run_time_us)
 
 
 async def _blocking(plane: DataPlane, fn: Callable[..., Any], *args: Any) -> None:

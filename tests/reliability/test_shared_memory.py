@@ -285,7 +285,7 @@ def test_closed_on_release_and_after_the_client_is_killed(daemons: StartDaemon, 
     with device(daemon) as dev:
         session = dev.load(cnn)
         session.run([cnn_input()])
-        name = [r.name for r in _status(dev).regions if r.session_id == session.id][0]
+        name = next(r.name for r in _status(dev).regions if r.session_id == session.id)
         assert held(daemon.pid, name)
         session.release()
         assert held(daemon.pid, name) == []  # closed with the session, at once

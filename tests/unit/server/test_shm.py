@@ -5,6 +5,7 @@ claims another one to play a second user)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -38,10 +39,8 @@ def _file(folder: Path, name: str, size: int) -> Path:
 def _open_fds() -> set[str]:
     found = set()
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
             found.add(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:  # the listing's own descriptor, closed by now
-            pass
     return found
 
 

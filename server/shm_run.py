@@ -10,10 +10,9 @@ one is written, so a slot too small leaves the client's region as it was.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -77,11 +76,6 @@ def _read(slots: Sequence[Slot], buffers: Sequence[np.ndarray]) -> None:
         slot.region.read_into(buffer, slot.offset, f"input {i}")
 
 
-def _write(slots: Sequence[Slot], arrays: Sequence[np.ndarray]) -> None:
-    for slot, array in zip(slots, arrays, strict=True):
-        slot.region.write(array, slot.offset)
-
-
 async def run_shared(
     plane: DataPlane,
     registry: SharedMemoryRegistry,
@@ -89,41 +83,42 @@ async def run_shared(
     header: rknn_pb2.InferenceHeader,
     owner: str,
 ) -> SharedResult:
-    """Run one frame whose tensors live in the owner's regions."""
+    """Run one frame whose tensors live in the owner's regions.
+
+    Reading the inputs, the run and writing the outputs are one job in the executor under the
+    session's lock (DataPlane.in_session): one thread hop per frame, as on the wire."""
     layouts = codec.check_metas(header.inputs, plane.tensor_limits, "input")
     plans = check_inputs(session.runtime.inputs, header.inputs)
     inputs, outputs = _plan(header, session, registry, owner)
-    used = [slot.region for slot in inputs + outputs]
-    registry.acquire(used)
-    try:
-        buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in header.inputs]
-        plane.frame_memory.hold(buffers, f"the inputs of frame {header.frame_id}")
-        await _blocking(plane, _read, inputs, buffers)
+    buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in header.inputs]
+    plane.frame_memory.hold(buffers, f"the inputs of frame {header.frame_id}")
+    specs = session.runtime.outputs
+
+    def work() -> list[rknn_pb2.TensorMeta]:
+        _read(inputs, buffers)
         arrays = [b.view(dtype).reshape(shape) for b, (dtype, shape) in zip(buffers, layouts, strict=True)]
-        del buffers
-        ran = await plane.run(session, arrange(arrays, plans), [p.format for p in plans])
+        buffers.clear()  # the arrays hold them now, and go (with their budget) once the run is done
+        ran = session.runtime.run(arrange(arrays, plans), [p.format for p in plans])
         del arrays
-        metas, wire = wire_outputs(ran.outputs, session.runtime.outputs, header.native_outputs)
+        metas, wire = wire_outputs(ran, specs, header.native_outputs)
         for i, (slot, array) in enumerate(zip(outputs, wire, strict=True)):
             if array.nbytes > slot.length:
                 raise ResourceExhausted(
                     f"output {i} is {array.nbytes} bytes; its region slot holds {slot.length}. Nothing "
                     "was written; give it a larger slot"
                 )
-        await _blocking(plane, _write, outputs, wire)
+        for slot, array in zip(outputs, wire, strict=True):
+            slot.region.write(array, slot.offset)
+        return metas
+
+    used = [slot.region for slot in inputs + outputs]
+    registry.acquire(used)
+    start = time.perf_counter()
+    try:
+        metas = await plane.in_session(session, work, timed=True)
     finally:
         registry.release(used)
-    return SharedResult(metas, ran.run_time_us)
-
-
-async def _blocking(plane: DataPlane, fn: Callable[..., Any], *args: Any) -> None:
-    """Descriptor copies in the executor; a cancelled call waits for its copy (the regions stay open)."""
-    work = asyncio.get_running_loop().run_in_executor(plane.executor, fn, *args)
-    try:
-        await asyncio.shield(work)
-    except asyncio.CancelledError:
-        await asyncio.wait([work])
-        raise
+    return SharedResult(metas, int((time.perf_counter() - start) * 1e6))
 
 
 __all__ = ["SharedResult", "run_shared"]

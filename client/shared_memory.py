@@ -2,22 +2,25 @@
 
 `Session.run` calls `run_frame` first; it answers None whenever shared memory cannot serve the
 frame, and the frame then travels over the wire as before. Shared memory is used when all of these
-hold, checked once per Device: it is not turned off (RKNN_SHM=off), the daemon's GetInfo says this
+hold, checked once per Device: it is not turned off (RKNN_SHM=off; =file keeps to /dev/shm files), the daemon's GetInfo says this
 caller may (`--shm on`, a loopback TCP caller whose user the kernel names), the daemon's kernel boot
 id is this machine's (a daemon behind a tunnel or in a VM has another), and the daemon opened the
 very file this process made (same device and inode: the same /dev/shm, not a look-alike).
 
-Each session gets one region, a 0600 file in /dev/shm sized for its inputs and outputs, registered
-for that session (the daemon closes it when the session goes) and unlinked right after registering:
-the daemon holds it open and this process keeps it mapped, so no other process can open it by name
-and nothing is left in /dev/shm if either side dies. Inputs are copied into the mapping and outputs
-copied out of it (the region is reused by the next frame); the daemon reads and writes it with
-pread/pwrite. A model with a dynamic output size keeps to the wire (its outputs' room is unknown).
+Each session gets one region sized for its inputs and outputs, registered for that session (the
+daemon closes it when the session goes). First choice: a memfd sealed against shrinking, which the
+daemon reopens through /proc/<pid>/fd (same PID namespace) and maps, reading inputs in place. Else
+(another PID namespace, RKNN_SHM=file): a 0600 file in /dev/shm, which the daemon reads and writes
+with pread/pwrite, unlinked right after registering so that no other process can open it by name and
+nothing is left in /dev/shm if either side dies. Inputs are copied into this process's mapping and
+outputs copied out of it (the region is reused by the next frame). A model with a dynamic output
+size keeps to the wire (its outputs' room is unknown).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import mmap
 import os
@@ -50,6 +53,11 @@ def enabled_by_env() -> bool:
     return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
+def _memfd_allowed() -> bool:
+    """RKNN_SHM=file keeps to /dev/shm files (e.g. to test a shared folder); memfd needs Linux."""
+    return hasattr(os, "memfd_create") and os.environ.get(ENV, "on").strip().lower() != "file"
+
+
 def local_boot_id() -> str:
     try:
         return BOOT_ID_PATH.read_text().strip()
@@ -62,35 +70,67 @@ def _aligned(size: int) -> int:
 
 
 class Region:
-    """A file in /dev/shm made by this process, mapped here, registered on the daemon under `key`."""
+    """Memory shared with the daemon, mapped here, registered on the daemon under `key`: a memfd
+    sealed against shrinking (`memfd=True`, which the daemon maps) or a file in /dev/shm."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, memfd: bool) -> None:
         self.key = "r-" + secrets.token_hex(8)
         self.name = f"rknn-client-{os.getpid()}-{secrets.token_hex(8)}"
         self.size = size
-        self.path = SHM_DIR / self.name
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.path, flags, 0o600)
+        self.path: Path | None = None if memfd else SHM_DIR / self.name
+        if self.path is None:
+            fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        else:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
+            if self.path is None:
+                fcntl.fcntl(
+                    fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+                )
             self.map = mmap.mmap(fd, size)
             self.stat = os.fstat(fd)
         except BaseException:
             os.close(fd)
-            self.path.unlink(missing_ok=True)
+            self.unlink()
             raise
-        os.close(fd)  # the mapping keeps the file
+        # A memfd's descriptor stays open until the daemon has reopened it; a file's mapping keeps it.
+        self.fd = fd if self.path is None else -1
+        if self.path is not None:
+            os.close(fd)
         self._finalizer = weakref.finalize(self, _discard, self.map, self.path)
 
+    def request(self, session_id: str) -> rknn_pb2.RegisterSharedMemoryRequest:
+        if self.path is None:
+            return rknn_pb2.RegisterSharedMemoryRequest(
+                key=self.key,
+                name=self.name,  # a label only: the memfd's own name
+                size=self.size,
+                session_id=session_id,
+                memfd=True,
+                pid=os.getpid(),
+                fd=self.fd,
+            )
+        return rknn_pb2.RegisterSharedMemoryRequest(
+            key=self.key, name=self.name, size=self.size, session_id=session_id
+        )
+
     def unlink(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """Registered (or refused): no other process needs to find it any more."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        elif self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def close(self) -> None:
+        self.unlink()
         self._finalizer()
 
 
-def _discard(region_map: mmap.mmap, path: Path) -> None:
-    path.unlink(missing_ok=True)
+def _discard(region_map: mmap.mmap, path: Path | None) -> None:
+    if path is not None:
+        path.unlink(missing_ok=True)
     with contextlib.suppress(BufferError):  # an array still views it: the mapping goes with that array
         region_map.close()
 
@@ -105,6 +145,7 @@ class _Bound:
 
 _DEVICES: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()
 _SESSIONS: weakref.WeakKeyDictionary[Session, _Bound] = weakref.WeakKeyDictionary()
+_KINDS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: memfd works
 
 
 def usable(device: Device) -> bool:
@@ -136,39 +177,49 @@ def _output_room(session: Session) -> list[int] | None:
     return [int(np.prod(s.shape)) * max(s.dtype.itemsize, 4) for s in session.outputs]
 
 
-def _region(session: Session, size: int) -> Region | None:
-    """The session's registered region, at least `size` bytes (made or grown here)."""
-    bound = _SESSIONS.get(session)
-    if bound is not None and bound.session_id == session.id and bound.region.size >= size:
-        return bound.region
-    if bound is not None:
-        _SESSIONS.pop(session, None)
-        _unregister(session.device, bound)
-    region = Region(max(MIN_REGION_BYTES, _aligned(size + size // 4)))
+def _register(session: Session, size: int, memfd: bool) -> Region | None:
+    """A new region registered for the session, or None when the daemon cannot take this kind."""
+    region = Region(size, memfd)
     try:
         reply = session.device._call(
-            "RegisterSharedMemory",
-            session.device._stub.RegisterSharedMemory,
-            rknn_pb2.RegisterSharedMemoryRequest(
-                key=region.key, name=region.name, size=region.size, session_id=session.id
-            ),
+            "RegisterSharedMemory", session.device._stub.RegisterSharedMemory, region.request(session.id)
         )
     except SessionLost:
         region.close()
         raise
     except RknnError as exc:
         region.close()
-        log.debug("shared memory registration refused, using the wire: %s", exc)
-        disable(session.device)
+        log.debug("shared memory (%s) refused: %s", "memfd" if memfd else "/dev/shm file", exc)
         return None
     finally:
         region.unlink()
     if (reply.device, reply.inode) != (region.stat.st_dev, region.stat.st_ino):
         _unregister(session.device, _Bound(session.id, region))  # the daemon sees another /dev/shm
-        disable(session.device)
         return None
-    _SESSIONS[session] = _Bound(session.id, region)
     return region
+
+
+def _region(session: Session, size: int) -> Region | None:
+    """The session's registered region, at least `size` bytes (made or grown here). A sealed memfd
+    (mapped by the daemon: no copies there) is tried first, then a /dev/shm file; the kind that
+    worked is kept for the device, and when neither did the device keeps to the wire."""
+    bound = _SESSIONS.get(session)
+    if bound is not None and bound.session_id == session.id and bound.region.size >= size:
+        return bound.region
+    if bound is not None:
+        _SESSIONS.pop(session, None)
+        _unregister(session.device, bound)
+    device = session.device
+    known = _KINDS.get(device)
+    kinds = [known] if known is not None else [True, False] if _memfd_allowed() else [False]
+    for memfd in kinds:
+        region = _register(session, max(MIN_REGION_BYTES, _aligned(size + size // 4)), memfd)
+        if region is not None:
+            _KINDS[device] = memfd
+            _SESSIONS[session] = _Bound(session.id, region)
+            return region
+    disable(device)
+    return None
 
 
 def _unregister(device: Device, bound: _Bound) -> None:

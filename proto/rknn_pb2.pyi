@@ -1642,6 +1642,9 @@ class RegisterSharedMemoryRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    MEMFD_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    FD_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """The client's name for the region in later calls: 1 to 64 letters, digits, '.', '_' or '-'."""
     name: _builtins.str
@@ -1652,6 +1655,13 @@ class RegisterSharedMemoryRequest(_message.Message):
     """The session the region serves: it is closed with the session. Empty: it lives until
     unregistered or unused for the session idle timeout.
     """
+    memfd: _builtins.bool
+    """Instead of a name: a memfd of the caller's process `pid` at its descriptor `fd`, sealed
+    against shrinking (F_SEAL_SHRINK). The daemon maps it (no copies: a sealed file cannot shrink
+    under the mapping); it needs the daemon and the client in one PID namespace.
+    """
+    pid: _builtins.int
+    fd: _builtins.int
     def __init__(
         self,
         *,
@@ -1659,10 +1669,13 @@ class RegisterSharedMemoryRequest(_message.Message):
         name: _builtins.str = ...,
         size: _builtins.int = ...,
         session_id: _builtins.str = ...,
+        memfd: _builtins.bool = ...,
+        pid: _builtins.int = ...,
+        fd: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "name", b"name", "session_id", b"session_id", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fd", b"fd", "key", b"key", "memfd", b"memfd", "name", b"name", "pid", b"pid", "session_id", b"session_id", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1675,6 +1688,7 @@ class RegisterSharedMemoryResponse(_message.Message):
     SIZE_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     INODE_FIELD_NUMBER: _builtins.int
+    MAPPED_FIELD_NUMBER: _builtins.int
     size: _builtins.int
     """The region's size as the daemon sees it (the file's size)."""
     device: _builtins.int
@@ -1683,16 +1697,21 @@ class RegisterSharedMemoryResponse(_message.Message):
     look-alike.
     """
     inode: _builtins.int
+    mapped: _builtins.bool
+    """True when the daemon mapped the region (a sealed memfd): inputs are read and outputs written
+    in place; false when it copies with pread/pwrite (a /dev/shm file, which could shrink).
+    """
     def __init__(
         self,
         *,
         size: _builtins.int = ...,
         device: _builtins.int = ...,
         inode: _builtins.int = ...,
+        mapped: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "inode", b"inode", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "inode", b"inode", "mapped", b"mapped", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -586,11 +586,12 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             owner = client_identity()
             if request.session_id:
                 call.session = self.plane.session(request.session_id, owner, usable=False).id
+            memfd = (request.pid, request.fd) if request.memfd else None
             region = self.shared.register(
-                owner, uid, request.key, request.name, request.size, request.session_id
+                owner, uid, request.key, request.name, request.size, request.session_id, memfd
             )
             return rknn_pb2.RegisterSharedMemoryResponse(
-                size=region.size, device=region.device, inode=region.inode
+                size=region.size, device=region.device, inode=region.inode, mapped=region.map is not None
             )
 
         return await self._unary("RegisterSharedMemory", context, body)

@@ -8,12 +8,17 @@ Triton's system shared-memory extension is the model; this one is stricter:
 - **What**: a plain file name in the shared-memory folder (/dev/shm), opened relative to that folder
   with O_NOFOLLOW (no '/', no '..', no links), which must be a regular file owned by the caller's
   uid. Its size is the file's (fstat), never the client's word. Each client has a count and byte cap.
-- **How it is read and written**: through the open descriptor with preadv/pwritev, never through a
-  mapping. A client may truncate its file at any time, and touching a mapping beyond the end of a
-  shrunk file raises SIGBUS, which would kill the daemon; the kernel's copy reports a short count
-  instead. The price is one copy per tensor each way (into a buffer the frame memory budget counts,
-  and out of the runtime's output), still far below the wire's copies and framing. No mapping of a
-  client's file ever exists in the daemon, so what it holds is one descriptor per region.
+- **Or a sealed memfd**: a client in the daemon's PID namespace may instead name one of its own
+  descriptors (pid, fd), a memfd sealed against shrinking (F_SEAL_SHRINK). It is opened as an
+  O_PATH reference first (no side effects, whatever the descriptor is), checked (a regular file of
+  the caller's uid) and only then reopened for reading and writing through that pinned reference,
+  and its seals are checked before it is mapped.
+- **How it is read and written**: a /dev/shm file through the open descriptor with preadv/pwritev,
+  never through a mapping. A client may truncate such a file at any time, and touching a mapping
+  beyond the end of a shrunk file raises SIGBUS, which would kill the daemon; the kernel's copy
+  reports a short count instead. The price is one copy per tensor each way (into a buffer the frame
+  memory budget counts, and out of the runtime's output). A sealed memfd cannot shrink, so it is
+  mapped: inputs are numpy views over the mapping (no copy) and outputs are copied into it once.
 - **When it goes**: on unregister, when the session it was registered for closes (release, idle
   reaper, shutdown), or, for a region tied to no session, after the session idle timeout without
   use. A region in use by a call is closed once that call ends (its descriptor number is never
@@ -22,6 +27,9 @@ Triton's system shared-memory extension is the model; this one is stricter:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import mmap
 import os
 import re
 import stat
@@ -89,6 +97,7 @@ class Region:
     device: int
     inode: int
     session_id: str
+    map: mmap.mmap | None = None  # a sealed memfd's mapping; None: read and written by descriptor
     last_used: float = field(default_factory=time.monotonic)
     uses: int = 0
     users: int = 0  # calls reading or writing it right now
@@ -101,6 +110,11 @@ class Region:
                 f"{what}: bytes {offset}..{offset + length} lie outside region {self.key!r} of "
                 f"{self.size} bytes"
             )
+
+    def view(self, offset: int, length: int) -> np.ndarray:
+        """The slot's bytes in place (a mapped region only)."""
+        assert self.map is not None
+        return np.frombuffer(self.map, np.uint8, length, offset)
 
     def read_into(self, buffer: np.ndarray, offset: int, what: str) -> None:
         """Copy the slot at `offset` into `buffer` (uint8, its size is the slot's)."""
@@ -119,10 +133,13 @@ class Region:
 
     def write(self, array: np.ndarray, offset: int) -> None:
         """Copy a contiguous array's bytes into the slot at `offset` (already checked to fit)."""
-        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if self.map is not None:
+            self.view(offset, data.nbytes)[:] = data
+            return
         done = 0
-        while done < len(data):
-            done += os.pwritev(self.fd, [data[done:]], offset + done)
+        while done < data.nbytes:
+            done += os.pwritev(self.fd, [data.data[done:]], offset + done)
 
 
 class SharedMemoryRegistry:
@@ -170,10 +187,21 @@ class SharedMemoryRegistry:
 
     # -- Registering ----------------------------------------------------------------------------
 
-    def register(self, owner: str, uid: int, key: str, name: str, size: int, session_id: str) -> Region:
+    def register(
+        self,
+        owner: str,
+        uid: int,
+        key: str,
+        name: str,
+        size: int,
+        session_id: str,
+        memfd: tuple[int, int] | None = None,
+    ) -> Region:
+        """Open and check a region: `name` in the folder, or `memfd` = (pid, fd), a sealed memfd
+        (whose `name`, if any, is only a label)."""
         if not _KEY.fullmatch(key):
             raise InvalidInput(f"region key {key!r} is not 1 to 64 letters, digits, '.', '_' or '-'")
-        if not _NAME.fullmatch(name) or name in (".", ".."):
+        if (memfd is None or name) and (not _NAME.fullmatch(name) or name in (".", "..")):
             raise InvalidInput(
                 f"region name {name!r} is not a plain file name in the shared-memory folder "
                 "(letters, digits, '.', '_', '-'; no '/')"
@@ -187,15 +215,15 @@ class SharedMemoryRegistry:
                 f"{self.limits.max_regions_per_client} (daemon-wide {self.limits.max_regions}); "
                 "unregister some first"
             )
-        fd = self._open(name)
+        fd = self._open(name) if memfd is None else _open_memfd(*memfd, uid)
+        what = f"{name!r} in the shared-memory folder" if memfd is None else "the memfd"
+        region_map = None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise InvalidInput(f"{name!r} in the shared-memory folder is not a regular file")
+                raise InvalidInput(f"{what} is not a regular file")
             if info.st_uid != uid:
-                raise PermissionDenied(
-                    f"{name!r} in the shared-memory folder belongs to another user than the caller"
-                )
+                raise PermissionDenied(f"{what} belongs to another user than the caller")
             if size and size != info.st_size:
                 raise InvalidInput(f"region {name!r} is {info.st_size} bytes, not the {size} the client sent")
             held = sum(r.size for r in mine)
@@ -204,10 +232,15 @@ class SharedMemoryRegistry:
                     f"regions of {held + info.st_size} bytes would be registered by this client, over "
                     f"the limit max_bytes_per_client={self.limits.max_bytes_per_client}"
                 )
+            if memfd is not None:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+                if not seals & fcntl.F_SEAL_SHRINK or info.st_size == 0:
+                    raise InvalidInput("the memfd is not sealed against shrinking (F_SEAL_SHRINK)")
+                region_map = mmap.mmap(fd, info.st_size)
         except BaseException:
             os.close(fd)
             raise
-        region = Region(key, name, owner, fd, info.st_size, info.st_dev, info.st_ino, session_id)
+        region = Region(key, name, owner, fd, info.st_size, info.st_dev, info.st_ino, session_id, region_map)
         self._regions[(owner, key)] = region
         return region
 
@@ -292,6 +325,38 @@ class SharedMemoryRegistry:
         if region.closed and region.users == 0 and region.fd >= 0:
             os.close(region.fd)
             region.fd = -1
+            if region.map is not None:
+                with contextlib.suppress(BufferError):  # a view still alive: unmapped when it goes
+                    region.map.close()
+
+
+def _open_memfd(pid: int, fd: int, uid: int) -> int:
+    """Reopen descriptor `fd` of process `pid` (in this PID namespace) for reading and writing.
+
+    An O_PATH open of the /proc magic link pins the inode without opening the file (no side effect,
+    whatever the descriptor is: a device, a FIFO); only a regular file of the caller's uid is then
+    reopened, through the pinned reference, so the process cannot swap the descriptor in between."""
+    try:
+        pinned = os.open(f"/proc/{pid}/fd/{fd}", os.O_PATH | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError):
+        raise NotFound(
+            f"no descriptor {fd} of process {pid} is visible to the daemon (another PID namespace?)"
+        ) from None
+    except OSError as exc:
+        raise PermissionDenied(f"descriptor {fd} of process {pid} cannot be opened: {exc.strerror}") from None
+    try:
+        info = os.fstat(pinned)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidInput(f"descriptor {fd} of process {pid} is not a memfd")
+        if info.st_uid != uid:
+            raise PermissionDenied(
+                f"descriptor {fd} of process {pid} belongs to another user than the caller"
+            )
+        return os.open(f"/proc/self/fd/{pinned}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PermissionDenied(f"descriptor {fd} of process {pid} cannot be opened: {exc.strerror}") from None
+    finally:
+        os.close(pinned)
 
 
 __all__ = ["PermissionDenied", "Region", "SharedMemoryRegistry", "ShmLimits", "boot_id", "refusal"]

@@ -3,8 +3,9 @@
 The intake is the wire's: the header's metas are checked against the tensor limits and the model
 (frames.check_inputs) and the inputs' buffers are held against the frame memory budget before a
 byte is read; the one layout transpose is frames.arrange's. Only where the bytes come from differs:
-each input's slot is checked to lie inside its region, has the meta's exact length, and is copied
-with pread (shm.py says why not a mapping). Every output is checked to fit its slot before the first
+each input's slot is checked to lie inside its region and has the meta's exact length; it is read
+in place from a mapped region (a sealed memfd) or copied with pread from a /dev/shm file (shm.py
+says why such a file is never mapped). Every output is checked to fit its slot before the first
 one is written, so a slot too small leaves the client's region as it was.
 """
 
@@ -71,9 +72,21 @@ def _plan(
     return inputs, _slots(registry, owner, header.output_regions, "output")
 
 
-def _read(slots: Sequence[Slot], buffers: Sequence[np.ndarray]) -> None:
-    for i, (slot, buffer) in enumerate(zip(slots, buffers, strict=True)):
-        slot.region.read_into(buffer, slot.offset, f"input {i}")
+def _inputs(
+    slots: Sequence[Slot],
+    buffers: Sequence[np.ndarray | None],
+    layouts: Sequence[tuple[np.dtype, tuple[int, ...]]],
+) -> list[np.ndarray]:
+    """Each input as an array: a view of a mapped region, else its bytes read into its buffer."""
+    arrays = []
+    for i, (slot, buffer, (dtype, shape)) in enumerate(zip(slots, buffers, layouts, strict=True)):
+        if buffer is None:
+            data = slot.region.view(slot.offset, slot.length)
+        else:
+            slot.region.read_into(buffer, slot.offset, f"input {i}")
+            data = buffer
+        arrays.append(data.view(dtype).reshape(shape))
+    return arrays
 
 
 async def run_shared(
@@ -90,13 +103,16 @@ async def run_shared(
     layouts = codec.check_metas(header.inputs, plane.tensor_limits, "input")
     plans = check_inputs(session.runtime.inputs, header.inputs)
     inputs, outputs = _plan(header, session, registry, owner)
-    buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in header.inputs]
-    plane.frame_memory.hold(buffers, f"the inputs of frame {header.frame_id}")
+    # A mapped region is read in place; a file's bytes need a buffer, held against --max-memory.
+    buffers = [
+        None if slot.region.map is not None else np.empty(m.byte_length, dtype=np.uint8)
+        for slot, m in zip(inputs, header.inputs, strict=True)
+    ]
+    plane.frame_memory.hold([b for b in buffers if b is not None], f"the inputs of frame {header.frame_id}")
     specs = session.runtime.outputs
 
     def work() -> list[rknn_pb2.TensorMeta]:
-        _read(inputs, buffers)
-        arrays = [b.view(dtype).reshape(shape) for b, (dtype, shape) in zip(buffers, layouts, strict=True)]
+        arrays = _inputs(inputs, buffers, layouts)
         buffers.clear()  # the arrays hold them now, and go (with their budget) once the run is done
         ran = session.runtime.run(arrange(arrays, plans), [p.format for p in plans])
         del arrays

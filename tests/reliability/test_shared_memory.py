@@ -5,6 +5,7 @@ its own); what the daemon holds is read from /proc/<daemon pid>/fd and /proc/<da
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -95,7 +96,11 @@ def run_shared(
     return reply
 
 
-def test_outputs_through_shared_memory_equal_the_wire_bit_for_bit(daemons: StartDaemon, cnn: Path) -> None:
+@pytest.mark.parametrize("kind", ["memfd", "file"])
+def test_outputs_through_shared_memory_equal_the_wire_bit_for_bit(
+    daemons: StartDaemon, cnn: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RKNN_SHM", "on" if kind == "memfd" else "file")
     daemon = daemons()
     frames = [
         np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32) for seed in range(5)
@@ -109,6 +114,10 @@ def test_outputs_through_shared_memory_equal_the_wire_bit_for_bit(daemons: Start
                 assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
             assert uses(shared, session.id) == len(frames)  # every frame went through the region
             assert uses(wire, wired.id) == 0
+            name = next(r.name for r in _status(shared).regions if r.session_id == session.id)
+            maps = Path(f"/proc/{daemon.pid}/maps").read_text()
+            assert (name in maps) is (kind == "memfd")  # only a sealed memfd is ever mapped
+            assert held(daemon.pid, name)
             assert session.run([cnn_input()])[0].shape == (1, 10)
 
 
@@ -366,6 +375,7 @@ def test_two_mount_namespaces_sharing_a_shm_folder_use_it(tmp_path: Path, cnn: P
                 capture_output=True,
                 text=True,
                 timeout=120,
+                env={**os.environ, "RKNN_SHM": "file"},  # not the memfd (one PID namespace here)
             )
             assert client.returncode == 0, client.stderr
             answers[label] = json.loads(client.stdout)
@@ -379,3 +389,80 @@ def test_two_mount_namespaces_sharing_a_shm_folder_use_it(tmp_path: Path, cnn: P
         elif process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _memfd(size: int, seals: int) -> int:
+    fd = os.memfd_create("rknn-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def register_memfd(dev: Device, key: str, pid: int, fd: int) -> rknn_pb2.RegisterSharedMemoryResponse:
+    request = rknn_pb2.RegisterSharedMemoryRequest(key=key, memfd=True, pid=pid, fd=fd)
+    reply: rknn_pb2.RegisterSharedMemoryResponse = dev._stub.RegisterSharedMemory(
+        request, metadata=dev.metadata, timeout=30
+    )
+    return reply
+
+
+def test_a_memfd_must_be_sealed_against_shrinking_and_be_a_file(daemons: StartDaemon, cnn: Path) -> None:
+    daemon = daemons()
+    unsealed = _memfd(65536, 0)
+    sealed = _memfd(65536, fcntl.F_SEAL_SHRINK)
+    reader, writer = os.pipe()
+    try:
+        with device(daemon) as dev, dev.load(cnn) as session:
+            for fd, code in (
+                (unsealed, "INVALID_ARGUMENT"),
+                (reader, "INVALID_ARGUMENT"),
+                (9999, "NOT_FOUND"),
+            ):
+                with pytest.raises(grpc.RpcError) as refused:
+                    register_memfd(dev, "k", os.getpid(), fd)
+                assert refused.value.code().name == code, fd
+            # the pipe was never opened for reading by the daemon: nothing was taken from it
+            os.write(writer, b"x")
+            assert os.read(reader, 1) == b"x"
+            reply = register_memfd(dev, "k", os.getpid(), sealed)
+            assert reply.mapped and reply.size == 65536
+            with pytest.raises(OSError):
+                os.ftruncate(sealed, 1000)  # the seal holds: the daemon's mapping cannot lose its pages
+            run_shared(dev, session.id, "k")
+            assert np.frombuffer(os.pread(sealed, 40, 32768), np.float32).shape == (10,)
+    finally:
+        for fd in (unsealed, sealed, reader, writer):
+            os.close(fd)
+
+
+_MEMFD_INTRUDER = """
+import os, sys, grpc
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+address, pid, fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.setuid(65534)
+stub = rknn_pb2_grpc.RknnServerStub(grpc.insecure_channel(address))
+try:
+    stub.RegisterSharedMemory(rknn_pb2.RegisterSharedMemoryRequest(key="k", memfd=True, pid=pid, fd=fd), timeout=30)
+    print("OK")
+except grpc.RpcError as exc:
+    print(exc.code().name)
+"""
+
+
+@ROOT
+def test_another_user_cannot_register_my_memfd(daemons: StartDaemon) -> None:
+    daemon = daemons()
+    mine = _memfd(65536, fcntl.F_SEAL_SHRINK)
+    try:
+        intruder = subprocess.run(
+            [sys.executable, "-c", _MEMFD_INTRUDER, daemon.address, str(os.getpid()), str(mine)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert intruder.returncode == 0, intruder.stderr
+        assert intruder.stdout.strip() == "PERMISSION_DENIED"
+        assert held(daemon.pid, "rknn-test") == []
+    finally:
+        os.close(mine)

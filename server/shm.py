@@ -138,8 +138,11 @@ class Region:
             self.view(offset, data.nbytes)[:] = data
             return
         done = 0
-        while done < data.nbytes:
-            done += os.pwritev(self.fd, [data.data[done:]], offset + done)
+        try:
+            while done < data.nbytes:
+                done += os.pwritev(self.fd, [data.data[done:]], offset + done)
+        except OSError as exc:  # ENOSPC: the client's tmpfs is full
+            raise ResourceExhausted(f"writing into region {self.key!r} failed: {exc.strerror}") from None
 
 
 class SharedMemoryRegistry:
@@ -236,7 +239,12 @@ class SharedMemoryRegistry:
                 seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
                 if not seals & fcntl.F_SEAL_SHRINK or info.st_size == 0:
                     raise InvalidInput("the memfd is not sealed against shrinking (F_SEAL_SHRINK)")
-                region_map = mmap.mmap(fd, info.st_size)
+                try:
+                    region_map = mmap.mmap(fd, info.st_size)
+                except OSError as exc:  # e.g. sealed against writing (F_SEAL_WRITE)
+                    raise InvalidInput(
+                        f"the memfd cannot be mapped for reading and writing: {exc.strerror}"
+                    ) from None
         except BaseException:
             os.close(fd)
             raise

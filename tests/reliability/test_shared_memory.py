@@ -466,3 +466,16 @@ def test_another_user_cannot_register_my_memfd(daemons: StartDaemon) -> None:
         assert held(daemon.pid, "rknn-test") == []
     finally:
         os.close(mine)
+
+
+def test_a_memfd_sealed_against_writing_is_refused_cleanly(daemons: StartDaemon) -> None:
+    daemon = daemons()
+    frozen = _memfd(65536, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE)
+    try:
+        with device(daemon) as dev:
+            with pytest.raises(grpc.RpcError) as refused:
+                register_memfd(dev, "k", os.getpid(), frozen)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "cannot be mapped" in (refused.value.details() or "")
+    finally:
+        os.close(frozen)

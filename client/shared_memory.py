@@ -25,6 +25,7 @@ import logging
 import mmap
 import os
 import secrets
+import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ class _Bound:
 _DEVICES: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()
 _SESSIONS: weakref.WeakKeyDictionary[Session, _Bound] = weakref.WeakKeyDictionary()
 _KINDS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: memfd works
+_LOCKS: weakref.WeakKeyDictionary[Session, threading.Lock] = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
 
 
 def usable(device: Device) -> bool:
@@ -240,14 +243,31 @@ def _slots(sizes: Sequence[int], start: int, key: str) -> list[rknn_pb2.TensorRe
     return slots
 
 
+def _lock(session: Session) -> threading.Lock:
+    with _GUARD:
+        lock = _LOCKS.get(session)
+        if lock is None:
+            lock = _LOCKS[session] = threading.Lock()
+        return lock
+
+
 def run_frame(
     session: Session, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]
 ) -> list[np.ndarray] | None:
-    """The frame's outputs through shared memory, or None when it must go over the wire."""
-    device = session.device
+    """The frame's outputs through shared memory, or None when it must go over the wire. Frames of
+    one session from several threads take turns: they share its region (and the daemon runs one
+    frame of a session at a time anyway)."""
     room = _output_room(session)
-    if room is None or not usable(device):
+    if room is None or not usable(session.device):
         return None
+    with _lock(session):
+        return _run_frame(session, header, wire, room)
+
+
+def _run_frame(
+    session: Session, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray], room: list[int]
+) -> list[np.ndarray] | None:
+    device = session.device
     inputs_size = sum(_aligned(a.nbytes) for a in wire)
     region = _region(session, inputs_size + sum(_aligned(r) for r in room))
     if region is None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -479,3 +480,19 @@ def test_a_memfd_sealed_against_writing_is_refused_cleanly(daemons: StartDaemon)
             assert "cannot be mapped" in (refused.value.details() or "")
     finally:
         os.close(frozen)
+
+
+def test_threads_sharing_a_session_each_get_their_own_outputs(daemons: StartDaemon, cnn: Path) -> None:
+    daemon = daemons()
+    frames = [np.full((1, 3, 16, 16), value, np.float32) for value in np.linspace(-2, 2, 8)]
+    with device(daemon) as wire, wire.load(cnn) as wired:
+        shared_memory.disable(wire)
+        want = [wired.run([f])[0].tobytes() for f in frames]
+    with device(daemon) as dev, dev.load(cnn) as session:
+
+        def work(i: int) -> bool:
+            return all(session.run([frames[i]])[0].tobytes() == want[i] for _ in range(10))
+
+        with ThreadPoolExecutor(len(frames)) as pool:
+            assert all(pool.map(work, range(len(frames))))
+        assert uses(dev, session.id) == 10 * len(frames)

@@ -38,20 +38,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
 
-from rknn_server.errors import InvalidInput, NotFound, ResourceExhausted, ServiceError
+from rknn_server.errors import InvalidInput, NotFound, PermissionDenied, ResourceExhausted
 from rknn_server.peers import Listener, Peer, parse_peer, socket_owner
 
 SHM_DIR = Path("/dev/shm")
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _KEY = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
-
-
-class PermissionDenied(ServiceError):
-    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 @dataclass(frozen=True)
@@ -367,4 +362,4 @@ def _open_memfd(pid: int, fd: int, uid: int) -> int:
         os.close(pinned)
 
 
-__all__ = ["PermissionDenied", "Region", "SharedMemoryRegistry", "ShmLimits", "boot_id", "refusal"]
+__all__ = ["Region", "SharedMemoryRegistry", "ShmLimits", "boot_id", "refusal"]

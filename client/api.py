@@ -538,7 +538,7 @@ class Session:
         progress: Progress | None = None,
     ) -> list[np.ndarray]:
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id=0)
-        shared = shared_memory.run_frame(self, header, wire)
+        shared = shared_memory.run_frame(self, header, wire, progress)
         if shared is not None:
             return shared
         if self._fits_one_message(wire):

@@ -27,7 +27,7 @@ import os
 import secrets
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -252,20 +252,27 @@ def _lock(session: Session) -> threading.Lock:
 
 
 def run_frame(
-    session: Session, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]
+    session: Session,
+    header: rknn_pb2.InferenceHeader,
+    wire: Sequence[np.ndarray],
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[np.ndarray] | None:
     """The frame's outputs through shared memory, or None when it must go over the wire. Frames of
     one session from several threads take turns: they share its region (and the daemon runs one
-    frame of a session at a time anyway)."""
+    frame of a session at a time anyway). `progress` hears the inputs placed, then the outputs taken."""
     room = _output_room(session)
     if room is None or not usable(session.device):
         return None
     with _lock(session):
-        return _run_frame(session, header, wire, room)
+        return _run_frame(session, header, wire, room, progress or (lambda done, total: None))
 
 
 def _run_frame(
-    session: Session, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray], room: list[int]
+    session: Session,
+    header: rknn_pb2.InferenceHeader,
+    wire: Sequence[np.ndarray],
+    room: list[int],
+    progress: Callable[[int, int], None],
 ) -> list[np.ndarray] | None:
     device = session.device
     inputs_size = sum(_aligned(a.nbytes) for a in wire)
@@ -276,6 +283,8 @@ def _run_frame(
     output_slots = _slots(room, inputs_size, region.key)
     for array, slot in zip(wire, input_slots, strict=True):
         np.ndarray(array.shape, array.dtype, region.map, slot.offset)[...] = array
+    sent = sum(a.nbytes for a in wire)
+    progress(sent, sent)
     shared = rknn_pb2.InferenceHeader()
     shared.CopyFrom(header)
     shared.input_regions.extend(input_slots)
@@ -297,6 +306,8 @@ def _run_frame(
         if meta.byte_length > slot.byte_length:
             raise RknnError(f"the daemon wrote {meta.byte_length} bytes into a slot of {slot.byte_length}")
         outputs.append(np.ndarray(shape, dtype, region.map, slot.offset).copy())
+    total = sent + sum(m.byte_length for m in metas)
+    progress(total, total)
     return session.real_outputs(outputs)
 
 

@@ -496,3 +496,12 @@ def test_threads_sharing_a_session_each_get_their_own_outputs(daemons: StartDaem
         with ThreadPoolExecutor(len(frames)) as pool:
             assert all(pool.map(work, range(len(frames))))
         assert uses(dev, session.id) == 10 * len(frames)
+
+
+def test_progress_hears_the_inputs_placed_then_the_outputs_taken(daemons: StartDaemon, cnn: Path) -> None:
+    daemon = daemons()
+    events: list[tuple[int, int]] = []
+    with device(daemon) as dev, dev.load(cnn) as session:
+        session.run([cnn_input()], progress=lambda done, total: events.append((done, total)))
+        assert uses(dev, session.id) == 1
+    assert events == [(3072, 3072), (3072 + 40, 3072 + 40)]

@@ -231,7 +231,10 @@ class SharedMemoryRegistry:
                     f"the limit max_bytes_per_client={self.limits.max_bytes_per_client}"
                 )
             if memfd is not None:
-                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+                try:
+                    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+                except OSError:  # EINVAL: a file of a filesystem without seals, not a memfd
+                    seals = 0
                 if not seals & fcntl.F_SEAL_SHRINK or info.st_size == 0:
                     raise InvalidInput("the memfd is not sealed against shrinking (F_SEAL_SHRINK)")
                 try:

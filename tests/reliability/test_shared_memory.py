@@ -426,6 +426,9 @@ def test_a_memfd_must_be_sealed_against_shrinking_and_be_a_file(daemons: StartDa
             # the pipe was never opened for reading by the daemon: nothing was taken from it
             os.write(writer, b"x")
             assert os.read(reader, 1) == b"x"
+            with pytest.raises(grpc.RpcError) as daemons_own:  # the daemon's stderr: a file of the same user
+                register_memfd(dev, "k", daemon.pid, 2)
+            assert daemons_own.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             reply = register_memfd(dev, "k", os.getpid(), sealed)
             assert reply.mapped and reply.size == 65536
             with pytest.raises(OSError):

@@ -590,6 +590,12 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             region = self.shared.register(
                 owner, uid, request.key, request.name, request.size, request.session_id, memfd
             )
+            if request.session_id:  # closed meanwhile (its close ran in the executor): go with it
+                try:
+                    self.plane.session(request.session_id, owner, usable=False)
+                except Exception:
+                    self.shared.unregister(owner, request.key)
+                    raise
             return rknn_pb2.RegisterSharedMemoryResponse(
                 size=region.size, device=region.device, inode=region.inode, mapped=region.map is not None
             )

@@ -33,6 +33,7 @@ import mmap
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,8 @@ class SharedMemoryRegistry:
         self.directory = directory
         self.boot_id = boot_id()
         self._regions: dict[tuple[str, str], Region] = {}
+        # Sessions close in executor threads (DataPlane.on_close); everything else runs on the loop.
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -204,6 +207,19 @@ class SharedMemoryRegistry:
                 f"region name {name!r} is not a plain file name in the shared-memory folder "
                 "(letters, digits, '.', '_', '-'; no '/')"
             )
+        with self._lock:
+            return self._register(owner, uid, key, name, size, session_id, memfd)
+
+    def _register(
+        self,
+        owner: str,
+        uid: int,
+        key: str,
+        name: str,
+        size: int,
+        session_id: str,
+        memfd: tuple[int, int] | None,
+    ) -> Region:
         if (owner, key) in self._regions:
             raise InvalidInput(f"region key {key!r} is already registered; unregister it first")
         mine = [r for r in self._regions.values() if r.owner == owner]
@@ -275,52 +291,60 @@ class SharedMemoryRegistry:
 
     def get(self, owner: str, key: str) -> Region:
         """The owner's region; another client's is as unknown as a wrong key."""
-        region = self._regions.get((owner, key))
-        if region is None:
-            raise NotFound(f"no shared-memory region {key!r} is registered by this client")
-        return region
+        with self._lock:
+            region = self._regions.get((owner, key))
+            if region is None:
+                raise NotFound(f"no shared-memory region {key!r} is registered by this client")
+            return region
 
     def mine(self, owner: str, key: str = "") -> list[Region]:
-        if key:
-            return [self.get(owner, key)]
-        return [r for r in self._regions.values() if r.owner == owner]
+        with self._lock:
+            if key:
+                return [self.get(owner, key)]
+            return [r for r in self._regions.values() if r.owner == owner]
 
     def acquire(self, regions: Sequence[Region]) -> None:
         """Count a call in on its regions (each once, however many of its slots it holds)."""
-        for region in dict.fromkeys(regions):
-            region.users += 1
-            region.uses += 1
-            region.last_used = time.monotonic()
+        with self._lock:
+            for region in dict.fromkeys(regions):
+                region.users += 1
+                region.uses += 1
+                region.last_used = time.monotonic()
 
     def release(self, regions: Sequence[Region]) -> None:
-        for region in dict.fromkeys(regions):
-            region.users -= 1
-            region.last_used = time.monotonic()
-            self._close_if_free(region)
+        with self._lock:
+            for region in dict.fromkeys(regions):
+                region.users -= 1
+                region.last_used = time.monotonic()
+                self._close_if_free(region)
 
     # -- Going ----------------------------------------------------------------------------------
 
     def unregister(self, owner: str, key: str = "") -> int:
-        regions = self.mine(owner, key)
-        for region in regions:
-            self._drop(region)
-        return len(regions)
+        with self._lock:
+            regions = self.mine(owner, key)
+            for region in regions:
+                self._drop(region)
+            return len(regions)
 
     def session_closed(self, session_id: str) -> None:
         """Close the regions registered for a session that is gone."""
-        for region in [r for r in self._regions.values() if r.session_id == session_id]:
-            self._drop(region)
+        with self._lock:
+            for region in [r for r in self._regions.values() if r.session_id == session_id]:
+                self._drop(region)
 
     def reap(self) -> None:
         """Close regions tied to no session that went unused for the idle timeout."""
-        cutoff = time.monotonic() - self.idle_timeout_s
-        for region in [r for r in self._regions.values() if not r.session_id and r.last_used < cutoff]:
-            if region.users == 0:
-                self._drop(region)
+        with self._lock:
+            cutoff = time.monotonic() - self.idle_timeout_s
+            for region in [r for r in self._regions.values() if not r.session_id and r.last_used < cutoff]:
+                if region.users == 0:
+                    self._drop(region)
 
     def close_all(self) -> None:
-        for region in list(self._regions.values()):
-            self._drop(region)
+        with self._lock:
+            for region in list(self._regions.values()):
+                self._drop(region)
 
     def _drop(self, region: Region) -> None:
         self._regions.pop((region.owner, region.key), None)

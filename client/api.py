@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar, cast
 import grpc
 import numpy as np
 
-from rknn_client import __version__
+from rknn_client import __version__, shared_memory
 from rknn_client.digest_cache import DigestCache
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
@@ -647,6 +647,9 @@ class Session:
         progress: Progress | None = None,
     ) -> list[np.ndarray]:
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id=0)
+        shared = shared_memory.run_frame(self, header, wire, progress)
+        if shared is not None:
+            return shared
         sent = sum([a.nbytes for a in wire])
         if self._goes_unary(sent):
             return self._run_unary(header, wire)

@@ -121,6 +121,13 @@ def serve_parser() -> argparse.ArgumentParser:
         "(default on a board: unix:/dev/socket/transfer_proxy and unix-abstract:transfer_proxy; no authentication, "
         "never TCP; off by default when --auth-token-file is given)",
     )
+    security.add_argument(
+        "--shm",
+        choices=("on", "off"),
+        default="on",
+        help="let callers on this host (loopback TCP, their user named by the kernel) pass tensors "
+        "through files in /dev/shm they own instead of the wire (docs/shared-memory.md)",
+    )
     security.add_argument("--no-legacy", action="store_true", help="do not serve the RKNN-Toolkit2 protocol")
     security.add_argument(
         "--legacy-toolkit-version",
@@ -530,6 +537,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         ready_file=args.ready_file,
         legacy_listen=() if args.no_legacy else (tuple(args.legacy_listen) if args.legacy_listen else None),
         legacy_toolkit=args.legacy_toolkit_version,
+        shm=args.shm == "on",
     )
 
 

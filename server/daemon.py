@@ -45,6 +45,7 @@ from rknn_server.runtime.base import Backend
 from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
+from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
@@ -78,6 +79,7 @@ class DaemonConfig:
     # Where the RKNN-Toolkit2 protocol is served (server/legacy): None = the default, () = off.
     legacy_listen: tuple[str, ...] | None = None
     legacy_toolkit: str = DEFAULT_VERSION  # whose message layout it speaks (a key of layouts.RELEASES)
+    shm: bool = True  # offer shared-memory tensors to same-host callers (server/shm.py)
 
     def enforced_limits(self) -> Limits:
         """The limits as served: a call deadline binds worker processes only (a thread cannot be killed)."""
@@ -97,10 +99,11 @@ KEEPALIVE_OPTIONS = [
 ]
 
 
-async def _reap(plane: DataPlane, period: float) -> None:
+async def _reap(plane: DataPlane, shared: SharedMemoryRegistry, period: float) -> None:
     while True:
         await asyncio.sleep(period)
         await plane.reap()
+        shared.reap()
 
 
 async def _maintain_cache(cache: ModelCache, executor: ThreadPoolExecutor, config: DaemonConfig) -> None:
@@ -322,6 +325,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     backend, reason = _backend(config, probe, metrics)
     reservations = ReservationBook()
     plane = _data_plane(config, limits, backend, metrics, reservations)
+    shared = SharedMemoryRegistry(
+        ShmLimits(enabled=config.shm), limits.session_idle_timeout_s, security.access.listeners
+    )
+    plane.on_close.append(shared.session_closed)
     facts = ServiceConfig(
         runtime_reason=reason,
         board=probe.board_model,
@@ -344,7 +351,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         config,
         security,
         guard,
-        RknnService(plane, reservations, facts, limits),
+        RknnService(plane, reservations, facts, limits, shared),
         v2.InferenceService(models, serving.is_set),
     )
 
@@ -394,7 +401,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
 
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
-    reaper = asyncio.create_task(_reap(plane, min(1.0, limits.session_idle_timeout_s / 4)))
+    reaper = asyncio.create_task(_reap(plane, shared, min(1.0, limits.session_idle_timeout_s / 4)))
     maintenance = asyncio.create_task(_maintain_cache(plane.cache, plane.executor, config))
     if ready is not None:
         ready.set()
@@ -409,6 +416,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     reaper.cancel()
     maintenance.cancel()
     plane.close_all("daemon shutting down")
+    shared.close_all()
     plane.executor.shutdown(wait=False, cancel_futures=True)
     if config.ready_file is not None:
         config.ready_file.unlink(missing_ok=True)

@@ -31,6 +31,8 @@ from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import TensorSpec
 from rknn_server.sessions import Session
+from rknn_server.shm import SharedMemoryRegistry, ShmLimits
+from rknn_server.shm_run import run_shared
 from rknn_server.uploads import Upload
 
 T = TypeVar("T")
@@ -71,13 +73,19 @@ def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
     def __init__(
-        self, plane: DataPlane, reservations: ReservationBook, config: ServiceConfig, limits: Limits
+        self,
+        plane: DataPlane,
+        reservations: ReservationBook,
+        config: ServiceConfig,
+        limits: Limits,
+        shared: SharedMemoryRegistry | None = None,
     ) -> None:
         self.plane = plane
         self.reservations = reservations
         self.config = config
         self.limits = limits
         self.pipeline = Pipeline(plane)
+        self.shared = shared if shared is not None else SharedMemoryRegistry(ShmLimits(enabled=False), 0.0)
 
     # -- GetInfo -----------------------------------------------------------------------------
 
@@ -121,6 +129,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 holder=held.holder, since_unix_s=held.since_unix_s, expires_in_s=held.expires_in()
             ),
             reservation_waiters=self.reservations.waiting,
+            shared_memory=self._shared_memory_info(context),
         )
 
     # -- Model transfer ----------------------------------------------------------------------
@@ -343,6 +352,74 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     ) -> rknn_pb2.ReleaseReservationResponse:
         self.reservations.release(request.token)
         return rknn_pb2.ReleaseReservationResponse()
+
+    # -- Shared-memory tensors (server/shm.py) -----------------------------------------------
+
+    def _shared_memory_info(self, context: grpc.aio.ServicerContext) -> rknn_pb2.SharedMemoryInfo:
+        refused = self.shared.refusal_for(context.peer() or "")
+        limits = self.shared.limits
+        return rknn_pb2.SharedMemoryInfo(
+            allowed=refused is None,
+            reason=refused or "",
+            boot_id=self.shared.boot_id,
+            max_regions_per_client=limits.max_regions_per_client,
+            max_bytes_per_client=limits.max_bytes_per_client,
+        )
+
+    async def RegisterSharedMemory(
+        self, request: rknn_pb2.RegisterSharedMemoryRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.RegisterSharedMemoryResponse:
+        uid = self.shared.admit(context.peer() or "")
+        owner = client_identity()
+        if request.session_id:
+            current_call().session = self.plane.session(request.session_id, owner, usable=False).id
+        memfd = (request.pid, request.fd) if request.memfd else None
+        region = self.shared.register(
+            owner, uid, request.key, request.name, request.size, request.session_id, memfd
+        )
+        if request.session_id:  # closed meanwhile (its close ran in the executor): go with it
+            try:
+                self.plane.session(request.session_id, owner, usable=False)
+            except Exception:
+                self.shared.unregister(owner, request.key)
+                raise
+        return rknn_pb2.RegisterSharedMemoryResponse(
+            size=region.size, device=region.device, inode=region.inode, mapped=region.map is not None
+        )
+
+    async def UnregisterSharedMemory(
+        self, request: rknn_pb2.UnregisterSharedMemoryRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.UnregisterSharedMemoryResponse:
+        return rknn_pb2.UnregisterSharedMemoryResponse(
+            closed=self.shared.unregister(client_identity(), request.key)
+        )
+
+    async def SharedMemoryStatus(
+        self, request: rknn_pb2.SharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.SharedMemoryStatusResponse:
+        return rknn_pb2.SharedMemoryStatusResponse(
+            regions=[
+                rknn_pb2.SharedMemoryRegion(
+                    key=r.key, name=r.name, size=r.size, session_id=r.session_id, uses=r.uses
+                )
+                for r in self.shared.mine(client_identity(), request.key)
+            ]
+        )
+
+    async def RunShared(
+        self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.RunResponse:
+        self.shared.admit(context.peer() or "", lookup=False)  # its regions passed the uid check
+        header = request.header
+        if request.inputs:
+            raise InvalidInput("RunShared takes its inputs from regions; the request carried bytes")
+        session = self._session(header.session_id)
+        result = await run_shared(self.plane, self.shared, session, header, client_identity())
+        return rknn_pb2.RunResponse(
+            header=rknn_pb2.OutputsHeader(
+                outputs=result.metas, run_time_us=result.run_time_us, frame_id=header.frame_id
+            )
+        )
 
 
 def _close_claimed(step: asyncio.Future[Upload]) -> None:

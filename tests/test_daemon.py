@@ -119,7 +119,10 @@ def test_bad_listen_address_is_refused_at_start() -> None:
     assert result.returncode == 2 and "tcp://HOST:PORT or unix-abstract:NAME" in result.stderr
 
 
-def test_one_log_event_per_rpc(make_daemon: DaemonFactory, cnn_model: Path) -> None:
+def test_one_log_event_per_rpc(
+    make_daemon: DaemonFactory, cnn_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RKNN_SHM", "off")  # the wire's Run and its bytes (shared memory moves none)
     daemon = make_daemon()
     with connect(daemon.url) as device, device.load(cnn_model) as session:
         session.run([np.zeros((1, 3, 16, 16), dtype=np.float32)])

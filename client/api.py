@@ -16,7 +16,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -33,7 +33,8 @@ from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
-from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import codec, convert, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.messages import EvalMemoryResponse, LayerDump, LayerPerf
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
@@ -52,12 +53,6 @@ _UPLOAD_RETRIES = 600
 _UPLOAD_RETRY_S = 0.1
 # The client trusts its daemon but still bounds what it allocates for outputs.
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
-_QUANT_NAMES = {
-    rknn_pb2.QUANT_TYPE_NONE: "none",
-    rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC: "affine",
-    rknn_pb2.QUANT_TYPE_DFP: "dfp",
-}
-_QUANT_CODES = {name: code for code, name in _QUANT_NAMES.items()}
 # Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
 NATIVE_OUTPUTS_ENV = "RKNN_NATIVE_OUTPUTS"
 # Frames kept in flight by Session.map unless told otherwise.
@@ -67,46 +62,6 @@ DEFAULT_DEPTH = 4
 def native_outputs_default() -> bool:
     """Native (quantized) outputs on the wire unless RKNN_NATIVE_OUTPUTS says 0/false/no/off."""
     return os.environ.get(NATIVE_OUTPUTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A model input or output as the daemon's runtime sees it."""
-
-    index: int
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    layout: str
-    quant_type: str = "none"
-    zero_point: int = 0
-    scale: float = 1.0
-    fl: int = 0
-
-    @classmethod
-    def from_wire(cls, attr: rknn_pb2.TensorAttr) -> TensorInfo:
-        return cls(
-            index=attr.index,
-            name=attr.name,
-            shape=tuple(attr.shape),
-            dtype=codec.dtype_from_wire(attr.dtype),
-            layout=codec.layout_name(attr.layout),
-            quant_type=_QUANT_NAMES.get(attr.quant_type, "none"),
-            zero_point=attr.zero_point,
-            scale=attr.scale,
-            fl=attr.fl,
-        )
-
-    @property
-    def is_dynamic(self) -> bool:
-        return any(d <= 0 for d in self.shape)
-
-    def real_values(self, array: np.ndarray) -> np.ndarray:
-        """The output's float32 values when `array` holds its quantized integers, else `array`."""
-        code = _QUANT_CODES[self.quant_type]
-        if not codec.is_native_quantized(array, code):
-            return array
-        return codec.dequantize(array, code, self.zero_point, self.scale, self.fl)
 
 
 @dataclass(frozen=True)
@@ -132,21 +87,8 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True)
-class LayerRow:
-    index: int
-    op_type: str
-    data_type: str
-    target: str
-    input_shapes: tuple[str, ...]
-    output_shape: str
-    time_us: float
-    name: str
-    extra: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class PerfReport:
-    layers: tuple[LayerRow, ...]
+    layers: tuple[LayerPerf, ...]
     total_time_us: float
     total_operator_time_us: float
     total_rw_kb: float
@@ -155,27 +97,6 @@ class PerfReport:
     frequency_note: str
     raw_text: str
     extra_columns: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class MemoryReport:
-    weight_memory: int
-    internal_memory: int
-    other_memory: int
-    total_memory: int
-    model_size: int
-    method: str
-
-
-@dataclass(frozen=True)
-class DumpedLayer:
-    """One layer tensor captured by the daemon's runtime during a DumpLayers run."""
-
-    index: int
-    op_type: str
-    node_name: str
-    tensor_name: str
-    array: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -453,8 +374,8 @@ class Session:
 
     def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
         self.id = reply.session_id
-        self.inputs = [TensorInfo.from_wire(a) for a in reply.inputs]
-        self.outputs = [TensorInfo.from_wire(a) for a in reply.outputs]
+        self.inputs = [convert.tensor_attr_from_wire(a) for a in reply.inputs]
+        self.outputs = [convert.tensor_attr_from_wire(a) for a in reply.outputs]
         self.runtime_api_version = reply.runtime_api_version
         self.runtime_driver_version = reply.runtime_driver_version
         self._instance = self.device._info.instance_id if self.device._info else ""
@@ -662,7 +583,7 @@ class Session:
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], layouts: Sequence[str] | None = None
-    ) -> Iterator[DumpedLayer]:
+    ) -> Iterator[LayerDump]:
         """Run once with per-layer capture and yield every captured tensor, one layer at a time
         (only one layer's bytes are held here at once). Stopping early cancels the call. With
         `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
@@ -677,7 +598,7 @@ class Session:
             for response in cast(Iterator[rknn_pb2.DumpLayersResponse], call):
                 if response.WhichOneof("part") == "layer":
                     if header is not None and assembler is not None:
-                        yield _dumped(header, assembler)
+                        yield convert.layer_dump_from_wire(header, assembler.arrays()[0])
                     header = response.layer
                     assembler = codec.TensorAssembler([header.tensor], _OUTPUT_LIMITS, "layer")
                 elif assembler is None:
@@ -685,7 +606,7 @@ class Session:
                 else:
                     assembler.add(response.chunk)
             if header is not None and assembler is not None:
-                yield _dumped(header, assembler)
+                yield convert.layer_dump_from_wire(header, assembler.arrays()[0])
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
         finally:
@@ -700,20 +621,7 @@ class Session:
             )
         )
         return PerfReport(
-            layers=tuple(
-                LayerRow(
-                    index=r.index,
-                    op_type=r.op_type,
-                    data_type=r.data_type,
-                    target=r.target,
-                    input_shapes=tuple(r.input_shapes),
-                    output_shape=r.output_shape,
-                    time_us=r.time_us,
-                    name=r.name,
-                    extra=dict(r.extra),
-                )
-                for r in reply.layers
-            ),
+            layers=tuple(convert.layer_perf_from_wire(r) for r in reply.layers),
             total_time_us=reply.total_time_us,
             total_operator_time_us=reply.total_operator_time_us,
             total_rw_kb=reply.total_rw_kb,
@@ -724,20 +632,13 @@ class Session:
             extra_columns=tuple(reply.extra_columns),
         )
 
-    def memory(self) -> MemoryReport:
+    def memory(self) -> EvalMemoryResponse:
         reply = self._guarded(
             lambda: self.device._call(
                 "EvalMemory", self.device._stub.EvalMemory, rknn_pb2.EvalMemoryRequest(session_id=self.id)
             )
         )
-        return MemoryReport(
-            weight_memory=reply.weight_memory,
-            internal_memory=reply.internal_memory,
-            other_memory=reply.other_memory,
-            total_memory=reply.total_memory,
-            model_size=reply.model_size,
-            method=reply.method,
-        )
+        return convert.memory_from_wire(reply)
 
     def keep_alive(self) -> float:
         reply = self._guarded(
@@ -760,16 +661,6 @@ class Session:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
-
-
-def _dumped(header: rknn_pb2.LayerDumpHeader, assembler: codec.TensorAssembler) -> DumpedLayer:
-    return DumpedLayer(
-        index=header.index,
-        op_type=header.op_type,
-        node_name=header.node_name,
-        tensor_name=header.tensor_name,
-        array=assembler.arrays()[0],
-    )
 
 
 def _messages(

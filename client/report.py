@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from rknn_client.api import MemoryReport, PerfReport
+from rknn_client.api import PerfReport
 from rknn_client.timing import Latency
+from rknn_proto.messages import EvalMemoryResponse
 
 _RULE = "=" * 54
 _SDK_RULE = "=" * 46
@@ -141,7 +142,7 @@ def human_bytes(n: int) -> str:
     return f"{n / (1 << 10):.2f} KiB"
 
 
-def memory_text(report: MemoryReport) -> str:
+def memory_text(report: EvalMemoryResponse) -> str:
     return (
         "\n".join(
             [

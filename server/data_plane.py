@@ -21,6 +21,7 @@ import numpy as np
 import structlog
 
 from rknn_proto import codec
+from rknn_proto.messages import EvalMemoryResponse, LayerDump
 from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, InvalidInput
 from rknn_server.memory import MemoryBudget, MemoryLimits
@@ -30,8 +31,6 @@ from rknn_server.runtime.base import (
     Backend,
     FrequencyOutcome,
     InputFormat,
-    LayerTensor,
-    MemoryResult,
     ModelRuntime,
     PerfResult,
     RuntimeOptions,
@@ -211,12 +210,12 @@ class DataPlane:
         with self.backend.measuring(fix_freq) as pinned:
             return runtime.perf(None), pinned
 
-    async def memory_of(self, session: Session) -> MemoryResult:
+    async def memory_of(self, session: Session) -> EvalMemoryResponse:
         return await self.in_session(session, session.runtime.memory)
 
     async def layers(
         self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
-    ) -> AsyncGenerator[LayerTensor, None]:
+    ) -> AsyncGenerator[LayerDump, None]:
         """The session's layer dump of one frame, one layer at a time, the session held throughout."""
         async with session.lock:
             # Some runtimes start their capture when asked for the iterator: that call blocks too.
@@ -226,14 +225,14 @@ class DataPlane:
                     yield layer
                     session.renew()
 
-    async def _step(self, layers: Iterator[LayerTensor]) -> AsyncGenerator[LayerTensor, None]:
+    async def _step(self, layers: Iterator[LayerDump]) -> AsyncGenerator[LayerDump, None]:
         """Advance a runtime's blocking layer iterator in the executor, one layer at a time.
 
         On an early exit (client gone, send failed) the step in flight is awaited first and the
         iterator is then closed in the executor, never from two threads at once.
         """
         loop = asyncio.get_running_loop()
-        step: asyncio.Future[LayerTensor | None] | None = None
+        step: asyncio.Future[LayerDump | None] | None = None
         try:
             while True:
                 step = loop.run_in_executor(self.executor, next, layers, None)

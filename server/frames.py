@@ -13,24 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_proto import codec, rknn_pb2
+from rknn_proto.messages import TensorAttr, dequantize
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.memory import MemoryBudget
-from rknn_server.runtime.base import InputFormat, TensorSpec
+from rknn_server.runtime.base import InputFormat
 from rknn_server.sessions import Session
-
-# QuantInfo.kind -> the contract's QuantType.
-QUANT_CODES = {
-    "none": rknn_pb2.QUANT_TYPE_NONE,
-    "affine": rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC,
-    "dfp": rknn_pb2.QUANT_TYPE_DFP,
-}
-
-
-def _shape_fits(expected: Sequence[int], actual: Sequence[int]) -> bool:
-    return len(expected) == len(actual) and all(
-        e <= 0 or e == a for e, a in zip(expected, actual, strict=True)
-    )
-
 
 # Axis orders that turn data laid out as the first layout into the second.
 PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
@@ -59,7 +46,7 @@ class Declared:
         return cls(array.dtype, tuple(array.shape), layout, pass_through)
 
 
-def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
+def check_inputs(specs: Sequence[TensorAttr], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
     """Check the inputs a frame header declares against the model before any byte is received."""
     _check_count(specs, len(metas))
     return plan_inputs(
@@ -73,14 +60,14 @@ def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMet
     )
 
 
-def _check_count(specs: Sequence[TensorSpec], count: int) -> None:
+def _check_count(specs: Sequence[TensorAttr], count: int) -> None:
     if count != len(specs):
         raise InvalidInput(
             f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {count} were sent"
         )
 
 
-def plan_inputs(specs: Sequence[TensorSpec], declared: Sequence[Declared]) -> list[InputPlan]:
+def plan_inputs(specs: Sequence[TensorAttr], declared: Sequence[Declared]) -> list[InputPlan]:
     """Check declared inputs against the model (count, dtype, shape in the model's layout) and plan
     how each reaches the runtime. Every protocol's intake goes through here, once per frame."""
     _check_count(specs, len(declared))
@@ -91,7 +78,7 @@ def plan_inputs(specs: Sequence[TensorSpec], declared: Sequence[Declared]) -> li
             raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
         permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
         effective = tuple(shape[i] for i in permutation) if permutation else shape
-        if not _shape_fits(spec.shape, effective):
+        if not spec.fits(effective):
             raise InvalidInput(
                 f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
                 f"{list(spec.shape)} ({spec.layout})"
@@ -110,7 +97,7 @@ def arrange(arrays: Sequence[np.ndarray], plans: Sequence[InputPlan]) -> list[np
 
 
 def take_arrays(
-    specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], declared: Sequence[Declared]
+    specs: Sequence[TensorAttr], arrays: Sequence[np.ndarray], declared: Sequence[Declared]
 ) -> tuple[list[np.ndarray], list[InputFormat]]:
     """The intake of a frame whose inputs arrived whole (a protocol that reads arrays at once): checked,
     arranged, with the formats for `DataPlane.run`."""
@@ -205,16 +192,13 @@ class IncomingFrame:
 
 
 def wire_outputs(
-    outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], native: bool
+    outputs: Sequence[np.ndarray], specs: Sequence[TensorAttr], native: bool
 ) -> tuple[list[rknn_pb2.TensorMeta], list[np.ndarray]]:
     """Metas and wire-ready arrays of a run's outputs. A quantized output the runtime returned as
     stored integers travels as such when the client asked for native outputs (it dequantizes, a
     quarter of the bytes for int8), else it is dequantized to float32 here."""
     wire = []
     for array, spec in zip(outputs, specs, strict=True):
-        code = QUANT_CODES[spec.quant.kind]
-        if not native and codec.is_native_quantized(array, code):
-            array = codec.dequantize(array, code, spec.quant.zero_point, spec.quant.scale, spec.quant.fl)
-        wire.append(codec.wire_array(array))
+        wire.append(codec.wire_array(array if native else dequantize(array, spec)))
     metas = [codec.meta_of(a, s.name, s.layout) for a, s in zip(wire, specs, strict=True)]
     return metas, wire

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 import structlog
 
-from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import codec, convert, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.reasons import Reason
 from rknn_proto.version import (
     CHUNK_BYTES,
@@ -33,12 +32,11 @@ from rknn_proto.version import (
 from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import FailedPrecondition, InvalidInput, ResourceExhausted, error_metadata, status_of
-from rknn_server.frames import QUANT_CODES, IncomingFrame, TruncatedStream, check_chunk, wire_outputs
+from rknn_server.frames import IncomingFrame, TruncatedStream, check_chunk, wire_outputs
 from rknn_server.guard import client_identity
 from rknn_server.metrics import DaemonMetrics
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
-from rknn_server.runtime.base import TensorSpec
 from rknn_server.sessions import Session
 from rknn_server.uploads import Upload
 
@@ -66,22 +64,6 @@ class ServiceConfig:
     insecure: bool = False
     warnings: tuple[str, ...] = ()
     instance_id: str = ""
-
-
-def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
-    nbytes = int(np.prod(spec.shape)) * spec.dtype.itemsize if not spec.is_dynamic else 0
-    return rknn_pb2.TensorAttr(
-        index=spec.index,
-        name=spec.name,
-        shape=list(spec.shape),
-        dtype=codec.dtype_to_wire(spec.dtype),
-        layout=codec.layout_to_wire(spec.layout),
-        quant_type=QUANT_CODES[spec.quant.kind],
-        zero_point=spec.quant.zero_point,
-        scale=spec.quant.scale,
-        fl=spec.quant.fl,
-        size_bytes=nbytes,
-    )
 
 
 class _Call:
@@ -342,8 +324,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             version = await self.plane.version(session)
             return rknn_pb2.InitRuntimeResponse(
                 session_id=session.id,
-                inputs=[tensor_attr(s) for s in runtime.inputs],
-                outputs=[tensor_attr(s) for s in runtime.outputs],
+                inputs=[convert.tensor_attr_to_wire(a) for a in runtime.inputs],
+                outputs=[convert.tensor_attr_to_wire(a) for a in runtime.outputs],
                 runtime_api_version=version.api,
                 runtime_driver_version=version.driver,
             )
@@ -424,15 +406,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             async with aclosing(self.plane.layers(session, frame.inputs(), frame.formats())) as layers:
                 async for layer in layers:
                     wire = codec.wire_array(layer.array)
-                    yield rknn_pb2.DumpLayersResponse(
-                        layer=rknn_pb2.LayerDumpHeader(
-                            index=layer.index,
-                            op_type=layer.op_type,
-                            node_name=layer.node_name,
-                            tensor_name=layer.tensor_name,
-                            tensor=codec.meta_of(wire, layer.tensor_name),
-                        )
-                    )
+                    yield rknn_pb2.DumpLayersResponse(layer=convert.layer_dump_to_wire(layer, wire))
                     for chunk in codec.iter_chunks([wire]):
                         call.bytes_out += len(chunk.data)
                         yield rknn_pb2.DumpLayersResponse(chunk=chunk)
@@ -464,20 +438,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             call.session = session.id
             result, pinned = await self.plane.perf(session, request.fix_freq)
             return rknn_pb2.EvalPerfResponse(
-                layers=[
-                    rknn_pb2.LayerPerf(
-                        index=row.index,
-                        op_type=row.op_type,
-                        data_type=row.data_type,
-                        target=row.target,
-                        input_shapes=list(row.input_shapes),
-                        output_shape=row.output_shape,
-                        time_us=row.time_us,
-                        name=row.name,
-                        extra=row.extra,
-                    )
-                    for row in result.layers
-                ],
+                layers=[convert.layer_perf_to_wire(row) for row in result.layers],
                 total_time_us=result.total_time_us,
                 total_operator_time_us=result.total_operator_time_us,
                 total_rw_kb=result.total_rw_kb,
@@ -498,15 +459,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         async def body(call: _Call) -> rknn_pb2.EvalMemoryResponse:
             session = self.plane.session(request.session_id, client_identity())
             call.session = session.id
-            result = await self.plane.memory_of(session)
-            return rknn_pb2.EvalMemoryResponse(
-                weight_memory=result.weight_bytes,
-                internal_memory=result.internal_bytes,
-                other_memory=result.other_bytes,
-                total_memory=result.total_bytes,
-                model_size=result.model_size,
-                method=result.method,
-            )
+            return convert.memory_to_wire(await self.plane.memory_of(session))
 
         return await self._unary("EvalMemory", context, body)
 
@@ -576,4 +529,4 @@ async def _first(iterator: AsyncIterator[T], what: str) -> T:
         raise InvalidInput(f"the request stream was empty; expected {what} first") from None
 
 
-__all__ = ["RknnService", "ServiceConfig", "tensor_attr"]
+__all__ = ["RknnService", "ServiceConfig"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rknn_client.api import TensorInfo
+from rknn_proto.messages import QuantType, TensorAttr
 
 FORMATS = ("nhwc", "nchw")
 # What librknnrt reads (and quantizes) itself for a quantized input (rknn_input.type).
@@ -62,20 +62,20 @@ def _matches(spec_shape: Sequence[int], shape: Sequence[int]) -> bool:
     )
 
 
-def _as_nhwc(spec: TensorInfo) -> tuple[int, ...]:
+def _as_nhwc(spec: TensorAttr) -> tuple[int, ...]:
     n, c, h, w = spec.shape
     return (n, h, w, c)
 
 
-def _send_dtype(spec: TensorInfo, dtype: np.dtype) -> np.dtype:
-    if spec.quant_type == "none":
+def _send_dtype(spec: TensorAttr, dtype: np.dtype) -> np.dtype:
+    if spec.quant_type is QuantType.NONE:
         return spec.dtype
     return dtype if dtype in RUNTIME_INPUT_DTYPES else np.dtype(np.float32)
 
 
 def prepare(
     inputs: Any,
-    specs: Sequence[TensorInfo],
+    specs: Sequence[TensorAttr],
     data_format: str | Sequence[str] | None,
     pass_through: Sequence[int] | None,
 ) -> PreparedInputs:

@@ -30,7 +30,7 @@ from rknn_client.accuracy.build import BuiltModels, QuantConfig, build_models
 from rknn_client.accuracy.capture import load_model
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
-from rknn_client.api import Device, DumpedLayer, PerfReport, Session, connect
+from rknn_client.api import Device, PerfReport, Session, connect
 from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
@@ -46,6 +46,7 @@ from rknn_client.report import devices_text, memory_text, perf_text, sdk_version
 from rknn_client.toolkit import Missing
 from rknn_client.transport.base import TransportError
 from rknn_proto import model_container
+from rknn_proto.messages import LayerDump
 
 R = TypeVar("R")
 TARGETS = (
@@ -756,7 +757,7 @@ class RKNN(NpuCoreMasks):
         feeds = load_inputs(list(inputs), specs, self._quant.quant_img_RGB2BGR)
         out = Path(output_dir)
         prepare_output_dir(out)
-        runtime_layers: list[tuple[DumpedLayer, np.ndarray]] | None = None
+        runtime_layers: list[tuple[LayerDump, np.ndarray]] | None = None
         if target is not None or device_id is not None:
             runtime_layers = self._runtime_layers(
                 models.quant_model, feeds, (target or "").lower(), device_id
@@ -768,7 +769,7 @@ class RKNN(NpuCoreMasks):
 
     def _runtime_layers(
         self, model: Path, feeds: dict[str, np.ndarray], target: str, device_id: str | None
-    ) -> list[tuple[DumpedLayer, np.ndarray]]:
+    ) -> list[tuple[LayerDump, np.ndarray]]:
         """Every layer of the built model as the selected daemon's runtime computes it."""
         with connect(device_id, target or None) as device:
             info = device.info()
@@ -778,7 +779,7 @@ class RKNN(NpuCoreMasks):
                     f"{device.endpoint.description} is {info.soc}"
                 )
             self.log.i("accuracy_analysis", f"runtime side: {device.endpoint.description} ({info.runtime})")
-            layers: list[tuple[DumpedLayer, np.ndarray]] = []
+            layers: list[tuple[LayerDump, np.ndarray]] = []
             with byte_bar(True, "runtime layer dumps", delay_s=0.5) as bar:
                 received = 0
                 for layer in dump_runtime_layers(device, model, feeds, target):

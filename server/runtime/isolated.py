@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rknn_proto.messages import EvalMemoryResponse, LayerDump
 from rknn_server.runtime.base import (
     Backend,
     BackendError,
@@ -26,8 +27,6 @@ from rknn_server.runtime.base import (
     FrequencyOutcome,
     FrequencyReading,
     InputFormat,
-    LayerTensor,
-    MemoryResult,
     ModelRuntime,
     OverBudget,
     PerfResult,
@@ -196,8 +195,8 @@ class IsolatedRuntime(ModelRuntime):
         result: PerfResult = self._call("perf", None if inputs is None else list(inputs))
         return result
 
-    def memory(self) -> MemoryResult:
-        result: MemoryResult = self._call("memory")
+    def memory(self) -> EvalMemoryResponse:
+        result: EvalMemoryResponse = self._call("memory")
         return result
 
     def sdk_version(self) -> VersionInfo | None:
@@ -206,7 +205,7 @@ class IsolatedRuntime(ModelRuntime):
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
-    ) -> Iterator[LayerTensor]:
+    ) -> Iterator[LayerDump]:
         item = self._call("dump_layers", list(inputs), _listed(formats))
         while item != _END:
             _, layer = item

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_server.runtime.base import InputFormat, MemoryResult, ModelRuntime, PerfResult, RuntimeOptions
+from rknn_proto.messages import EvalMemoryResponse
+from rknn_server.runtime.base import InputFormat, ModelRuntime, PerfResult, RuntimeOptions
 from rknn_server.runtime.host import HostBackend
 
 STALL_VALUE = 7.0
@@ -52,7 +53,7 @@ class StallRuntime(ModelRuntime):
     def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
         return self.inner.perf(inputs)
 
-    def memory(self) -> MemoryResult:
+    def memory(self) -> EvalMemoryResponse:
         return self.inner.memory()
 
     def close(self) -> None:

@@ -414,6 +414,8 @@ class Session:
         return call()
 
     def _check(self, arrays: Sequence[np.ndarray], strict: bool) -> None:
+        """What the client can know (docs/architecture.md): the count and, when strict, the types.
+        Shapes are the daemon's intake's to check, once."""
         if len(arrays) != len(self.inputs):
             raise InvalidInput(f"the model has {len(self.inputs)} input(s); {len(arrays)} were given")
         if not strict:
@@ -427,13 +429,6 @@ class Session:
                 raise InvalidInput(
                     f"input {spec.index} ({spec.name}) is {array.dtype}; the model expects {spec.dtype}"
                 )
-            if len(array.shape) != len(spec.shape) or any(
-                e > 0 and e != a for e, a in zip(spec.shape, array.shape, strict=True)
-            ):
-                raise InvalidInput(
-                    f"input {spec.index} ({spec.name}) has shape {list(array.shape)}; "
-                    f"the model expects {list(spec.shape)} ({spec.layout})"
-                )
 
     def run(
         self,
@@ -445,7 +440,8 @@ class Session:
         progress: Progress | None = None,
     ) -> list[np.ndarray]:
         """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
-        `strict=False` leaves shape and dtype checks to the daemon (which converts layouts).
+        `strict=False` leaves the dtype check to the daemon too (shapes are always its to check; it
+        converts layouts).
         `progress` hears (bytes moved, bytes to move) of a frame too big for one message: inputs sent,
         then outputs received (the total grows by the outputs' size once the daemon names it)."""
         return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict, progress))

@@ -40,9 +40,9 @@ def _plain(value: Any) -> Any:
 
 
 def _from_message(message: Any, plain: type) -> dict[str, Any]:
-    """The fields of dataclass `plain` that `message` has too, by name."""
+    """The fields of dataclass `plain` that `message` has too, by name (not those `plain` computes)."""
     names = message.DESCRIPTOR.fields_by_name
-    return {f.name: _plain(getattr(message, f.name)) for f in fields(plain) if f.name in names}
+    return {f.name: _plain(getattr(message, f.name)) for f in fields(plain) if f.init and f.name in names}
 
 
 def _to_message(plain: Any, message: type) -> dict[str, Any]:
@@ -83,13 +83,11 @@ def layer_perf_from_wire(row: rknn_pb2.LayerPerf) -> LayerPerf:
 
 
 def memory_to_wire(memory: EvalMemoryResponse) -> rknn_pb2.EvalMemoryResponse:
-    return rknn_pb2.EvalMemoryResponse(
-        **_to_message(memory, rknn_pb2.EvalMemoryResponse), total_memory=memory.total_memory
-    )
+    return rknn_pb2.EvalMemoryResponse(**_to_message(memory, rknn_pb2.EvalMemoryResponse))
 
 
 def memory_from_wire(reply: rknn_pb2.EvalMemoryResponse) -> EvalMemoryResponse:
-    """The reply's figures (its total_memory is their sum, which the dataclass computes)."""
+    """The reply's figures (its total_memory is their sum, which the dataclass computes again)."""
     return EvalMemoryResponse(**_from_message(reply, EvalMemoryResponse))
 
 

@@ -36,6 +36,12 @@ def permutation(sent: str, wanted: str, rank: int) -> tuple[int, ...] | None:
     return PERMUTATIONS.get((sent, wanted)) if rank == 4 else None
 
 
+def in_layout(shape: Sequence[int], sent: str, wanted: str) -> tuple[int, ...]:
+    """`shape` of data laid out as `sent`, as it reads once the data is laid out as `wanted`."""
+    order = permutation(sent, wanted, len(shape))
+    return tuple(shape[i] for i in order) if order else tuple(shape)
+
+
 @dataclass(frozen=True)
 class TensorAttr:
     """One input or output of a model as its runtime holds it."""
@@ -144,10 +150,13 @@ class EvalMemoryResponse:
     other_memory: int
     model_size: int
     method: str
+    # The sum of the three, computed: a field (not a property) so that asdict() reports it too.
+    total_memory: int = field(init=False)
 
-    @property
-    def total_memory(self) -> int:
-        return self.weight_memory + self.internal_memory + self.other_memory
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "total_memory", self.weight_memory + self.internal_memory + self.other_memory
+        )
 
 
 @dataclass(frozen=True)

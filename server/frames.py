@@ -13,14 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_proto import codec, rknn_pb2
-from rknn_proto.messages import TensorAttr, dequantize
+from rknn_proto.messages import TensorAttr, dequantize, in_layout, permutation
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import InputFormat
 from rknn_server.sessions import Session
-
-# Axis orders that turn data laid out as the first layout into the second.
-PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
 
 
 @dataclass(frozen=True)
@@ -69,22 +66,29 @@ def _check_count(specs: Sequence[TensorAttr], count: int) -> None:
 
 def plan_inputs(specs: Sequence[TensorAttr], declared: Sequence[Declared]) -> list[InputPlan]:
     """Check declared inputs against the model (count, dtype, shape in the model's layout) and plan
-    how each reaches the runtime. Every protocol's intake goes through here, once per frame."""
+    how each reaches the runtime. Every protocol's intake goes through here, once per frame.
+
+    Data is transposed into the model's layout only when its runtime cannot take the layout it came
+    in (`TensorAttr.takes_layout`); data of no stated layout is taken to be in the model's."""
     _check_count(specs, len(declared))
     plans: list[InputPlan] = []
     for spec, item in zip(specs, declared, strict=True):
-        dtype, shape, layout = item.dtype, item.shape, item.layout
+        dtype, shape = item.dtype, item.shape
+        layout = spec.layout if item.layout == "UNDEFINED" else item.layout
         if not spec.accepts(dtype, item.pass_through):
             raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
-        permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
-        effective = tuple(shape[i] for i in permutation) if permutation else shape
-        if not spec.fits(effective):
+        if not spec.fits(in_layout(shape, layout, spec.layout)):
             raise InvalidInput(
-                f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
+                f"input {spec.index} ({spec.name}) has shape {list(shape)} ({item.layout}); the model expects "
                 f"{list(spec.shape)} ({spec.layout})"
             )
-        layout = spec.layout if permutation else layout
-        plans.append(InputPlan(permutation, InputFormat(layout=layout, pass_through=item.pass_through)))
+        order = (
+            None
+            if spec.takes_layout(layout, item.pass_through)
+            else permutation(layout, spec.layout, len(shape))
+        )
+        fmt = InputFormat(layout=spec.layout if order else layout, pass_through=item.pass_through)
+        plans.append(InputPlan(order, fmt))
     return plans
 
 

@@ -558,10 +558,7 @@ class RKNN(NpuCoreMasks):
         kwargs.pop("target_sub_class", None)
         for key in kwargs:
             self.log.w("init_runtime", f"unknown argument {key!r} ignored")
-        if target is not None and str(target).lower() not in TARGETS:
-            self.log.e(
-                "init_runtime", f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}"
-            )
+        if not self._known_target("init_runtime", target):
             return -1
         model = self._model_for_runtime()
         self._close_runtime()
@@ -571,11 +568,6 @@ class RKNN(NpuCoreMasks):
         self._device = connect(device_id, target)
         info = self._device.info()
         self.log.i("init_runtime", f"Connect to Device success! ({self._device.endpoint.description})")
-        if self._target and info.soc and info.soc != self._target:
-            raise RknnError(
-                f"target mismatch: init_runtime(target='{self._target}') but the board at "
-                f"{self._device.endpoint.description} is {info.soc}"
-            )
         where = self._device.endpoint.description
         if self._toolkit_model and ".rknn" not in info.model_formats and self._build_on_host(where):
             model = self._model_for_runtime()
@@ -594,6 +586,14 @@ class RKNN(NpuCoreMasks):
             # This frame travels and runs while the previous frame's outputs are returned.
             self._pipeline = self._session.pipeline(depth=2)
         return 0
+
+    def _known_target(self, api: str, target: str | None) -> bool:
+        """Whether `target` (None: not given) names a platform the toolkit knows; logs why not. Whether
+        it is the board's is the daemon's to say, when the session opens."""
+        if target is None or str(target).lower() in TARGETS:
+            return True
+        self.log.e(api, f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}")
+        return False
 
     def _check_runnable(self, model: Path, formats: Sequence[str], soc: str, where: str) -> None:
         """A .rknn file (loaded, or compiled by the toolkit) the selected daemon cannot run is refused
@@ -746,11 +746,7 @@ class RKNN(NpuCoreMasks):
         if self._models is None:
             self.log.e("accuracy_analysis", "no built model: call load_onnx() and build() first")
             return -1
-        if target is not None and str(target).lower() not in TARGETS:
-            self.log.e(
-                "accuracy_analysis",
-                f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}",
-            )
+        if not self._known_target("accuracy_analysis", target):
             return -1
         models = self._models
         specs = input_specs(load_model(models.float_model))
@@ -773,11 +769,6 @@ class RKNN(NpuCoreMasks):
         """Every layer of the built model as the selected daemon's runtime computes it."""
         with connect(device_id, target or None) as device:
             info = device.info()
-            if target and info.soc and info.soc != target:
-                raise RknnError(
-                    f"target mismatch: accuracy_analysis(target='{target}') but the board at "
-                    f"{device.endpoint.description} is {info.soc}"
-                )
             self.log.i("accuracy_analysis", f"runtime side: {device.endpoint.description} ({info.runtime})")
             layers: list[tuple[LayerDump, np.ndarray]] = []
             with byte_bar(True, "runtime layer dumps", delay_s=0.5) as bar:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rknn_proto.codec import TensorLimits
-from rknn_proto.messages import TensorAttr, quantize
+from rknn_proto.messages import TensorAttr, in_layout, quantize
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.legacy import layouts
 from rknn_server.legacy.layouts import Layout
@@ -66,14 +66,6 @@ def pack_model_info(
         _pack_record(message, layout.outputs_at + i * layout.record_bytes, spec)
 
 
-def _shape_in(spec: TensorAttr, sent: str) -> tuple[int, ...]:
-    """The input's shape in the layout the client says its data has."""
-    if len(spec.shape) != 4 or sent not in _FORMATS or sent == spec.layout.upper():
-        return spec.shape
-    n, a, b, c = spec.shape
-    return (n, c, a, b) if sent == "NCHW" else (n, b, c, a)
-
-
 def unpack_inputs(
     message: bytes, layout: Layout, specs: Sequence[TensorAttr], limits: TensorLimits
 ) -> tuple[list[np.ndarray], list[InputFormat]]:
@@ -109,7 +101,7 @@ def unpack_inputs(
                 f"input {i} ({spec.name}) has a dynamic shape {list(spec.shape)}; not supported here"
             )
         sent_layout = _LAYOUT_NAMES.get(fmt, spec.layout)
-        shape = _shape_in(spec, sent_layout)
+        shape = in_layout(spec.shape, spec.layout.upper(), sent_layout)
         if size != math.prod(shape) * dtype.itemsize:
             raise InvalidInput(
                 f"input {i} ({spec.name}) is {size} bytes; shape {list(shape)} of {dtype} takes "

@@ -34,7 +34,7 @@ from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
 from rknn_proto import codec, convert, manifest, rknn_pb2, rknn_pb2_grpc
-from rknn_proto.messages import EvalMemoryResponse, LayerDump, LayerPerf
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
@@ -84,19 +84,6 @@ class DeviceInfo:
     insecure: bool = False
     client_identity: str = ""
     warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PerfReport:
-    layers: tuple[LayerPerf, ...]
-    total_time_us: float
-    total_operator_time_us: float
-    total_rw_kb: float
-    frequencies: dict[str, tuple[int, ...]]
-    frequencies_fixed: bool
-    frequency_note: str
-    raw_text: str
-    extra_columns: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -608,7 +595,7 @@ class Session:
         finally:
             call.cancel()
 
-    def perf(self, fix_freq: bool = True) -> PerfReport:
+    def perf(self, fix_freq: bool = True) -> EvalPerfResponse:
         reply = self._guarded(
             lambda: self.device._call(
                 "EvalPerf",
@@ -616,17 +603,7 @@ class Session:
                 rknn_pb2.EvalPerfRequest(session_id=self.id, fix_freq=fix_freq),
             )
         )
-        return PerfReport(
-            layers=tuple(convert.layer_perf_from_wire(r) for r in reply.layers),
-            total_time_us=reply.total_time_us,
-            total_operator_time_us=reply.total_operator_time_us,
-            total_rw_kb=reply.total_rw_kb,
-            frequencies={f.kind: tuple(f.values) for f in reply.frequencies},
-            frequencies_fixed=reply.frequencies_fixed,
-            frequency_note=reply.frequency_note,
-            raw_text=reply.raw_text,
-            extra_columns=tuple(reply.extra_columns),
-        )
+        return convert.perf_from_wire(reply)
 
     def memory(self) -> EvalMemoryResponse:
         reply = self._guarded(

@@ -14,20 +14,19 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from rknn_proto import codec, rknn_pb2
-from rknn_proto.messages import EvalMemoryResponse, LayerDump, LayerPerf, QuantType, TensorAttr
+from rknn_proto import codec, messages, rknn_pb2
 
 QuantTypeCode: TypeAlias = rknn_pb2.QuantType.ValueType
 
-QUANT_TYPE_CODES: dict[QuantType, QuantTypeCode] = {
-    kind: rknn_pb2.QuantType.Value(f"QUANT_TYPE_{kind.name}") for kind in QuantType
+QUANT_TYPE_CODES: dict[messages.QuantType, QuantTypeCode] = {
+    kind: rknn_pb2.QuantType.Value(f"QUANT_TYPE_{kind.name}") for kind in messages.QuantType
 }
-QUANT_TYPES: dict[int, QuantType] = {code: kind for kind, code in QUANT_TYPE_CODES.items()}
+QUANT_TYPES: dict[int, messages.QuantType] = {code: kind for kind, code in QUANT_TYPE_CODES.items()}
 
 
-def quant_type_from_wire(code: int) -> QuantType:
+def quant_type_from_wire(code: int) -> messages.QuantType:
     """The quantization kind of a wire code; a code this side does not know reads as none."""
-    return QUANT_TYPES.get(code, QuantType.NONE)
+    return QUANT_TYPES.get(code, messages.QuantType.NONE)
 
 
 def _plain(value: Any) -> Any:
@@ -51,7 +50,7 @@ def _to_message(plain: Any, message: type) -> dict[str, Any]:
     return {f.name: getattr(plain, f.name) for f in fields(plain) if f.name in names}
 
 
-def tensor_attr_to_wire(attr: TensorAttr) -> rknn_pb2.TensorAttr:
+def tensor_attr_to_wire(attr: messages.TensorAttr) -> rknn_pb2.TensorAttr:
     return rknn_pb2.TensorAttr(
         **{
             **_to_message(attr, rknn_pb2.TensorAttr),
@@ -63,10 +62,10 @@ def tensor_attr_to_wire(attr: TensorAttr) -> rknn_pb2.TensorAttr:
     )
 
 
-def tensor_attr_from_wire(attr: rknn_pb2.TensorAttr) -> TensorAttr:
-    return TensorAttr(
+def tensor_attr_from_wire(attr: rknn_pb2.TensorAttr) -> messages.TensorAttr:
+    return messages.TensorAttr(
         **{
-            **_from_message(attr, TensorAttr),
+            **_from_message(attr, messages.TensorAttr),
             "dtype": codec.dtype_from_wire(attr.dtype),
             "layout": codec.layout_name(attr.layout),
             "quant_type": quant_type_from_wire(attr.quant_type),
@@ -74,30 +73,51 @@ def tensor_attr_from_wire(attr: rknn_pb2.TensorAttr) -> TensorAttr:
     )
 
 
-def layer_perf_to_wire(row: LayerPerf) -> rknn_pb2.LayerPerf:
+def layer_perf_to_wire(row: messages.LayerPerf) -> rknn_pb2.LayerPerf:
     return rknn_pb2.LayerPerf(**_to_message(row, rknn_pb2.LayerPerf))
 
 
-def layer_perf_from_wire(row: rknn_pb2.LayerPerf) -> LayerPerf:
-    return LayerPerf(**_from_message(row, LayerPerf))
+def layer_perf_from_wire(row: rknn_pb2.LayerPerf) -> messages.LayerPerf:
+    return messages.LayerPerf(**_from_message(row, messages.LayerPerf))
 
 
-def memory_to_wire(memory: EvalMemoryResponse) -> rknn_pb2.EvalMemoryResponse:
+def perf_to_wire(perf: messages.EvalPerfResponse) -> rknn_pb2.EvalPerfResponse:
+    return rknn_pb2.EvalPerfResponse(
+        **{
+            **_to_message(perf, rknn_pb2.EvalPerfResponse),
+            "layers": [layer_perf_to_wire(row) for row in perf.layers],
+            "frequencies": [rknn_pb2.FrequencyList(kind=f.kind, values=f.values) for f in perf.frequencies],
+        }
+    )
+
+
+def perf_from_wire(reply: rknn_pb2.EvalPerfResponse) -> messages.EvalPerfResponse:
+    """The reply's measurement (its total_operator_time_us is the layers' sum, computed again)."""
+    return messages.EvalPerfResponse(
+        **{
+            **_from_message(reply, messages.EvalPerfResponse),
+            "layers": tuple(layer_perf_from_wire(row) for row in reply.layers),
+            "frequencies": tuple(messages.FrequencyList(f.kind, tuple(f.values)) for f in reply.frequencies),
+        }
+    )
+
+
+def memory_to_wire(memory: messages.EvalMemoryResponse) -> rknn_pb2.EvalMemoryResponse:
     return rknn_pb2.EvalMemoryResponse(**_to_message(memory, rknn_pb2.EvalMemoryResponse))
 
 
-def memory_from_wire(reply: rknn_pb2.EvalMemoryResponse) -> EvalMemoryResponse:
+def memory_from_wire(reply: rknn_pb2.EvalMemoryResponse) -> messages.EvalMemoryResponse:
     """The reply's figures (its total_memory is their sum, which the dataclass computes again)."""
-    return EvalMemoryResponse(**_from_message(reply, EvalMemoryResponse))
+    return messages.EvalMemoryResponse(**_from_message(reply, messages.EvalMemoryResponse))
 
 
-def layer_dump_to_wire(layer: LayerDump, wire: np.ndarray) -> rknn_pb2.LayerDumpHeader:
+def layer_dump_to_wire(layer: messages.LayerDump, wire: np.ndarray) -> rknn_pb2.LayerDumpHeader:
     """The header that starts a dumped layer whose bytes travel as `wire` (see codec.wire_array)."""
     return rknn_pb2.LayerDumpHeader(
         **_to_message(layer, rknn_pb2.LayerDumpHeader), tensor=codec.meta_of(wire, layer.tensor_name)
     )
 
 
-def layer_dump_from_wire(header: rknn_pb2.LayerDumpHeader, array: np.ndarray) -> LayerDump:
+def layer_dump_from_wire(header: rknn_pb2.LayerDumpHeader, array: np.ndarray) -> messages.LayerDump:
     """A dumped layer from its header and the array its chunks assembled into."""
-    return LayerDump(**_from_message(header, LayerDump), array=array)
+    return messages.LayerDump(**_from_message(header, messages.LayerDump), array=array)

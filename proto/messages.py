@@ -142,6 +142,33 @@ class LayerPerf:
 
 
 @dataclass(frozen=True)
+class FrequencyList:
+    """The current frequencies of one kind: "CPU" (kHz), "NPU" or "DDR" (Hz)."""
+
+    kind: str
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EvalPerfResponse:
+    """A performance measurement: the per-layer table (perf_debug only), the totals, the frequencies."""
+
+    layers: tuple[LayerPerf, ...]
+    total_time_us: float
+    total_rw_kb: float = 0.0
+    frequencies: tuple[FrequencyList, ...] = ()
+    frequencies_fixed: bool = False
+    frequency_note: str = ""
+    raw_text: str = ""
+    extra_columns: tuple[str, ...] = ()
+    # The layers' sum, computed: a field (not a property) so that asdict() reports it too.
+    total_operator_time_us: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total_operator_time_us", sum(layer.time_us for layer in self.layers))
+
+
+@dataclass(frozen=True)
 class EvalMemoryResponse:
     """Memory a runtime holds for one model, in bytes."""
 

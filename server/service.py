@@ -436,20 +436,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         async def body(call: _Call) -> rknn_pb2.EvalPerfResponse:
             session = self.plane.session(request.session_id, client_identity())
             call.session = session.id
-            result, pinned = await self.plane.perf(session, request.fix_freq)
-            return rknn_pb2.EvalPerfResponse(
-                layers=[convert.layer_perf_to_wire(row) for row in result.layers],
-                total_time_us=result.total_time_us,
-                total_operator_time_us=result.total_operator_time_us,
-                total_rw_kb=result.total_rw_kb,
-                frequencies=[
-                    rknn_pb2.FrequencyList(kind=r.kind, values=list(r.values)) for r in pinned.frequencies
-                ],
-                frequencies_fixed=pinned.fixed,
-                frequency_note=pinned.note,
-                raw_text=result.raw_text,
-                extra_columns=list(result.extra_columns),
-            )
+            return convert.perf_to_wire(await self.plane.perf(session, request.fix_freq))
 
         return await self._unary("EvalPerf", context, body)
 

@@ -17,6 +17,7 @@ import rknn_client
 from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client import RKNN
 from rknn_client.errors import InvalidInput, Unsupported
+from rknn_proto.messages import FrequencyList
 from rknn_server import __version__ as daemon_version
 from tests.rknnrt.fake_sysfs import npu_board, rk3588_board
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
@@ -236,13 +237,17 @@ def test_eval_perf_with_fix_freq_pins_the_board_and_restores_it(
     finally:
         daemon.stop()
     assert pinned.frequencies_fixed and pinned.frequency_note == ""
-    assert pinned.frequencies == {
-        "CPU": (1800000, 2256000, 2304000),
-        "NPU": (1000000000,),
-        "DDR": (2112000000,),
-    }
+    assert pinned.frequencies == (
+        FrequencyList("CPU", (1800000, 2256000, 2304000)),
+        FrequencyList("NPU", (1000000000,)),
+        FrequencyList("DDR", (2112000000,)),
+    )
     assert not unpinned.frequencies_fixed and unpinned.frequency_note == ""
-    assert unpinned.frequencies == {"CPU": (408000,) * 3, "NPU": (300000000,), "DDR": (528000000,)}
+    assert unpinned.frequencies == (
+        FrequencyList("CPU", (408000,) * 3),
+        FrequencyList("NPU", (300000000,)),
+        FrequencyList("DDR", (528000000,)),
+    )
     assert restored == before
 
 
@@ -255,7 +260,7 @@ def test_the_host_runtime_reports_cpu_frequencies_it_cannot_fix(
         assert (device.info().soc, device.info().board) == ("rk3588", "Orange Pi 5")
         with device.load(cnn_model) as session:
             report = session.perf(fix_freq=True)
-    assert report.frequencies == {"CPU": (1200000,) * 3}
+    assert report.frequencies == (FrequencyList("CPU", (1200000,) * 3),)
     assert not report.frequencies_fixed
     assert report.frequency_note == (
         "frequencies were not fixed: the host runtime has no NPU and leaves the CPU to the OS"

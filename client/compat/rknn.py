@@ -30,7 +30,7 @@ from rknn_client.accuracy.build import BuiltModels, QuantConfig, build_models
 from rknn_client.accuracy.capture import load_model
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
-from rknn_client.api import Device, PerfReport, Session, connect
+from rknn_client.api import Device, Session, connect
 from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
@@ -46,7 +46,7 @@ from rknn_client.report import devices_text, memory_text, perf_text, sdk_version
 from rknn_client.toolkit import Missing
 from rknn_client.transport.base import TransportError
 from rknn_proto import model_container
-from rknn_proto.messages import LayerDump
+from rknn_proto.messages import EvalPerfResponse, LayerDump
 
 R = TypeVar("R")
 TARGETS = (
@@ -670,7 +670,7 @@ class RKNN(NpuCoreMasks):
     @_bridged("eval_perf", None, when=_on_simulator)
     @_toolkit_call("eval_perf", None)
     def eval_perf(self, is_print: bool = True, fix_freq: bool = True) -> str | None:
-        report: PerfReport = self._require_session().perf(fix_freq=fix_freq)
+        report: EvalPerfResponse = self._require_session().perf(fix_freq=fix_freq)
         text = perf_text(report)
         if is_print:
             print(text, end="")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_proto.messages import EvalMemoryResponse, LayerDump, LayerPerf, TensorAttr
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, FrequencyList, LayerDump, TensorAttr
 
 
 class BackendError(Exception):
@@ -67,32 +67,13 @@ class RuntimeOptions:
     max_memory_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class FrequencyReading:
-    kind: str  # "CPU" (kHz) | "NPU" (Hz) | "DDR" (Hz)
-    values: tuple[int, ...]
-
-
 @dataclass
 class FrequencyOutcome:
     """What a measurement ran at: whether frequencies were fixed, why not, and the readings."""
 
     fixed: bool = False
     note: str = ""
-    frequencies: tuple[FrequencyReading, ...] = field(default_factory=tuple)
-
-
-@dataclass(frozen=True)
-class PerfResult:
-    layers: tuple[LayerPerf, ...]
-    total_time_us: float
-    total_rw_kb: float = 0.0
-    raw_text: str = ""
-    extra_columns: tuple[str, ...] = ()
-
-    @property
-    def total_operator_time_us(self) -> float:
-        return sum(layer.time_us for layer in self.layers)
+    frequencies: tuple[FrequencyList, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -115,7 +96,7 @@ class ModelRuntime(abc.ABC):
         (default: every input in its spec's layout, converted) matters to runtimes that convert."""
 
     @abc.abstractmethod
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         """Time the model; per-layer rows only when opened with perf_debug."""
 
     @abc.abstractmethod
@@ -167,7 +148,7 @@ class Backend(abc.ABC):
         """The SoC this backend serves, or "" when it stands in for any."""
         return ""
 
-    def frequencies(self) -> tuple[FrequencyReading, ...]:
+    def frequencies(self) -> tuple[FrequencyList, ...]:
         return ()
 
     @contextmanager

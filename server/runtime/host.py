@@ -25,19 +25,25 @@ import onnxruntime as ort
 import psutil
 
 from rknn_proto import model_container
-from rknn_proto.messages import EvalMemoryResponse, LayerDump, LayerPerf, QuantType, TensorAttr
+from rknn_proto.messages import (
+    EvalMemoryResponse,
+    EvalPerfResponse,
+    FrequencyList,
+    LayerDump,
+    LayerPerf,
+    QuantType,
+    TensorAttr,
+)
 from rknn_server.platform import read_frequencies
 from rknn_server.runtime import onnx_graph
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
     ExecutionError,
-    FrequencyReading,
     InputFormat,
     ModelFormatError,
     ModelRuntime,
     OverBudget,
-    PerfResult,
     RuntimeOptions,
     VersionInfo,
 )
@@ -291,7 +297,7 @@ class HostModel(ModelRuntime):
         """Zeros of each input's shape (dynamic dimensions as 1), for timing without user data."""
         return [np.zeros([max(d, 1) for d in s.shape], dtype=s.dtype) for s in self.inputs]
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         feed = list(inputs) if inputs is not None else self.sample_inputs()
         self._run(self._session, feed)
         times = []
@@ -302,7 +308,7 @@ class HostModel(ModelRuntime):
         layers: list[LayerPerf] = []
         if self._options.perf_debug:
             layers = self._profile(feed)
-        return PerfResult(
+        return EvalPerfResponse(
             layers=tuple(layers),
             total_time_us=statistics.median(times),
             extra_columns=("Provider",) if layers else (),
@@ -428,7 +434,7 @@ class HostBackend(Backend):
     def soc(self) -> str:
         return self._soc
 
-    def frequencies(self) -> tuple[FrequencyReading, ...]:
+    def frequencies(self) -> tuple[FrequencyList, ...]:
         """The CPU frequencies where cpufreq shows them: the only processor this runtime uses."""
         return tuple(reading for reading in read_frequencies(self._sysfs_root) if reading.kind == "CPU")
 

@@ -19,17 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from rknn_proto.messages import EvalMemoryResponse, LayerDump
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, FrequencyList, LayerDump
 from rknn_server.runtime.base import (
     Backend,
     BackendError,
     ExecutionError,
     FrequencyOutcome,
-    FrequencyReading,
     InputFormat,
     ModelRuntime,
     OverBudget,
-    PerfResult,
     RuntimeOptions,
     VersionInfo,
     WorkerLost,
@@ -191,8 +189,8 @@ class IsolatedRuntime(ModelRuntime):
         result: list[np.ndarray] = self._call("run", list(inputs), _listed(formats))
         return result
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
-        result: PerfResult = self._call("perf", None if inputs is None else list(inputs))
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
+        result: EvalPerfResponse = self._call("perf", None if inputs is None else list(inputs))
         return result
 
     def memory(self) -> EvalMemoryResponse:
@@ -264,7 +262,7 @@ class IsolatedBackend(Backend):
     def soc(self) -> str:
         return self.inner.soc()
 
-    def frequencies(self) -> tuple[FrequencyReading, ...]:
+    def frequencies(self) -> tuple[FrequencyList, ...]:
         return self.inner.frequencies()
 
     @contextmanager

@@ -11,7 +11,14 @@ from typing import TypeVar
 
 import numpy as np
 
-from rknn_proto.messages import EvalMemoryResponse, LayerDump, TensorAttr, dequantize, quantize
+from rknn_proto.messages import (
+    EvalMemoryResponse,
+    EvalPerfResponse,
+    LayerDump,
+    TensorAttr,
+    dequantize,
+    quantize,
+)
 from rknn_server.platform import NPU_CORES, PlatformInfo
 from rknn_server.runtime.base import (
     ExecutionError,
@@ -19,7 +26,6 @@ from rknn_server.runtime.base import (
     InputFormat,
     ModelFormatError,
     ModelRuntime,
-    PerfResult,
     RuntimeOptions,
     UnsupportedError,
     VersionInfo,
@@ -379,10 +385,10 @@ class RknnrtModel(ModelRuntime):
             arrays.append(np.zeros(shape, dtype=np.float32))
         return arrays
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         self.run(inputs if inputs is not None else self._default_inputs())
         if not self._general:
-            return PerfResult(
+            return EvalPerfResponse(
                 layers=(),
                 total_time_us=self._last_wall_us,
                 raw_text=NO_LAYER_PERF_NOTE.format(kind=self._library.kind),
@@ -394,7 +400,7 @@ class RknnrtModel(ModelRuntime):
         total = float(info.run_duration) if ret >= 0 else self._last_wall_us
         note = "" if ret >= 0 else PERF_RUN_MISSING_NOTE
         if not self._options.perf_debug:
-            return PerfResult(layers=(), total_time_us=total, raw_text=note)
+            return EvalPerfResponse(layers=(), total_time_us=total, raw_text=note)
         detail = self._query(abi.Query.PERF_DETAIL, abi.NATIVE.perf_detail())
         text = (
             ctypes.string_at(detail.perf_data, detail.data_len).decode(errors="replace")
@@ -402,7 +408,7 @@ class RknnrtModel(ModelRuntime):
             else ""
         )
         table = parse_perf_detail(text)
-        return PerfResult(
+        return EvalPerfResponse(
             layers=table.layers,
             total_time_us=total,
             total_rw_kb=table.rw_kb,

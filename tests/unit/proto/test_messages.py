@@ -5,16 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rknn_proto import convert, rknn_pb2
-from rknn_proto.messages import (
-    EvalMemoryResponse,
-    LayerDump,
-    LayerPerf,
-    QuantType,
-    TensorAttr,
-    dequantize,
-    quantize,
-)
+from rknn_proto import convert, messages, rknn_pb2
+from rknn_proto.messages import QuantType, TensorAttr, dequantize, quantize
 
 
 def attr(
@@ -75,15 +67,15 @@ def test_a_tensor_attr_crosses_the_wire_unchanged() -> None:
 
 
 def test_perf_rows_memory_and_layer_dumps_cross_the_wire_unchanged() -> None:
-    row = LayerPerf(
+    row = messages.LayerPerf(
         1, "Conv", "INT8", "NPU", ("(1,3,8,8)",), "(1,8,8,8)", 12.5, "Conv:c1", {"DDRCycles": "7"}
     )
     assert convert.layer_perf_from_wire(convert.layer_perf_to_wire(row)) == row
-    memory = EvalMemoryResponse(3000, 1000, 24, 5000, "counted")
+    memory = messages.EvalMemoryResponse(3000, 1000, 24, 5000, "counted")
     wire = convert.memory_to_wire(memory)
     assert wire.total_memory == 4024
     assert convert.memory_from_wire(wire) == memory
-    layer = LayerDump(2, "Relu", "relu1", "r", np.arange(6, dtype=np.float32).reshape(2, 3))
+    layer = messages.LayerDump(2, "Relu", "relu1", "r", np.arange(6, dtype=np.float32).reshape(2, 3))
     header = convert.layer_dump_to_wire(layer, layer.array)
     assert (header.tensor.name, list(header.tensor.shape), header.tensor.byte_length) == ("r", [2, 3], 24)
     back = convert.layer_dump_from_wire(header, layer.array)
@@ -96,3 +88,26 @@ def test_perf_rows_memory_and_layer_dumps_cross_the_wire_unchanged() -> None:
 def test_a_shape_fits_when_every_fixed_dimension_matches(shape: tuple[int, ...], fits: bool) -> None:
     spec = TensorAttr(0, "x", (-1, 3, 8, 8), np.dtype(np.float32), "NCHW")
     assert spec.fits(shape) is fits
+
+
+def test_a_perf_measurement_crosses_the_wire_with_its_operator_total_computed() -> None:
+    rows = (
+        messages.LayerPerf(1, "Conv", "INT8", "NPU", (), "(1,8,8,8)", 12.5, "Conv:c1"),
+        messages.LayerPerf(2, "Relu", "INT8", "NPU", (), "(1,8,8,8)", 2.25, "Relu:r1"),
+    )
+    perf = messages.EvalPerfResponse(
+        rows,
+        total_time_us=20.0,
+        total_rw_kb=1.5,
+        frequencies=(
+            messages.FrequencyList("CPU", (408000, 1800000)),
+            messages.FrequencyList("NPU", (1000000000,)),
+        ),
+        frequencies_fixed=True,
+        raw_text="table",
+        extra_columns=("DDRCycles",),
+    )
+    assert perf.total_operator_time_us == 14.75
+    wire = convert.perf_to_wire(perf)
+    assert wire.total_operator_time_us == 14.75 and [f.kind for f in wire.frequencies] == ["CPU", "NPU"]
+    assert convert.perf_from_wire(wire) == perf

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_proto.messages import EvalMemoryResponse, TensorAttr
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, TensorAttr
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
     InputFormat,
     ModelRuntime,
-    PerfResult,
     RuntimeOptions,
     VersionInfo,
 )
@@ -45,7 +44,7 @@ class FakeRuntime(ModelRuntime):
             raise self.fail
         return [inputs[0] * 2]
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         raise NotImplementedError
 
     def memory(self) -> EvalMemoryResponse:

@@ -380,7 +380,7 @@ class HostModel(ModelRuntime):
         self,
         graph: onnx.ModelProto,
         names: list[str],
-        tensors: dict[str, onnx_graph.TensorInfo],
+        tensors: dict[str, onnx_graph.ValueInfo],
         feeds: dict[str, np.ndarray],
     ) -> list[ort.OrtValue]:
         """The batch's tensors as ONNX Runtime holds them: each becomes numpy (a copy) only when sent."""

@@ -11,13 +11,12 @@ inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences liv
 from __future__ import annotations
 
 import functools
-import math
 import os
 import platform
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
@@ -36,7 +35,8 @@ from rknn_client.transport.base import Endpoint
 from rknn_client.transport.health import SERVING, health_status
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
-from rknn_proto import codec, framing, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import codec, convert, framing, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump, reply_bytes_bound
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
@@ -62,12 +62,6 @@ _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_
 # Room in a unary Run request for its header beside the inputs' bytes.
 _HEADER_ROOM = 64 << 10
 _RUN_METHOD = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}/Run"
-_QUANT_NAMES = {
-    rknn_pb2.QUANT_TYPE_NONE: "none",
-    rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC: "affine",
-    rknn_pb2.QUANT_TYPE_DFP: "dfp",
-}
-_QUANT_CODES = {name: code for code, name in _QUANT_NAMES.items()}
 # How long the version handshake (and the health check) may take unless the caller says otherwise.
 HANDSHAKE_TIMEOUT_S = 30.0
 # Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
@@ -79,46 +73,6 @@ DEFAULT_DEPTH = 4
 def native_outputs_default() -> bool:
     """Native (quantized) outputs on the wire unless RKNN_NATIVE_OUTPUTS says 0/false/no/off."""
     return os.environ.get(NATIVE_OUTPUTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A model input or output as the daemon's runtime sees it."""
-
-    index: int
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    layout: str
-    quant_type: str = "none"
-    zero_point: int = 0
-    scale: float = 1.0
-    fl: int = 0
-
-    @classmethod
-    def from_wire(cls, attr: rknn_pb2.TensorAttr) -> TensorInfo:
-        return cls(
-            index=attr.index,
-            name=attr.name,
-            shape=tuple(attr.shape),
-            dtype=codec.dtype_from_wire(attr.dtype),
-            layout=codec.layout_name(attr.layout),
-            quant_type=_QUANT_NAMES.get(attr.quant_type, "none"),
-            zero_point=attr.zero_point,
-            scale=attr.scale,
-            fl=attr.fl,
-        )
-
-    @property
-    def is_dynamic(self) -> bool:
-        return any(d <= 0 for d in self.shape)
-
-    def real_values(self, array: np.ndarray) -> np.ndarray:
-        """The output's float32 values when `array` holds its quantized integers, else `array`."""
-        code = _QUANT_CODES[self.quant_type]
-        if not codec.is_native_quantized(array, code):
-            return array
-        return codec.dequantize(array, code, self.zero_point, self.scale, self.fl)
 
 
 @dataclass(frozen=True)
@@ -143,53 +97,6 @@ class DeviceInfo:
     warnings: tuple[str, ...] = ()
     reserved_by: str = ""  # who holds the board's reservation, "" when nobody does
     reservation_waiters: int = 0  # Reserve calls queued behind the holder
-
-
-@dataclass(frozen=True)
-class LayerRow:
-    index: int
-    op_type: str
-    data_type: str
-    target: str
-    input_shapes: tuple[str, ...]
-    output_shape: str
-    time_us: float
-    name: str
-    extra: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PerfReport:
-    layers: tuple[LayerRow, ...]
-    total_time_us: float
-    total_operator_time_us: float
-    total_rw_kb: float
-    frequencies: dict[str, tuple[int, ...]]
-    frequencies_fixed: bool
-    frequency_note: str
-    raw_text: str
-    extra_columns: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class MemoryReport:
-    weight_memory: int
-    internal_memory: int
-    other_memory: int
-    total_memory: int
-    model_size: int
-    method: str
-
-
-@dataclass(frozen=True)
-class DumpedLayer:
-    """One layer tensor captured by the daemon's runtime during a DumpLayers run."""
-
-    index: int
-    op_type: str
-    node_name: str
-    tensor_name: str
-    array: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -372,6 +279,28 @@ class Device:
             ResponseStream[rknn_pb2.InferenceResponse],
             self._stub.InferencePipeline(requests, metadata=self.metadata),
         )
+
+    # -- Shared-memory tensors (client/shared_memory.py drives these) ---------------------------
+
+    def register_shared_memory(
+        self, request: rknn_pb2.RegisterSharedMemoryRequest
+    ) -> rknn_pb2.RegisterSharedMemoryResponse:
+        """Hand the daemon a region of this host's shared memory (docs/shared-memory.md)."""
+        return self._call("RegisterSharedMemory", self._stub.RegisterSharedMemory, request)
+
+    def unregister_shared_memory(self, key: str) -> int:
+        """Close the region registered as `key`; how many the daemon closed (0: it was gone)."""
+        request = rknn_pb2.UnregisterSharedMemoryRequest(key=key)
+        return self._call("UnregisterSharedMemory", self._stub.UnregisterSharedMemory, request).closed
+
+    def shared_memory_status(self, key: str = "") -> list[rknn_pb2.SharedMemoryRegion]:
+        """This client's regions the daemon holds (one, by `key`), each with its use count."""
+        request = rknn_pb2.SharedMemoryStatusRequest(key=key)
+        return list(self._call("SharedMemoryStatus", self._stub.SharedMemoryStatus, request).regions)
+
+    def run_shared(self, header: rknn_pb2.InferenceHeader) -> rknn_pb2.RunResponse:
+        """One frame whose inputs and outputs live in registered regions (the header names them)."""
+        return self._call("RunShared", self._stub.RunShared, rknn_pb2.RunRequest(header=header))
 
     def upload(
         self, model: Path | str, progress: Progress | None = None, *, hashing: Progress | None = None
@@ -561,8 +490,8 @@ class Session:
 
     def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
         self.id = reply.session_id
-        self.inputs = [TensorInfo.from_wire(a) for a in reply.inputs]
-        self.outputs = [TensorInfo.from_wire(a) for a in reply.outputs]
+        self.inputs = [convert.tensor_attr_from_wire(a) for a in reply.inputs]
+        self.outputs = [convert.tensor_attr_from_wire(a) for a in reply.outputs]
         self.runtime_api_version = reply.runtime_api_version
         self.runtime_driver_version = reply.runtime_driver_version
         self._instance = self.device._info.instance_id if self.device._info else ""
@@ -602,6 +531,8 @@ class Session:
         return call()
 
     def _check(self, arrays: Sequence[np.ndarray], strict: bool) -> None:
+        """What the client can know (docs/architecture.md): the count and, when strict, the types.
+        Shapes are the daemon's intake's to check, once."""
         if len(arrays) != len(self.inputs):
             raise InvalidInput(f"the model has {len(self.inputs)} input(s); {len(arrays)} were given")
         if not strict:
@@ -615,13 +546,6 @@ class Session:
                 raise InvalidInput(
                     f"input {spec.index} ({spec.name}) is {array.dtype}; the model expects {spec.dtype}"
                 )
-            if len(array.shape) != len(spec.shape) or any(
-                e > 0 and e != a for e, a in zip(spec.shape, array.shape, strict=True)
-            ):
-                raise InvalidInput(
-                    f"input {spec.index} ({spec.name}) has shape {list(array.shape)}; "
-                    f"the model expects {list(spec.shape)} ({spec.layout})"
-                )
 
     def run(
         self,
@@ -633,7 +557,8 @@ class Session:
         progress: Progress | None = None,
     ) -> list[np.ndarray]:
         """Run once. `layouts` says how 4-D inputs are laid out when not in the model's own layout;
-        `strict=False` leaves shape and dtype checks to the daemon (which converts layouts).
+        `strict=False` leaves the dtype check to the daemon too (shapes are always its to check; it
+        converts layouts).
         `progress` hears (bytes moved, bytes to move) of a frame too big for one message: inputs sent,
         then outputs received (the total grows by the outputs' size once the daemon names it)."""
         return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict, progress))
@@ -685,6 +610,8 @@ class Session:
             raise RknnError(f"{where}: {exc}") from None
         if frame is None:
             raise RknnError(f"{where}: the daemon closed the stream without outputs")
+        if progress:  # the frame is whole before the reporter hears of its last chunk
+            progress(sent + reader.bytes, total)
         self.last_run_time_us = frame.header.run_time_us
         return self.real_outputs(frame.arrays())
 
@@ -740,7 +667,7 @@ class Session:
         if info.protocol_version < RUN_RPC_VERSION:
             return -1
         message_limit = int(info.limits.get("max_message_bytes") or MAX_MESSAGE_BYTES)
-        bound = _reply_bound(self.outputs, self.native_outputs)
+        bound = reply_bytes_bound(self.outputs, self.native_outputs)
         if info.protocol_version < UNBOUNDED_RUN_VERSION and (bound is None or bound > message_limit // 2):
             return -1  # an older daemon's Run refuses, after computing, outputs over half its limit
         if bound is not None and bound >= codec.SMALL_TRANSFER_BYTES:
@@ -787,7 +714,7 @@ class Session:
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], layouts: Sequence[str] | None = None
-    ) -> Iterator[DumpedLayer]:
+    ) -> Iterator[LayerDump]:
         """Run once with per-layer capture and yield every captured tensor, one layer at a time
         (only one layer's bytes are held here at once). Stopping early cancels the call. With
         `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
@@ -809,7 +736,7 @@ class Session:
         finally:
             call.cancel()
 
-    def perf(self, fix_freq: bool = True) -> PerfReport:
+    def perf(self, fix_freq: bool = True) -> EvalPerfResponse:
         reply = self._guarded(
             lambda: self.device._call(
                 "EvalPerf",
@@ -817,45 +744,15 @@ class Session:
                 rknn_pb2.EvalPerfRequest(session_id=self.id, fix_freq=fix_freq),
             )
         )
-        return PerfReport(
-            layers=tuple(
-                LayerRow(
-                    index=r.index,
-                    op_type=r.op_type,
-                    data_type=r.data_type,
-                    target=r.target,
-                    input_shapes=tuple(r.input_shapes),
-                    output_shape=r.output_shape,
-                    time_us=r.time_us,
-                    name=r.name,
-                    extra=dict(r.extra),
-                )
-                for r in reply.layers
-            ),
-            total_time_us=reply.total_time_us,
-            total_operator_time_us=reply.total_operator_time_us,
-            total_rw_kb=reply.total_rw_kb,
-            frequencies={f.kind: tuple(f.values) for f in reply.frequencies},
-            frequencies_fixed=reply.frequencies_fixed,
-            frequency_note=reply.frequency_note,
-            raw_text=reply.raw_text,
-            extra_columns=tuple(reply.extra_columns),
-        )
+        return convert.perf_from_wire(reply)
 
-    def memory(self) -> MemoryReport:
+    def memory(self) -> EvalMemoryResponse:
         reply = self._guarded(
             lambda: self.device._call(
                 "EvalMemory", self.device._stub.EvalMemory, rknn_pb2.EvalMemoryRequest(session_id=self.id)
             )
         )
-        return MemoryReport(
-            weight_memory=reply.weight_memory,
-            internal_memory=reply.internal_memory,
-            other_memory=reply.other_memory,
-            total_memory=reply.total_memory,
-            model_size=reply.model_size,
-            method=reply.method,
-        )
+        return convert.memory_from_wire(reply)
 
     def keep_alive(self) -> float:
         reply = self._guarded(
@@ -895,26 +792,8 @@ class LayerFrame(codec.TensorAssembler):
         super().__init__([header.tensor], _OUTPUT_LIMITS, "layer")
         self.header = header
 
-    def dumped(self) -> DumpedLayer:
-        return DumpedLayer(
-            index=self.header.index,
-            op_type=self.header.op_type,
-            node_name=self.header.node_name,
-            tensor_name=self.header.tensor_name,
-            array=self.arrays()[0],
-        )
-
-
-def _reply_bound(outputs: Sequence[TensorInfo], native: bool) -> int | None:
-    """The most bytes the outputs take in a reply (None when one has a dynamic dimension): a
-    quantized output counts as float32 unless it comes native."""
-    if any(spec.is_dynamic for spec in outputs):
-        return None
-    return sum(
-        math.prod(spec.shape)
-        * (max(spec.dtype.itemsize, 4) if spec.quant_type != "none" and not native else spec.dtype.itemsize)
-        for spec in outputs
-    )
+    def dumped(self) -> LayerDump:
+        return convert.layer_dump_from_wire(self.header, self.arrays()[0])
 
 
 M = TypeVar("M", rknn_pb2.InferenceRequest, rknn_pb2.InferenceResponse)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from rknn_client.api import MemoryReport, PerfReport
 from rknn_client.timing import Latency
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse
 
 _RULE = "=" * 54
 _SDK_RULE = "=" * 46
@@ -34,10 +34,11 @@ def _us(value: float) -> str:
     return str(round(value))
 
 
-def frequency_text(report: PerfReport) -> str:
+def frequency_text(report: EvalPerfResponse) -> str:
     lines = []
+    by_kind = {f.kind: f.values for f in report.frequencies}
     for kind in _FREQ_ORDER:
-        values = report.frequencies.get(kind)
+        values = by_kind.get(kind)
         if values:
             lines.append(f"{kind} Current Frequency List:")
             lines.extend(f"  - {v}" for v in values)
@@ -46,7 +47,7 @@ def frequency_text(report: PerfReport) -> str:
     return "\n".join(lines)
 
 
-def layer_table(report: PerfReport) -> str:
+def layer_table(report: EvalPerfResponse) -> str:
     extras = list(report.extra_columns)
     rows = [[*_LAYER_HEAD, "Time(us)", *extras, "FullName"]]
     for r in report.layers:
@@ -70,7 +71,7 @@ def layer_table(report: PerfReport) -> str:
     return "\n".join(lines)
 
 
-def ranking_table(report: PerfReport) -> str:
+def ranking_table(report: EvalPerfResponse) -> str:
     per_op: dict[str, dict[str, float]] = defaultdict(
         lambda: {"calls": 0, "CPU": 0.0, "GPU": 0.0, "NPU": 0.0}
     )
@@ -97,7 +98,7 @@ def ranking_table(report: PerfReport) -> str:
     return "\n".join(["Operator Time Consuming Ranking Table", *_table(rows)])
 
 
-def perf_text(report: PerfReport, latency: Latency | None = None) -> str:
+def perf_text(report: EvalPerfResponse, latency: Latency | None = None) -> str:
     """The eval_perf report: frequencies, then the per-layer tables or the total alone. With `latency`
     (many timed runs), Total Time is their median and the spread follows."""
     parts = [frequency_text(report)] if report.frequencies or report.frequency_note else []
@@ -141,7 +142,7 @@ def human_bytes(n: int) -> str:
     return f"{n / (1 << 10):.2f} KiB"
 
 
-def memory_text(report: MemoryReport) -> str:
+def memory_text(report: EvalMemoryResponse) -> str:
     return (
         "\n".join(
             [

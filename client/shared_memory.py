@@ -184,9 +184,7 @@ def _register(session: Session, size: int, memfd: bool) -> Region | None:
     """A new region registered for the session, or None when the daemon cannot take this kind."""
     region = Region(size, memfd)
     try:
-        reply = session.device._call(
-            "RegisterSharedMemory", session.device._stub.RegisterSharedMemory, region.request(session.id)
-        )
+        reply = session.device.register_shared_memory(region.request(session.id))
     except SessionLost:
         region.close()
         raise
@@ -227,11 +225,7 @@ def _region(session: Session, size: int) -> Region | None:
 
 def _unregister(device: Device, bound: _Bound) -> None:
     with contextlib.suppress(RknnError):  # gone with its session already
-        device._call(
-            "UnregisterSharedMemory",
-            device._stub.UnregisterSharedMemory,
-            rknn_pb2.UnregisterSharedMemoryRequest(key=bound.region.key),
-        )
+        device.unregister_shared_memory(bound.region.key)
     bound.region.close()
 
 
@@ -290,7 +284,7 @@ def _run_frame(
     shared.input_regions.extend(input_slots)
     shared.output_regions.extend(output_slots)
     try:
-        reply = device._call("RunShared", device._stub.RunShared, rknn_pb2.RunRequest(header=shared))
+        reply = device.run_shared(shared)
     except SessionLost:
         raise
     except NotFound:  # the region is gone (unregistered, reaped): the next frame registers another

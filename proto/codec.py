@@ -295,29 +295,3 @@ class TensorAssembler:
             buf.view(dtype).reshape(shape)
             for buf, (dtype, shape) in zip(self._buffers, self._layouts, strict=True)
         ]
-
-
-# Integer dtypes a quantized tensor's native values can have.
-_QUANTIZED_KINDS = ("i", "u")
-
-
-def is_native_quantized(array: np.ndarray, quant_type: int) -> bool:
-    """True when `array` holds a quantized tensor's stored integers rather than real values."""
-    return quant_type != rknn_pb2.QUANT_TYPE_NONE and array.dtype.kind in _QUANTIZED_KINDS
-
-
-def dequantize(array: np.ndarray, quant_type: int, zero_point: int, scale: float, fl: int) -> np.ndarray:
-    """Stored integers to float32 real values: affine (q - zero_point) * scale, DFP q * 2^-fl.
-
-    The arithmetic is ONNX DequantizeLinear's (int to float32, subtract, multiply in float32), so a
-    daemon that sends int8 and a client that dequantizes give the float path's values bit for bit.
-    """
-    values = array.astype(np.float32)
-    if quant_type == rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC:
-        values -= np.float32(zero_point)
-        values *= np.float32(scale)
-    elif quant_type == rknn_pb2.QUANT_TYPE_DFP:
-        values *= np.float32(2.0**-fl)
-    else:
-        raise CodecError(f"quant type {quant_type} has no dequantization; expected affine or DFP")
-    return values

@@ -14,13 +14,14 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
 import structlog
 
 from rknn_proto import codec
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump
 from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, InvalidInput
 from rknn_server.memory import MemoryBudget, MemoryLimits
@@ -28,12 +29,8 @@ from rknn_server.metrics import DaemonMetrics
 from rknn_server.model_cache import ModelCache
 from rknn_server.runtime.base import (
     Backend,
-    FrequencyOutcome,
     InputFormat,
-    LayerTensor,
-    MemoryResult,
     ModelRuntime,
-    PerfResult,
     RuntimeOptions,
     VersionInfo,
     WorkerLost,
@@ -208,19 +205,26 @@ class DataPlane:
     async def version(self, session: Session) -> VersionInfo:
         return await self.blocking(session.runtime.sdk_version) or self.backend.version()
 
-    async def perf(self, session: Session, fix_freq: bool) -> tuple[PerfResult, FrequencyOutcome]:
+    async def perf(self, session: Session, fix_freq: bool) -> EvalPerfResponse:
+        """The session's model timed, with the frequencies it ran at."""
         return await self.in_session(session, self._measure, session.runtime, fix_freq)
 
-    def _measure(self, runtime: ModelRuntime, fix_freq: bool) -> tuple[PerfResult, FrequencyOutcome]:
+    def _measure(self, runtime: ModelRuntime, fix_freq: bool) -> EvalPerfResponse:
         with self.backend.measuring(fix_freq) as pinned:
-            return runtime.perf(None), pinned
+            result = runtime.perf(None)
+            return replace(
+                result,
+                frequencies=pinned.frequencies,
+                frequencies_fixed=pinned.fixed,
+                frequency_note=pinned.note,
+            )
 
-    async def memory_of(self, session: Session) -> MemoryResult:
+    async def memory_of(self, session: Session) -> EvalMemoryResponse:
         return await self.in_session(session, session.runtime.memory)
 
     async def layers(
         self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
-    ) -> AsyncGenerator[LayerTensor, None]:
+    ) -> AsyncGenerator[LayerDump, None]:
         """The session's layer dump of one frame, one layer at a time, the session held throughout."""
         async with session.lock:
             # Some runtimes start their capture when asked for the iterator: that call blocks too.
@@ -230,14 +234,14 @@ class DataPlane:
                     yield layer
                     session.renew()
 
-    async def _step(self, layers: Iterator[LayerTensor]) -> AsyncGenerator[LayerTensor, None]:
+    async def _step(self, layers: Iterator[LayerDump]) -> AsyncGenerator[LayerDump, None]:
         """Advance a runtime's blocking layer iterator in the executor, one layer at a time.
 
         On an early exit (client gone, send failed) the step in flight is awaited first and the
         iterator is then closed in the executor, never from two threads at once.
         """
         loop = asyncio.get_running_loop()
-        step: asyncio.Future[LayerTensor | None] | None = None
+        step: asyncio.Future[LayerDump | None] | None = None
         try:
             while True:
                 step = loop.run_in_executor(self.executor, next, layers, None)

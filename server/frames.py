@@ -6,34 +6,17 @@ convert layouts and choose the outputs' wire form the same way.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rknn_proto import codec, rknn_pb2
+from rknn_proto.messages import TensorAttr, dequantize, in_layout, permutation
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.memory import MemoryBudget
-from rknn_server.runtime.base import InputFormat, TensorSpec
+from rknn_server.runtime.base import InputFormat
 from rknn_server.sessions import Session
-
-# QuantInfo.kind -> the contract's QuantType.
-QUANT_CODES = {
-    "none": rknn_pb2.QUANT_TYPE_NONE,
-    "affine": rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC,
-    "dfp": rknn_pb2.QUANT_TYPE_DFP,
-}
-
-
-def _shape_fits(expected: Sequence[int], actual: Sequence[int]) -> bool:
-    return len(expected) == len(actual) and all(
-        e <= 0 or e == a for e, a in zip(expected, actual, strict=True)
-    )
-
-
-# Axis orders that turn data laid out as the first layout into the second.
-PERMUTATIONS = {("NHWC", "NCHW"): (0, 3, 1, 2), ("NCHW", "NHWC"): (0, 2, 3, 1)}
 
 
 @dataclass(frozen=True)
@@ -59,7 +42,7 @@ class Declared:
         return cls(array.dtype, tuple(array.shape), layout, pass_through)
 
 
-def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
+def check_inputs(specs: Sequence[TensorAttr], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
     """Check the inputs a frame header declares against the model before any byte is received."""
     return plan_inputs(
         specs,
@@ -72,31 +55,38 @@ def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMet
     )
 
 
-def _check_count(specs: Sequence[TensorSpec], count: int) -> None:
+def _check_count(specs: Sequence[TensorAttr], count: int) -> None:
     if count != len(specs):
         raise InvalidInput(
             f"the model has {len(specs)} input(s) ({', '.join(s.name for s in specs)}); {count} were sent"
         )
 
 
-def plan_inputs(specs: Sequence[TensorSpec], declared: Sequence[Declared]) -> list[InputPlan]:
+def plan_inputs(specs: Sequence[TensorAttr], declared: Sequence[Declared]) -> list[InputPlan]:
     """Check declared inputs against the model (count, dtype, shape in the model's layout) and plan
-    how each reaches the runtime. Every protocol's intake goes through here, once per frame."""
+    how each reaches the runtime. Every protocol's intake goes through here, once per frame.
+
+    Data is transposed into the model's layout only when its runtime cannot take the layout it came
+    in (`TensorAttr.takes_layout`); data of no stated layout is taken to be in the model's."""
     _check_count(specs, len(declared))
     plans: list[InputPlan] = []
     for spec, item in zip(specs, declared, strict=True):
-        dtype, shape, layout = item.dtype, item.shape, item.layout
+        dtype, shape = item.dtype, item.shape
+        layout = spec.layout if item.layout == "UNDEFINED" else item.layout
         if not spec.accepts(dtype, item.pass_through):
             raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
-        permutation = PERMUTATIONS.get((layout, spec.layout)) if len(shape) == 4 else None
-        effective = tuple(shape[i] for i in permutation) if permutation else shape
-        if not _shape_fits(spec.shape, effective):
+        if not spec.fits(in_layout(shape, layout, spec.layout)):
             raise InvalidInput(
-                f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
+                f"input {spec.index} ({spec.name}) has shape {list(shape)} ({item.layout}); the model expects "
                 f"{list(spec.shape)} ({spec.layout})"
             )
-        layout = spec.layout if permutation else layout
-        plans.append(InputPlan(permutation, InputFormat(layout=layout, pass_through=item.pass_through)))
+        order = (
+            None
+            if spec.takes_layout(layout, item.pass_through)
+            else permutation(layout, spec.layout, len(shape))
+        )
+        fmt = InputFormat(layout=spec.layout if order else layout, pass_through=item.pass_through)
+        plans.append(InputPlan(order, fmt))
     return plans
 
 
@@ -109,7 +99,7 @@ def arrange(arrays: Sequence[np.ndarray], plans: Sequence[InputPlan]) -> list[np
 
 
 def take_arrays(
-    specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], declared: Sequence[Declared]
+    specs: Sequence[TensorAttr], arrays: Sequence[np.ndarray], declared: Sequence[Declared]
 ) -> tuple[list[np.ndarray], list[InputFormat]]:
     """The intake of a frame whose inputs arrived whole (a protocol that reads arrays at once): checked,
     arranged, with the formats for `DataPlane.run`."""
@@ -189,31 +179,14 @@ class IncomingFrame:
         return [plan.format for plan in self.plans]
 
 
-def reply_bytes_bound(specs: Sequence[TensorSpec], native: bool) -> int | None:
-    """The most bytes a run's outputs take on the wire, known from the model alone (None when an
-    output has a dynamic dimension): a quantized output counts as float32 unless sent native."""
-    total = 0
-    for spec in specs:
-        if spec.is_dynamic:
-            return None
-        itemsize = spec.dtype.itemsize
-        total += math.prod(spec.shape) * (
-            max(itemsize, 4) if spec.quant.kind != "none" and not native else itemsize
-        )
-    return total
-
-
 def wire_outputs(
-    outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], native: bool
+    outputs: Sequence[np.ndarray], specs: Sequence[TensorAttr], native: bool
 ) -> tuple[list[rknn_pb2.TensorMeta], list[np.ndarray]]:
     """Metas and wire-ready arrays of a run's outputs. A quantized output the runtime returned as
     stored integers travels as such when the client asked for native outputs (it dequantizes, a
     quarter of the bytes for int8), else it is dequantized to float32 here."""
     wire = []
     for array, spec in zip(outputs, specs, strict=True):
-        code = QUANT_CODES[spec.quant.kind]
-        if not native and codec.is_native_quantized(array, code):
-            array = codec.dequantize(array, code, spec.quant.zero_point, spec.quant.scale, spec.quant.fl)
-        wire.append(codec.wire_array(array))
+        wire.append(codec.wire_array(array if native else dequantize(array, spec)))
     metas = [codec.meta_of(a, s.name, s.layout) for a, s in zip(wire, specs, strict=True)]
     return metas, wire

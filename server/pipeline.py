@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_proto import framing, rknn_pb2
+from rknn_proto.messages import reply_bytes_bound
 from rknn_proto.version import MAX_RUN_REPLY_BYTES
 from rknn_server.data_plane import DataPlane
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.frames import IncomingFrame, reply_bytes_bound, wire_outputs
+from rknn_server.frames import IncomingFrame, wire_outputs
 from rknn_server.guard import client_identity
 
 # Frames assembled but not yet running, and frames run but not yet sent (each besides the one in

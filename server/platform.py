@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rknn_server.runtime.base import FrequencyReading
+from rknn_proto.messages import FrequencyList
 
 # SoCs whose runtime is librknnmrt (zero-copy API only, NPU node /dev/rknpu).
 MRT_SOCS = frozenset({"rv1103", "rv1103b", "rv1106", "rv1106b"})
@@ -39,7 +39,7 @@ class PlatformInfo:
     board_model: str = ""
     driver_version: str = ""  # e.g. "0.9.8"
     npu_device: str = ""  # path on the board, e.g. "/dev/dri/renderD129"
-    frequencies: tuple[FrequencyReading, ...] = field(default_factory=tuple)
+    frequencies: tuple[FrequencyList, ...] = field(default_factory=tuple)
 
     @property
     def npu_cores(self) -> int:
@@ -124,16 +124,16 @@ def _ints(paths: list[Path]) -> tuple[int, ...]:
     return tuple(values)
 
 
-def read_frequencies(root: Path) -> tuple[FrequencyReading, ...]:
+def read_frequencies(root: Path) -> tuple[FrequencyList, ...]:
     """Current CPU (kHz, one per cluster), NPU and DDR (Hz) frequencies (kinds without a reading omitted)."""
     cpu_files = []
     for policy in cpufreq_policies(root):
         current = policy / "scaling_cur_freq"
         cpu_files.append(current if current.exists() else policy / "cpuinfo_cur_freq")
     readings = [
-        FrequencyReading("CPU", _ints(cpu_files)),
-        FrequencyReading("NPU", _ints([path / "cur_freq" for path in devfreq_devices(root, "NPU")])),
-        FrequencyReading("DDR", _ints([path / "cur_freq" for path in devfreq_devices(root, "DDR")])),
+        FrequencyList("CPU", _ints(cpu_files)),
+        FrequencyList("NPU", _ints([path / "cur_freq" for path in devfreq_devices(root, "NPU")])),
+        FrequencyList("DDR", _ints([path / "cur_freq" for path in devfreq_devices(root, "DDR")])),
     ]
     return tuple(reading for reading in readings if reading.values)
 

@@ -16,20 +16,18 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 
-from rknn_proto import codec, framing, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import codec, convert, framing, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RESERVATION_METADATA_KEY
 from rknn_server import __version__
 from rknn_server.calls import Call
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput
-from rknn_server.frames import QUANT_CODES, check_chunk
+from rknn_server.frames import check_chunk
 from rknn_server.guard import client_identity, current_call
 from rknn_server.limits import Limits
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
-from rknn_server.runtime.base import TensorSpec
 from rknn_server.sessions import Session
 from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.shm_run import run_shared
@@ -53,22 +51,6 @@ class ServiceConfig:
     insecure: bool = False
     warnings: tuple[str, ...] = ()
     instance_id: str = ""
-
-
-def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
-    nbytes = int(np.prod(spec.shape)) * spec.dtype.itemsize if not spec.is_dynamic else 0
-    return rknn_pb2.TensorAttr(
-        index=spec.index,
-        name=spec.name,
-        shape=list(spec.shape),
-        dtype=codec.dtype_to_wire(spec.dtype),
-        layout=codec.layout_to_wire(spec.layout),
-        quant_type=QUANT_CODES[spec.quant.kind],
-        zero_point=spec.quant.zero_point,
-        scale=spec.quant.scale,
-        fl=spec.quant.fl,
-        size_bytes=nbytes,
-    )
 
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
@@ -214,8 +196,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         version = await self.plane.version(session)
         return rknn_pb2.InitRuntimeResponse(
             session_id=session.id,
-            inputs=[tensor_attr(s) for s in runtime.inputs],
-            outputs=[tensor_attr(s) for s in runtime.outputs],
+            inputs=[convert.tensor_attr_to_wire(a) for a in runtime.inputs],
+            outputs=[convert.tensor_attr_to_wire(a) for a in runtime.outputs],
             runtime_api_version=version.api,
             runtime_driver_version=version.driver,
         )
@@ -248,13 +230,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         async with aclosing(self.plane.layers(frame.session, frame.inputs(), frame.formats())) as layers:
             async for layer in layers:
                 wire = codec.wire_array(layer.array)
-                head = rknn_pb2.LayerDumpHeader(
-                    index=layer.index,
-                    op_type=layer.op_type,
-                    node_name=layer.node_name,
-                    tensor_name=layer.tensor_name,
-                    tensor=codec.meta_of(wire, layer.tensor_name),
-                )
+                head = convert.layer_dump_to_wire(layer, wire)
                 for message in framing.frame_messages(rknn_pb2.DumpLayersResponse, head, [wire], "layer"):
                     yield message
                 call.bytes_out += wire.nbytes
@@ -272,46 +248,12 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalPerfResponse:
         session = self._session(request.session_id)
-        result, pinned = await self.plane.perf(session, request.fix_freq)
-        return rknn_pb2.EvalPerfResponse(
-            layers=[
-                rknn_pb2.LayerPerf(
-                    index=row.index,
-                    op_type=row.op_type,
-                    data_type=row.data_type,
-                    target=row.target,
-                    input_shapes=list(row.input_shapes),
-                    output_shape=row.output_shape,
-                    time_us=row.time_us,
-                    name=row.name,
-                    extra=row.extra,
-                )
-                for row in result.layers
-            ],
-            total_time_us=result.total_time_us,
-            total_operator_time_us=result.total_operator_time_us,
-            total_rw_kb=result.total_rw_kb,
-            frequencies=[
-                rknn_pb2.FrequencyList(kind=r.kind, values=list(r.values)) for r in pinned.frequencies
-            ],
-            frequencies_fixed=pinned.fixed,
-            frequency_note=pinned.note,
-            raw_text=result.raw_text,
-            extra_columns=list(result.extra_columns),
-        )
+        return convert.perf_to_wire(await self.plane.perf(session, request.fix_freq))
 
     async def EvalMemory(
         self, request: rknn_pb2.EvalMemoryRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.EvalMemoryResponse:
-        result = await self.plane.memory_of(self._session(request.session_id))
-        return rknn_pb2.EvalMemoryResponse(
-            weight_memory=result.weight_bytes,
-            internal_memory=result.internal_bytes,
-            other_memory=result.other_bytes,
-            total_memory=result.total_bytes,
-            model_size=result.model_size,
-            method=result.method,
-        )
+        return convert.memory_to_wire(await self.plane.memory_of(self._session(request.session_id)))
 
     async def Release(
         self, request: rknn_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
@@ -454,4 +396,4 @@ async def _first(iterator: AsyncIterator[T], what: str) -> T:
         raise InvalidInput(f"the request stream was empty; expected {what} first") from None
 
 
-__all__ = ["RknnService", "ServiceConfig", "tensor_attr"]
+__all__ = ["RknnService", "ServiceConfig"]

@@ -48,7 +48,17 @@ def offenders(folder: str, forbidden: tuple[str, ...]) -> list[str]:
         ("server", ("rknn_client",)),
         ("client", ("rknn_server",)),
         ("proto", ("rknn_server", "rknn_client")),
-        ("server/runtime", ("grpc", "rknn_server.service", "rknn_server.daemon", "rknn_server.sessions")),
+        (
+            "server/runtime",
+            (
+                "grpc",
+                "google.protobuf",
+                "rknn_proto.rknn_pb2",
+                "rknn_server.service",
+                "rknn_server.daemon",
+                "rknn_server.sessions",
+            ),
+        ),
     ],
 )
 def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: tuple[str, ...]) -> None:
@@ -108,6 +118,8 @@ def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: 
             )
             for name in ("models", "repository", "datatypes")
         ),
+        # The plain messages: what runtimes and the data plane use, without protobuf.
+        ("proto/messages.py", ("grpc", "google.protobuf", "rknn_proto.rknn_pb2", "rknn_proto.rknn_pb2_grpc")),
     ],
 )
 def test_a_module_imports_only_what_its_room_allows(module: str, forbidden: tuple[str, ...]) -> None:

@@ -39,10 +39,10 @@ def test_perf_debug_rows_come_from_the_profiler(cnn_model: Path) -> None:
 def test_memory_counts_weights_and_the_peak_of_live_intermediates(cnn_model: Path) -> None:
     result = HostBackend(threads=1).open(cnn_model, RuntimeOptions()).memory()
     weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(str(cnn_model)).graph.initializer)
-    assert result.weight_bytes == weights
+    assert result.weight_memory == weights
     # conv1 and relu1 (8x16x16 float each) are alive together at the peak, plus conv2's output
-    assert result.internal_bytes == 3 * 8 * 16 * 16 * 4
-    assert result.total_bytes == result.weight_bytes + result.internal_bytes + result.other_bytes
+    assert result.internal_memory == 3 * 8 * 16 * 16 * 4
+    assert result.total_memory == result.weight_memory + result.internal_memory + result.other_memory
 
 
 def test_liveness_frees_a_tensor_after_its_last_consumer() -> None:
@@ -71,5 +71,5 @@ def test_rknn_and_junk_files_are_refused_with_what_to_do(tmp_path: Path) -> None
 def test_external_data_loads_from_beside_the_model(tmp_path: Path) -> None:
     path = models.external_data_model(tmp_path)
     model = HostBackend(threads=1).open(path, RuntimeOptions())
-    assert model.memory().weight_bytes == 4 * 64 * 4
+    assert model.memory().weight_memory == 4 * 64 * 4
     assert model.run([np.ones((1, 4), dtype=np.float32)])[0].shape == (1, 64)

@@ -17,6 +17,7 @@ import rknn_client
 from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client import RKNN
 from rknn_client.errors import InvalidInput, Unsupported
+from rknn_proto.messages import FrequencyList
 from rknn_server import __version__ as daemon_version
 from tests.rknnrt.fake_sysfs import npu_board, rk3588_board
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
@@ -161,8 +162,9 @@ def test_int8_inputs_take_real_values_and_outputs_are_dequantized_exactly(
 
 
 def test_int8_outputs_cross_the_wire_as_int8_and_equal_the_float_path(
-    start: Starter, stub_lib: Path, tmp_path: Path
+    start: Starter, stub_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("RKNN_SHM", "off")  # the wire's bytes (shared memory moves none)
     daemon = start(rknnrt_args(stub_lib, rk3588_board(tmp_path / "b")))
     model = int8_image_model(tmp_path / "int8.rknn")
     real = np.random.default_rng(5).uniform(-200, 300, IMAGE_NHWC).astype(np.float32)
@@ -236,13 +238,17 @@ def test_eval_perf_with_fix_freq_pins_the_board_and_restores_it(
     finally:
         daemon.stop()
     assert pinned.frequencies_fixed and pinned.frequency_note == ""
-    assert pinned.frequencies == {
-        "CPU": (1800000, 2256000, 2304000),
-        "NPU": (1000000000,),
-        "DDR": (2112000000,),
-    }
+    assert pinned.frequencies == (
+        FrequencyList("CPU", (1800000, 2256000, 2304000)),
+        FrequencyList("NPU", (1000000000,)),
+        FrequencyList("DDR", (2112000000,)),
+    )
     assert not unpinned.frequencies_fixed and unpinned.frequency_note == ""
-    assert unpinned.frequencies == {"CPU": (408000,) * 3, "NPU": (300000000,), "DDR": (528000000,)}
+    assert unpinned.frequencies == (
+        FrequencyList("CPU", (408000,) * 3),
+        FrequencyList("NPU", (300000000,)),
+        FrequencyList("DDR", (528000000,)),
+    )
     assert restored == before
 
 
@@ -255,7 +261,7 @@ def test_the_host_runtime_reports_cpu_frequencies_it_cannot_fix(
         assert (device.info().soc, device.info().board) == ("rk3588", "Orange Pi 5")
         with device.load(cnn_model) as session:
             report = session.perf(fix_freq=True)
-    assert report.frequencies == {"CPU": (1200000,) * 3}
+    assert report.frequencies == (FrequencyList("CPU", (1200000,) * 3),)
     assert not report.frequencies_fixed
     assert report.frequency_note == (
         "frequencies were not fixed: the host runtime has no NPU and leaves the CPU to the OS"

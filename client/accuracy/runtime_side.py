@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from rknn_client.accuracy.errors import AccuracyError
-from rknn_client.api import Device, DumpedLayer
+from rknn_client.api import Device
+from rknn_proto.messages import LayerDump
 
 
 def dump_runtime_layers(
     device: Device, model: Path, feeds: Mapping[str, np.ndarray], target: str = ""
-) -> list[DumpedLayer]:
+) -> list[LayerDump]:
     """Upload `model` (unless cached), run it once with per-layer capture, release the session."""
     if not device.info().capabilities.get("layer_dumps", False):
         raise AccuracyError(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rknn_client.api import TensorInfo
+from rknn_proto.messages import QuantType, TensorAttr, in_layout
 
 FORMATS = ("nhwc", "nchw")
 # What librknnrt reads (and quantizes) itself for a quantized input (rknn_input.type).
@@ -56,26 +56,15 @@ def formats_for(data_format: str | Sequence[str] | None, count: int) -> list[str
     return lowered
 
 
-def _matches(spec_shape: Sequence[int], shape: Sequence[int]) -> bool:
-    return len(spec_shape) == len(shape) and all(
-        e <= 0 or e == a for e, a in zip(spec_shape, shape, strict=True)
-    )
-
-
-def _as_nhwc(spec: TensorInfo) -> tuple[int, ...]:
-    n, c, h, w = spec.shape
-    return (n, h, w, c)
-
-
-def _send_dtype(spec: TensorInfo, dtype: np.dtype) -> np.dtype:
-    if spec.quant_type == "none":
+def _send_dtype(spec: TensorAttr, dtype: np.dtype) -> np.dtype:
+    if spec.quant_type is QuantType.NONE:
         return spec.dtype
     return dtype if dtype in RUNTIME_INPUT_DTYPES else np.dtype(np.float32)
 
 
 def prepare(
     inputs: Any,
-    specs: Sequence[TensorInfo],
+    specs: Sequence[TensorAttr],
     data_format: str | Sequence[str] | None,
     pass_through: Sequence[int] | None,
 ) -> PreparedInputs:
@@ -96,8 +85,8 @@ def prepare(
         if len(spec.shape) == 4 and array.ndim == 4 and spec.layout in ("NCHW", "NHWC"):
             layout = fmt.upper()
             if data_format is None and spec.layout == "NCHW":
-                nhwc_ok = _matches(_as_nhwc(spec), array.shape)
-                if not nhwc_ok and _matches(spec.shape, array.shape):
+                nhwc_ok = spec.fits(in_layout(array.shape, "NHWC", "NCHW"))
+                if not nhwc_ok and spec.fits(array.shape):
                     layout = "NCHW"
                     notes.append(f"input {spec.index} ({spec.name}) has the model's NCHW shape; sent as NCHW")
         if not through[spec.index] and array.dtype != spec.dtype:

@@ -30,7 +30,7 @@ from rknn_client.accuracy.build import BuiltModels, QuantConfig, build_models
 from rknn_client.accuracy.capture import load_model
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
-from rknn_client.api import Device, DumpedLayer, PerfReport, Session, connect
+from rknn_client.api import Device, Session, connect
 from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
@@ -46,6 +46,7 @@ from rknn_client.report import devices_text, memory_text, perf_text, sdk_version
 from rknn_client.toolkit import Missing
 from rknn_client.transport.base import TransportError
 from rknn_proto import model_container
+from rknn_proto.messages import EvalPerfResponse, LayerDump
 
 R = TypeVar("R")
 TARGETS = (
@@ -557,10 +558,7 @@ class RKNN(NpuCoreMasks):
         kwargs.pop("target_sub_class", None)
         for key in kwargs:
             self.log.w("init_runtime", f"unknown argument {key!r} ignored")
-        if target is not None and str(target).lower() not in TARGETS:
-            self.log.e(
-                "init_runtime", f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}"
-            )
+        if not self._known_target("init_runtime", target):
             return -1
         model = self._model_for_runtime()
         self._close_runtime()
@@ -570,11 +568,6 @@ class RKNN(NpuCoreMasks):
         self._device = connect(device_id, target)
         info = self._device.info()
         self.log.i("init_runtime", f"Connect to Device success! ({self._device.endpoint.description})")
-        if self._target and info.soc and info.soc != self._target:
-            raise RknnError(
-                f"target mismatch: init_runtime(target='{self._target}') but the board at "
-                f"{self._device.endpoint.description} is {info.soc}"
-            )
         where = self._device.endpoint.description
         if self._toolkit_model and ".rknn" not in info.model_formats and self._build_on_host(where):
             model = self._model_for_runtime()
@@ -593,6 +586,14 @@ class RKNN(NpuCoreMasks):
             # This frame travels and runs while the previous frame's outputs are returned.
             self._pipeline = self._session.pipeline(depth=2)
         return 0
+
+    def _known_target(self, api: str, target: str | None) -> bool:
+        """Whether `target` (None: not given) names a platform the toolkit knows; logs why not. Whether
+        it is the board's is the daemon's to say, when the session opens."""
+        if target is None or str(target).lower() in TARGETS:
+            return True
+        self.log.e(api, f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}")
+        return False
 
     def _check_runnable(self, model: Path, formats: Sequence[str], soc: str, where: str) -> None:
         """A .rknn file (loaded, or compiled by the toolkit) the selected daemon cannot run is refused
@@ -669,7 +670,7 @@ class RKNN(NpuCoreMasks):
     @_bridged("eval_perf", None, when=_on_simulator)
     @_toolkit_call("eval_perf", None)
     def eval_perf(self, is_print: bool = True, fix_freq: bool = True) -> str | None:
-        report: PerfReport = self._require_session().perf(fix_freq=fix_freq)
+        report: EvalPerfResponse = self._require_session().perf(fix_freq=fix_freq)
         text = perf_text(report)
         if is_print:
             print(text, end="")
@@ -745,18 +746,14 @@ class RKNN(NpuCoreMasks):
         if self._models is None:
             self.log.e("accuracy_analysis", "no built model: call load_onnx() and build() first")
             return -1
-        if target is not None and str(target).lower() not in TARGETS:
-            self.log.e(
-                "accuracy_analysis",
-                f"target {target!r} is not supported; expected one of {', '.join(TARGETS)}",
-            )
+        if not self._known_target("accuracy_analysis", target):
             return -1
         models = self._models
         specs = input_specs(load_model(models.float_model))
         feeds = load_inputs(list(inputs), specs, self._quant.quant_img_RGB2BGR)
         out = Path(output_dir)
         prepare_output_dir(out)
-        runtime_layers: list[tuple[DumpedLayer, np.ndarray]] | None = None
+        runtime_layers: list[tuple[LayerDump, np.ndarray]] | None = None
         if target is not None or device_id is not None:
             runtime_layers = self._runtime_layers(
                 models.quant_model, feeds, (target or "").lower(), device_id
@@ -768,17 +765,12 @@ class RKNN(NpuCoreMasks):
 
     def _runtime_layers(
         self, model: Path, feeds: dict[str, np.ndarray], target: str, device_id: str | None
-    ) -> list[tuple[DumpedLayer, np.ndarray]]:
+    ) -> list[tuple[LayerDump, np.ndarray]]:
         """Every layer of the built model as the selected daemon's runtime computes it."""
         with connect(device_id, target or None) as device:
             info = device.info()
-            if target and info.soc and info.soc != target:
-                raise RknnError(
-                    f"target mismatch: accuracy_analysis(target='{target}') but the board at "
-                    f"{device.endpoint.description} is {info.soc}"
-                )
             self.log.i("accuracy_analysis", f"runtime side: {device.endpoint.description} ({info.runtime})")
-            layers: list[tuple[DumpedLayer, np.ndarray]] = []
+            layers: list[tuple[LayerDump, np.ndarray]] = []
             with byte_bar(True, "runtime layer dumps", delay_s=0.5) as bar:
                 received = 0
                 for layer in dump_runtime_layers(device, model, feeds, target):

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_client.api import Device, PerfReport
+from rknn_client.api import Device
 from rknn_client.farm.compare import cosine_similarity
 from rknn_client.farm.inventory import DeviceEntry
 from rknn_client.farm.pool import Cancelled, Farm, NoMatchingDevice, NoReachableDevice
 from rknn_client.transport.private import start_private_daemon
+from rknn_proto.messages import EvalPerfResponse
 
 # Called with (device name, stage) as each device moves on: each of STAGES in order ("time" once
 # per timed run), then "done" or "failed".
@@ -169,7 +170,7 @@ def run_on_device(
     return DeviceOutcome(result, outputs)
 
 
-def layer_times(perf: PerfReport) -> list[LayerTime]:
+def layer_times(perf: EvalPerfResponse) -> list[LayerTime]:
     return [LayerTime(r.name or r.op_type, r.op_type, r.time_us) for r in perf.layers]
 
 

@@ -24,13 +24,13 @@ import structlog
 
 from rknn_proto import codec, rknn_pb2
 from rknn_proto.manifest import valid_digest
+from rknn_proto.messages import QuantType, TensorAttr, in_layout
 from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
-from rknn_server.frames import PERMUTATIONS, Declared, take_arrays, wire_outputs
+from rknn_server.frames import Declared, take_arrays, wire_outputs
 from rknn_server.kserve.datatypes import datatype_of, dtype_of
 from rknn_server.kserve.repository import ModelConfig, ModelRepository, TensorConfig
-from rknn_server.runtime.base import TensorSpec
 from rknn_server.sessions import Session
 
 log = structlog.get_logger("rknn_server.kserve")
@@ -99,8 +99,8 @@ class Model:
     digest: str
     platform: str
     config: ModelConfig = field(default_factory=ModelConfig)
-    inputs: tuple[TensorSpec, ...] = ()
-    outputs: tuple[TensorSpec, ...] = ()
+    inputs: tuple[TensorAttr, ...] = ()
+    outputs: tuple[TensorAttr, ...] = ()
 
     def input_names(self) -> list[str]:
         return _names(self.inputs, self.config.inputs)
@@ -128,22 +128,22 @@ class Model:
         self.inputs, self.outputs = inputs, outputs
 
 
-def _names(specs: Sequence[TensorSpec], configured: Sequence[TensorConfig]) -> list[str]:
+def _names(specs: Sequence[TensorAttr], configured: Sequence[TensorConfig]) -> list[str]:
     return [
         (c.name if c.name else s.name)
         for s, c in zip(specs, configured or [TensorConfig()] * len(specs), strict=True)
     ]
 
 
-def _output_dtype(spec: TensorSpec) -> np.dtype:
+def _output_dtype(spec: TensorAttr) -> np.dtype:
     """What an output travels as: quantized integers are dequantized to float32 (as rknn.v1 does)."""
-    return np.dtype("<f4") if spec.quant.kind != "none" and spec.dtype.kind in "iu" else spec.dtype
+    return (
+        np.dtype("<f4") if spec.quant_type is not QuantType.NONE and spec.dtype.kind in "iu" else spec.dtype
+    )
 
 
-def _client_shape(spec: TensorSpec, layout: str) -> tuple[int, ...]:
-    shape = tuple(d if d > 0 else -1 for d in spec.shape)
-    permutation = PERMUTATIONS.get((spec.layout, layout)) if len(shape) == 4 else None
-    return tuple(shape[i] for i in permutation) if permutation else shape
+def _client_shape(spec: TensorAttr, layout: str) -> tuple[int, ...]:
+    return in_layout(tuple(d if d > 0 else -1 for d in spec.shape), spec.layout, layout)
 
 
 class SessionCache:

@@ -17,6 +17,7 @@ import numpy as np
 import structlog
 
 from rknn_proto.codec import TensorLimits
+from rknn_proto.messages import EvalMemoryResponse
 from rknn_server import __version__
 from rknn_server.calls import Call, Recorder
 from rknn_server.data_plane import DataPlane, OpenRequest
@@ -24,7 +25,7 @@ from rknn_server.errors import InvalidInput, ResourceExhausted, status_of
 from rknn_server.legacy import layouts, messages, wire
 from rknn_server.legacy.layouts import Layout
 from rknn_server.legacy.wire import Command, Header, ProtocolError
-from rknn_server.runtime.base import InputFormat, MemoryResult
+from rknn_server.runtime.base import InputFormat
 from rknn_server.sessions import Session
 
 log = structlog.get_logger("rknn_server.legacy")
@@ -60,12 +61,12 @@ class LegacyLimits:
     max_inputs_bytes: int
 
 
-def memory_text(memory: MemoryResult) -> str:
+def memory_text(memory: EvalMemoryResponse) -> str:
     """The memory detail as the toolkit parses it: `Name: bytes` lines (other = total - the two)."""
     return (
-        f"Total Weight Memory: {memory.weight_bytes}\n"
-        f"Total Internal Memory: {memory.internal_bytes}\n"
-        f"Total Memory: {memory.total_bytes}\n"
+        f"Total Weight Memory: {memory.weight_memory}\n"
+        f"Total Internal Memory: {memory.internal_memory}\n"
+        f"Total Memory: {memory.total_memory}\n"
     )
 
 

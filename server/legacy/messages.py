@@ -15,27 +15,27 @@ from collections.abc import Sequence
 import numpy as np
 
 from rknn_proto.codec import TensorLimits
+from rknn_proto.messages import TensorAttr, in_layout, quantize
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.legacy import layouts
 from rknn_server.legacy.layouts import Layout
-from rknn_server.runtime.base import InputFormat, TensorSpec
+from rknn_server.runtime.base import InputFormat
 from rknn_server.runtime.rknnrt.abi import QuantType, TensorFormat, TensorType
 from rknn_server.runtime.rknnrt.tensors import numpy_dtype, tensor_type
 
 _FORMATS = {"NCHW": TensorFormat.NCHW, "NHWC": TensorFormat.NHWC}
-_QUANTS = {"none": QuantType.NONE, "dfp": QuantType.DFP, "affine": QuantType.AFFINE_ASYMMETRIC}
 _TYPE_CODES = frozenset(int(t) for t in TensorType)
 _LAYOUT_NAMES = {int(code): name for name, code in _FORMATS.items()}
 
 
-def _check_count(specs: Sequence[TensorSpec], what: str, layout: Layout) -> None:
+def _check_count(specs: Sequence[TensorAttr], what: str, layout: Layout) -> None:
     if len(specs) > layout.max_tensors:
         raise ResourceExhausted(
             f"the model has {len(specs)} {what}s; the toolkit's protocol carries at most {layout.max_tensors}"
         )
 
 
-def _pack_record(message: bytearray, at: int, spec: TensorSpec) -> None:
+def _pack_record(message: bytearray, at: int, spec: TensorAttr) -> None:
     if len(spec.shape) > layouts.MAX_DIMS:
         raise ResourceExhausted(
             f"tensor {spec.name!r} has {len(spec.shape)} dims; at most {layouts.MAX_DIMS}"
@@ -47,13 +47,13 @@ def _pack_record(message: bytearray, at: int, spec: TensorSpec) -> None:
     kind = tensor_type(spec.dtype)
     message[at + layouts.FORMAT_AT] = _FORMATS.get(spec.layout.upper(), TensorFormat.UNDEFINED)
     message[at + layouts.TYPE_AT] = TensorType.FLOAT32 if kind is None else kind
-    message[at + layouts.QUANT_AT] = _QUANTS[spec.quant.kind]
-    struct.pack_into("<b", message, at + layouts.FL_AT, spec.quant.fl)
-    struct.pack_into("<if", message, at + layouts.ZERO_POINT_AT, spec.quant.zero_point, spec.quant.scale)
+    message[at + layouts.QUANT_AT] = QuantType[spec.quant_type.name]  # the ABI's names are the contract's
+    struct.pack_into("<b", message, at + layouts.FL_AT, spec.fl)
+    struct.pack_into("<if", message, at + layouts.ZERO_POINT_AT, spec.zero_point, spec.scale)
 
 
 def pack_model_info(
-    message: bytearray, layout: Layout, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
+    message: bytearray, layout: Layout, inputs: Sequence[TensorAttr], outputs: Sequence[TensorAttr]
 ) -> None:
     """Fill a MODEL_INFO ack's data with the model's input and output records."""
     _check_count(inputs, "input", layout)
@@ -66,16 +66,8 @@ def pack_model_info(
         _pack_record(message, layout.outputs_at + i * layout.record_bytes, spec)
 
 
-def _shape_in(spec: TensorSpec, sent: str) -> tuple[int, ...]:
-    """The input's shape in the layout the client says its data has."""
-    if len(spec.shape) != 4 or sent not in _FORMATS or sent == spec.layout.upper():
-        return spec.shape
-    n, a, b, c = spec.shape
-    return (n, c, a, b) if sent == "NCHW" else (n, b, c, a)
-
-
 def unpack_inputs(
-    message: bytes, layout: Layout, specs: Sequence[TensorSpec], limits: TensorLimits
+    message: bytes, layout: Layout, specs: Sequence[TensorAttr], limits: TensorLimits
 ) -> tuple[list[np.ndarray], list[InputFormat]]:
     """The arrays (views of `message`) and formats of a MsgMultiInput, checked against the model."""
     (count,) = struct.unpack_from("<I", message, layout.input_count_at)
@@ -109,7 +101,7 @@ def unpack_inputs(
                 f"input {i} ({spec.name}) has a dynamic shape {list(spec.shape)}; not supported here"
             )
         sent_layout = _LAYOUT_NAMES.get(fmt, spec.layout)
-        shape = _shape_in(spec, sent_layout)
+        shape = in_layout(spec.shape, spec.layout.upper(), sent_layout)
         if size != math.prod(shape) * dtype.itemsize:
             raise InvalidInput(
                 f"input {i} ({spec.name}) is {size} bytes; shape {list(shape)} of {dtype} takes "
@@ -121,16 +113,12 @@ def unpack_inputs(
     return arrays, formats
 
 
-def native_outputs(outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec]) -> list[np.ndarray]:
+def native_outputs(outputs: Sequence[np.ndarray], specs: Sequence[TensorAttr]) -> list[np.ndarray]:
     """Each output in the type MODEL_INFO described (the client converts to float itself)."""
-    native = []
-    for array, spec in zip(outputs, specs, strict=True):
-        if array.dtype != spec.dtype and spec.quant.kind == "affine" and array.dtype.kind == "f":
-            info = np.iinfo(spec.dtype)
-            quantized = np.rint(array / spec.quant.scale) + spec.quant.zero_point
-            array = np.clip(quantized, info.min, info.max)
-        native.append(np.ascontiguousarray(array, dtype=spec.dtype))
-    return native
+    return [
+        np.ascontiguousarray(quantize(array, spec) if array.dtype.kind == "f" else array, dtype=spec.dtype)
+        for array, spec in zip(outputs, specs, strict=True)
+    ]
 
 
 def pack_outputs(message: bytearray, layout: Layout, outputs: Sequence[np.ndarray]) -> None:

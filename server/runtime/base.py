@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, FrequencyList, LayerDump, TensorAttr
+
 
 class BackendError(Exception):
     """Base of errors a backend raises; the message is shown to the user as is."""
@@ -45,38 +47,6 @@ class WorkerLost(ExecutionError):
 
 
 @dataclass(frozen=True)
-class QuantInfo:
-    """How a tensor is quantized in the runtime: real = (q - zero_point) * scale for 'affine'."""
-
-    kind: str = "none"  # "none" | "affine" | "dfp"
-    zero_point: int = 0
-    scale: float = 1.0
-    fl: int = 0
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output of a model as the runtime sees it."""
-
-    index: int
-    name: str
-    shape: tuple[int, ...]  # in `layout` order; <= 0 marks a dynamic dimension
-    dtype: np.dtype
-    layout: str = "UNDEFINED"  # "NCHW" | "NHWC" | "UNDEFINED"
-    quant: QuantInfo = field(default_factory=QuantInfo)
-    # Inputs only: other dtypes the runtime converts itself (librknnrt quantizes float/uint8 data).
-    convertible_dtypes: tuple[np.dtype, ...] = ()
-
-    @property
-    def is_dynamic(self) -> bool:
-        return any(d <= 0 for d in self.shape)
-
-    def accepts(self, dtype: np.dtype, pass_through: bool) -> bool:
-        """Whether data of `dtype` may feed this input; pass_through data must already be the model's."""
-        return dtype == self.dtype or (not pass_through and dtype in self.convertible_dtypes)
-
-
-@dataclass(frozen=True)
 class InputFormat:
     """How the caller's data for one input is laid out (the toolkit's data_format / pass_through)."""
 
@@ -97,71 +67,13 @@ class RuntimeOptions:
     max_memory_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class LayerTiming:
-    """One row of the per-layer performance table."""
-
-    index: int
-    op_type: str
-    data_type: str
-    target: str
-    input_shapes: tuple[str, ...]
-    output_shape: str
-    time_us: float
-    name: str
-    extra: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FrequencyReading:
-    kind: str  # "CPU" (kHz) | "NPU" (Hz) | "DDR" (Hz)
-    values: tuple[int, ...]
-
-
 @dataclass
 class FrequencyOutcome:
     """What a measurement ran at: whether frequencies were fixed, why not, and the readings."""
 
     fixed: bool = False
     note: str = ""
-    frequencies: tuple[FrequencyReading, ...] = field(default_factory=tuple)
-
-
-@dataclass(frozen=True)
-class PerfResult:
-    layers: tuple[LayerTiming, ...]
-    total_time_us: float
-    total_rw_kb: float = 0.0
-    raw_text: str = ""
-    extra_columns: tuple[str, ...] = ()
-
-    @property
-    def total_operator_time_us(self) -> float:
-        return sum(layer.time_us for layer in self.layers)
-
-
-@dataclass(frozen=True)
-class MemoryResult:
-    weight_bytes: int
-    internal_bytes: int
-    other_bytes: int
-    model_size: int
-    method: str
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weight_bytes + self.internal_bytes + self.other_bytes
-
-
-@dataclass(frozen=True)
-class LayerTensor:
-    """One captured intermediate tensor, for accuracy analysis."""
-
-    index: int
-    op_type: str
-    node_name: str
-    tensor_name: str
-    array: np.ndarray
+    frequencies: tuple[FrequencyList, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -173,8 +85,8 @@ class VersionInfo:
 class ModelRuntime(abc.ABC):
     """A model loaded into a runtime. Not thread-safe: the daemon serialises calls per session."""
 
-    inputs: Sequence[TensorSpec]
-    outputs: Sequence[TensorSpec]
+    inputs: Sequence[TensorAttr]
+    outputs: Sequence[TensorAttr]
 
     @abc.abstractmethod
     def run(
@@ -184,16 +96,16 @@ class ModelRuntime(abc.ABC):
         (default: every input in its spec's layout, converted) matters to runtimes that convert."""
 
     @abc.abstractmethod
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         """Time the model; per-layer rows only when opened with perf_debug."""
 
     @abc.abstractmethod
-    def memory(self) -> MemoryResult:
+    def memory(self) -> EvalMemoryResponse:
         """Memory the runtime holds for this model."""
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
-    ) -> Iterator[LayerTensor]:
+    ) -> Iterator[LayerDump]:
         """Run once and yield every intermediate tensor, one at a time."""
         raise UnsupportedError("this runtime cannot dump per-layer tensors")
 
@@ -236,7 +148,7 @@ class Backend(abc.ABC):
         """The SoC this backend serves, or "" when it stands in for any."""
         return ""
 
-    def frequencies(self) -> tuple[FrequencyReading, ...]:
+    def frequencies(self) -> tuple[FrequencyList, ...]:
         return ()
 
     @contextmanager

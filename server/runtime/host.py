@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,28 +25,30 @@ import onnxruntime as ort
 import psutil
 
 from rknn_proto import model_container
+from rknn_proto.messages import (
+    EvalMemoryResponse,
+    EvalPerfResponse,
+    FrequencyList,
+    LayerDump,
+    LayerPerf,
+    QuantType,
+    TensorAttr,
+)
 from rknn_server.platform import read_frequencies
 from rknn_server.runtime import onnx_graph
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
     ExecutionError,
-    FrequencyReading,
     InputFormat,
-    LayerTensor,
-    LayerTiming,
-    MemoryResult,
     ModelFormatError,
     ModelRuntime,
     OverBudget,
-    PerfResult,
-    QuantInfo,
     RuntimeOptions,
-    TensorSpec,
     VersionInfo,
 )
 from rknn_server.runtime.external_data import check_external_data
-from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
+from rknn_server.runtime.qdq_outputs import Affine, expose_quantized_outputs
 from rknn_server.runtime.redact import without_paths
 
 log = logging.getLogger(__name__)
@@ -157,16 +160,20 @@ def runtime_failure(what: str, exc: Exception) -> str:
     return f"{what}: {without_paths(str(exc))}"
 
 
-def _spec(index: int, arg: ort.NodeArg, quant: QuantInfo | None = None) -> TensorSpec:
+def _spec(index: int, arg: ort.NodeArg, affine: Affine | None = None) -> TensorAttr:
     dtype = _ORT_TYPES.get(arg.type)
     if dtype is None:
         raise ModelFormatError(f"tensor {arg.name!r} has type {arg.type}, which the wire cannot carry")
     shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
     layout = "NCHW" if len(shape) == 4 else "UNDEFINED"
-    return TensorSpec(index, arg.name, shape, np.dtype(dtype), layout, quant or QuantInfo())
+    attr = TensorAttr(index, arg.name, shape, np.dtype(dtype), layout)
+    if affine is None:
+        return attr
+    zero_point, scale = affine
+    return replace(attr, quant_type=QuantType.AFFINE_ASYMMETRIC, zero_point=zero_point, scale=scale)
 
 
-def _runnable(path: Path | None, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, QuantInfo]]:
+def _runnable(path: Path | None, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, Affine]]:
     """What ONNX Runtime loads: the file itself (its bytes when `path` is None: the graph came from a
     virtual-board container), or, for a QDQ model whose outputs end in DequantizeLinear, the rewritten
     graph that returns them quantized (see qdq_outputs).
@@ -198,7 +205,7 @@ def _type_shapes(entries: list[dict[str, list[int]]]) -> list[tuple[str, list[in
     return [(k, v) for entry in entries for k, v in entry.items()]
 
 
-def parse_profile(events: list[dict], runs: int) -> list[LayerTiming]:
+def parse_profile(events: list[dict], runs: int) -> list[LayerPerf]:
     """Per-node rows from ONNX Runtime profiler events: order of first run, mean time over `runs`."""
     order: list[str] = []
     durations: dict[str, list[float]] = {}
@@ -220,7 +227,7 @@ def parse_profile(events: list[dict], runs: int) -> list[LayerTiming]:
         elem = outputs[0][0] if outputs else (inputs[0][0] if inputs else "float")
         samples = durations[node][-runs:]
         rows.append(
-            LayerTiming(
+            LayerPerf(
                 index=index,
                 op_type=str(args.get("op_name", "")),
                 data_type=_PROFILE_TYPES.get(elem, elem.upper()),
@@ -290,7 +297,7 @@ class HostModel(ModelRuntime):
         """Zeros of each input's shape (dynamic dimensions as 1), for timing without user data."""
         return [np.zeros([max(d, 1) for d in s.shape], dtype=s.dtype) for s in self.inputs]
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         feed = list(inputs) if inputs is not None else self.sample_inputs()
         self._run(self._session, feed)
         times = []
@@ -298,16 +305,16 @@ class HostModel(ModelRuntime):
             start = time.perf_counter()
             self._run(self._session, feed)
             times.append((time.perf_counter() - start) * 1e6)
-        layers: list[LayerTiming] = []
+        layers: list[LayerPerf] = []
         if self._options.perf_debug:
             layers = self._profile(feed)
-        return PerfResult(
+        return EvalPerfResponse(
             layers=tuple(layers),
             total_time_us=statistics.median(times),
             extra_columns=("Provider",) if layers else (),
         )
 
-    def _profile(self, feed: Sequence[np.ndarray]) -> list[LayerTiming]:
+    def _profile(self, feed: Sequence[np.ndarray]) -> list[LayerPerf]:
         with tempfile.TemporaryDirectory(prefix="rknn-profile-") as tmp:
             opts = session_options(self._threads, self._path.parent)
             opts.enable_profiling = True
@@ -322,17 +329,17 @@ class HostModel(ModelRuntime):
             events = json.loads(profile.read_text())
         return parse_profile(events, PROFILE_RUNS)
 
-    def memory(self) -> MemoryResult:
+    def memory(self) -> EvalMemoryResponse:
         tensors = onnx_graph.inferred_tensors(self._graph)
         weights = onnx_graph.initializer_bytes(self._graph)
         internal = onnx_graph.peak_intermediate_bytes(self._graph, tensors)
         model_size = sum(
             p.stat().st_size for p in self._path.parent.iterdir() if p.is_file() and p.name != ".main"
         )
-        return MemoryResult(
-            weight_bytes=weights,
-            internal_bytes=internal,
-            other_bytes=max(0, self._load_growth - weights),
+        return EvalMemoryResponse(
+            weight_memory=weights,
+            internal_memory=internal,
+            other_memory=max(0, self._load_growth - weights),
             model_size=model_size,
             method="weights: ONNX initializers; internal: peak of live intermediate tensors; "
             "other: process memory growth while loading, less the weights",
@@ -340,7 +347,7 @@ class HostModel(ModelRuntime):
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
-    ) -> Iterator[LayerTensor]:
+    ) -> Iterator[LayerDump]:
         """Every layer's tensor, inputs first, computed in batches of at most DUMP_BATCH_BYTES.
 
         Each batch is one run of the part of the graph that computes its tensors, exposed as outputs;
@@ -356,7 +363,7 @@ class HostModel(ModelRuntime):
         ]
         for layer in layers:
             if layer.info.name in feeds:
-                yield LayerTensor(
+                yield LayerDump(
                     layer.index, layer.op_type, layer.node_name, layer.info.name, feeds[layer.info.name]
                 )
         computed = [layer for layer in layers if layer.info.name not in feeds]
@@ -367,13 +374,13 @@ class HostModel(ModelRuntime):
             release_free_memory()
             for layer in batch:
                 array = values.pop(layer.info.name).numpy()
-                yield LayerTensor(layer.index, layer.op_type, layer.node_name, layer.info.name, array)
+                yield LayerDump(layer.index, layer.op_type, layer.node_name, layer.info.name, array)
 
     def _run_batch(
         self,
         graph: onnx.ModelProto,
         names: list[str],
-        tensors: dict[str, onnx_graph.TensorInfo],
+        tensors: dict[str, onnx_graph.ValueInfo],
         feeds: dict[str, np.ndarray],
     ) -> list[ort.OrtValue]:
         """The batch's tensors as ONNX Runtime holds them: each becomes numpy (a copy) only when sent."""
@@ -427,7 +434,7 @@ class HostBackend(Backend):
     def soc(self) -> str:
         return self._soc
 
-    def frequencies(self) -> tuple[FrequencyReading, ...]:
+    def frequencies(self) -> tuple[FrequencyList, ...]:
         """The CPU frequencies where cpufreq shows them: the only processor this runtime uses."""
         return tuple(reading for reading in read_frequencies(self._sysfs_root) if reading.kind == "CPU")
 

@@ -19,18 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, FrequencyList, LayerDump
 from rknn_server.runtime.base import (
     Backend,
     BackendError,
     ExecutionError,
     FrequencyOutcome,
-    FrequencyReading,
     InputFormat,
-    LayerTensor,
-    MemoryResult,
     ModelRuntime,
     OverBudget,
-    PerfResult,
     RuntimeOptions,
     VersionInfo,
     WorkerLost,
@@ -192,12 +189,12 @@ class IsolatedRuntime(ModelRuntime):
         result: list[np.ndarray] = self._call("run", list(inputs), _listed(formats))
         return result
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
-        result: PerfResult = self._call("perf", None if inputs is None else list(inputs))
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
+        result: EvalPerfResponse = self._call("perf", None if inputs is None else list(inputs))
         return result
 
-    def memory(self) -> MemoryResult:
-        result: MemoryResult = self._call("memory")
+    def memory(self) -> EvalMemoryResponse:
+        result: EvalMemoryResponse = self._call("memory")
         return result
 
     def sdk_version(self) -> VersionInfo | None:
@@ -206,7 +203,7 @@ class IsolatedRuntime(ModelRuntime):
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
-    ) -> Iterator[LayerTensor]:
+    ) -> Iterator[LayerDump]:
         item = self._call("dump_layers", list(inputs), _listed(formats))
         while item != _END:
             _, layer = item
@@ -265,7 +262,7 @@ class IsolatedBackend(Backend):
     def soc(self) -> str:
         return self.inner.soc()
 
-    def frequencies(self) -> tuple[FrequencyReading, ...]:
+    def frequencies(self) -> tuple[FrequencyList, ...]:
         return self.inner.frequencies()
 
     @contextmanager

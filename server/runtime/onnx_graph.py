@@ -11,7 +11,9 @@ from onnx import helper, shape_inference
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class ValueInfo:
+    """A value of an ONNX graph as shape inference knows it (the graph's ValueInfoProto)."""
+
     name: str
     elem_type: int
     shape: tuple[int, ...]  # unknown dimensions are -1
@@ -37,13 +39,13 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
-def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+def _tensor_info(value: onnx.ValueInfoProto) -> ValueInfo:
     t = value.type.tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-    return TensorInfo(value.name, t.elem_type, dims)
+    return ValueInfo(value.name, t.elem_type, dims)
 
 
-def inferred_tensors(model: onnx.ModelProto) -> dict[str, TensorInfo]:
+def inferred_tensors(model: onnx.ModelProto) -> dict[str, ValueInfo]:
     """Type and shape of every tensor the graph names, from ONNX shape inference."""
     try:
         inferred = shape_inference.infer_shapes(model, strict_mode=False)
@@ -57,7 +59,7 @@ def inferred_tensors(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     }
 
 
-def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> int:
+def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, ValueInfo]) -> int:
     """Peak bytes of intermediate tensors alive at once, running nodes in the graph's order.
 
     A tensor lives from the node that produces it until its last consumer has run; graph inputs
@@ -84,7 +86,7 @@ def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInf
     return peak
 
 
-def materialized_bytes(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> int:
+def materialized_bytes(model: onnx.ModelProto, tensors: dict[str, ValueInfo]) -> int:
     """A lower bound of what loading and running the model allocates: its weights, plus the larger
     of the tensors constant folding computes at load (a ConstantOfShape of a constant shape is one:
     a few bytes of model, any size in memory) and the peak of live intermediates."""
@@ -106,7 +108,7 @@ class DumpTensor:
     index: int
     op_type: str
     node_name: str
-    info: TensorInfo
+    info: ValueInfo
 
 
 INPUT_OP_TYPE = "InputOperator"  # the board's name for the layer that holds a model input
@@ -140,7 +142,7 @@ def with_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
     return copy
 
 
-def dump_tensors(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> list[DumpTensor]:
+def dump_tensors(model: onnx.ModelProto, tensors: dict[str, ValueInfo]) -> list[DumpTensor]:
     """Graph inputs, then every node output in node (topological) order whose type inference knows.
 
     Outputs computed from weights alone (constant folding material, e.g. a QDQ model's dequantized
@@ -181,7 +183,7 @@ def _reads(node: onnx.NodeProto) -> list[str]:
 
 
 def model_for_outputs(
-    model: onnx.ModelProto, names: list[str], tensors: dict[str, TensorInfo]
+    model: onnx.ModelProto, names: list[str], tensors: dict[str, ValueInfo]
 ) -> onnx.ModelProto:
     """A model whose outputs are `names`, holding only the nodes and weights needed to compute them.
 

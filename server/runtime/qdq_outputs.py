@@ -3,7 +3,7 @@
 A QDQ model ends each output with DequantizeLinear, so ONNX Runtime returns float32: four bytes per
 value where the runtime held one. Rewriting the graph so that the quantized tensor itself is the
 output (under the output's own name) lets the daemon send the int8 bytes and report the zero point
-and scale, as an RKNN board reports a quantized model's outputs; `rknn_proto.codec.dequantize`
+and scale, as an RKNN board reports a quantized model's outputs; `rknn_proto.messages.dequantize`
 then gives the float path's values bit for bit.
 """
 
@@ -13,10 +13,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rknn_server.runtime.base import QuantInfo
 from rknn_server.runtime.external_data import uses_external_data
 
 _PASS_THROUGH_OPS = ("Identity",)
+# An exposed output's affine quantization: (zero_point, scale).
+Affine = tuple[int, float]
 
 
 def _scalar(initializers: dict[str, onnx.TensorProto], name: str) -> np.ndarray | None:
@@ -30,7 +31,7 @@ def _scalar(initializers: dict[str, onnx.TensorProto], name: str) -> np.ndarray 
 
 def _dequantizer(
     output: str, producers: dict[str, onnx.NodeProto], initializers: dict[str, onnx.TensorProto]
-) -> tuple[str, QuantInfo, int] | None:
+) -> tuple[str, Affine, int] | None:
     """The quantized tensor behind a graph output, its quantization and element type, when the
     output is a per-tensor DequantizeLinear (possibly through Identity nodes) of a computed tensor."""
     node = producers.get(output)
@@ -42,7 +43,7 @@ def _dequantizer(
     scale, zero = _scalar(initializers, scale_name), _scalar(initializers, zero_name)
     if scale is None or zero is None or zero.dtype not in (np.int8, np.uint8) or quantized not in producers:
         return None
-    info = QuantInfo("affine", int(zero.reshape(())), float(np.float32(scale.reshape(()))))
+    info = (int(zero.reshape(())), float(np.float32(scale.reshape(()))))
     return quantized, info, helper.np_dtype_to_tensor_dtype(zero.dtype)
 
 
@@ -57,7 +58,7 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
             graph.node.remove(node)
 
 
-def expose_quantized_outputs(model: onnx.ModelProto) -> dict[str, QuantInfo]:
+def expose_quantized_outputs(model: onnx.ModelProto) -> dict[str, Affine]:
     """Rewrite `model` in place so each output computed by a per-tensor DequantizeLinear becomes
     that DequantizeLinear's integer input; returns the quantization of each rewritten output."""
     graph = model.graph
@@ -65,7 +66,7 @@ def expose_quantized_outputs(model: onnx.ModelProto) -> dict[str, QuantInfo]:
     initializers = {t.name: t for t in graph.initializer}
     graph_inputs = {i.name for i in graph.input}
     consumed = {name for node in graph.node for name in node.input}
-    exposed: dict[str, QuantInfo] = {}
+    exposed: dict[str, Affine] = {}
     for output in graph.output:
         found = _dequantizer(output.name, producers, initializers)
         if found is None or found[0] in graph_inputs or output.name in consumed:

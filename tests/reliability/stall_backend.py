@@ -16,7 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_server.runtime.base import InputFormat, MemoryResult, ModelRuntime, PerfResult, RuntimeOptions
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse
+from rknn_server.runtime.base import (
+    InputFormat,
+    ModelRuntime,
+    RuntimeOptions,
+)
 from rknn_server.runtime.host import HostBackend
 
 STALL_VALUE = 7.0
@@ -49,10 +54,10 @@ class StallRuntime(ModelRuntime):
                 time.sleep(0.02)
         return self.inner.run(inputs, formats)
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         return self.inner.perf(inputs)
 
-    def memory(self) -> MemoryResult:
+    def memory(self) -> EvalMemoryResponse:
         return self.inner.memory()
 
     def close(self) -> None:

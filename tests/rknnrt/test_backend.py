@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_proto import codec, rknn_pb2
+from rknn_proto.messages import QuantType, dequantize
 from rknn_server.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.base import (
     ExecutionError,
@@ -62,13 +62,17 @@ def test_nchw_input_and_quantized_output(backend: RknnrtBackend, tmp_path: Path)
     path = write_stub_model(tmp_path / "q.rknn", outputs=[QUANT_OUT], a=1.3, b=0.0)
     model = backend.open(path, RuntimeOptions())
     try:
-        assert model.outputs[0].quant.kind == "affine" and model.outputs[0].quant.zero_point == -3
+        out = model.outputs[0]
+        assert out.quant_type is QuantType.AFFINE_ASYMMETRIC and (out.zero_point, out.scale) == (-3, 0.5)
+        # The runtime takes 4-D inputs in either layout (it is told which), so the intake need not
+        # transpose them: see tests/unit/server/test_frames.py.
+        assert model.inputs[0].convertible_layouts == ("NCHW", "NHWC") and out.convertible_layouts == ()
         x_nchw = np.linspace(-50, 60, 12, dtype=np.float32).reshape(1, 3, 2, 2)
         (q,) = model.run([x_nchw], [InputFormat(layout="NCHW")])
         assert q.dtype == np.int8 and q.shape == (1, 3, 2, 2), (
             "affine int8 outputs come as stored (want_float=0)"
         )
-        y = codec.dequantize(q, rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC, -3, 0.5, 0)
+        y = dequantize(q, out)
         nhwc = x_nchw.transpose(0, 2, 3, 1).reshape(-1) * np.float32(1.3)
         expected = (np.clip(np.round(nhwc / 0.5) - 3, -128, 127) + 3) * 0.5
         np.testing.assert_allclose(y.reshape(-1), expected, rtol=0, atol=1e-6)
@@ -177,7 +181,7 @@ def test_memory(backend: RknnrtBackend, tmp_path: Path) -> None:
         memory = model.memory()
     finally:
         model.close()
-    assert (memory.weight_bytes, memory.internal_bytes, memory.other_bytes) == (3000, 1000, 1000)
+    assert (memory.weight_memory, memory.internal_memory, memory.other_memory) == (3000, 1000, 1000)
     assert memory.model_size == path.stat().st_size
     assert "sram total 4096" in memory.method
 
@@ -293,7 +297,7 @@ def test_mrt_zero_copy_path(stub_mrt_lib: Path, tmp_path: Path) -> None:
         result = model.perf(None)
         assert result.layers == () and result.total_time_us > 0
         assert "librknnmrt" in result.raw_text and "wall-clock" in result.raw_text
-        assert model.memory().weight_bytes == 1024
+        assert model.memory().weight_memory == 1024
         layers = list(model.dump_layers([x]))
         assert [layer.op_type for layer in layers] == ["InputOperator", "Conv"]
         np.testing.assert_array_equal(layers[0].array, x)  # 0.5 steps survive int8 quantization

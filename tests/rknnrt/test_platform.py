@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rknn_proto.messages import FrequencyList
 from rknn_server.platform import probe_platform, soc_from_compatible
-from rknn_server.runtime.base import FrequencyReading
 from tests.rknnrt.fake_sysfs import put, rk3588_board, rv1106_board
 
 
@@ -15,9 +15,9 @@ def test_rk3588(tmp_path: Path) -> None:
     assert info.driver_version == "0.9.8"
     assert info.npu_device == "/dev/dri/renderD129"
     assert info.frequencies == (
-        FrequencyReading("CPU", (1200000, 1200000, 1200000)),
-        FrequencyReading("NPU", (300000000,)),
-        FrequencyReading("DDR", (528000000,)),
+        FrequencyList("CPU", (1200000, 1200000, 1200000)),
+        FrequencyList("NPU", (300000000,)),
+        FrequencyList("DDR", (528000000,)),
     )
 
 

@@ -9,11 +9,9 @@ import json
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from onnx import numpy_helper
 
 from rknn_client import connect
-from rknn_proto import codec, rknn_pb2
 from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
 from tests import models as base_models
 from tests.conftest import DaemonFactory
@@ -92,17 +90,3 @@ def test_float_models_and_inner_dequantizers_are_left_alone(tmp_path, qdq_detect
         "out4": onnx.TensorProto.INT8,
         "out5": onnx.TensorProto.INT8,
     }
-
-
-@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
-def test_dequantize_is_affine_and_dfp(dtype):
-    q = np.arange(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, dtype=dtype)
-    affine = codec.dequantize(q, rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC, 3, 0.1, 0)
-    assert affine.dtype == np.float32
-    assert np.array_equal(affine, (q.astype(np.float32) - np.float32(3)) * np.float32(0.1))
-    assert np.array_equal(codec.dequantize(q, rknn_pb2.QUANT_TYPE_DFP, 0, 1.0, 3), q.astype(np.float32) / 8)
-    assert codec.is_native_quantized(q, rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC)
-    assert not codec.is_native_quantized(affine, rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC)
-    assert not codec.is_native_quantized(q, rknn_pb2.QUANT_TYPE_NONE)
-    with pytest.raises(codec.CodecError):
-        codec.dequantize(q, rknn_pb2.QUANT_TYPE_NONE, 0, 1.0, 0)

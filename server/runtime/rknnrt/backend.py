@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from rknn_proto import model_container
+from rknn_proto.messages import FrequencyList
 from rknn_server.freq_pin import pinned_frequencies
 from rknn_server.platform import PlatformInfo, read_frequencies
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
     FrequencyOutcome,
-    FrequencyReading,
     ModelFormatError,
     RuntimeOptions,
     VersionInfo,
@@ -72,7 +72,7 @@ class RknnrtBackend(Backend):
     def soc(self) -> str:
         return self._probe.soc
 
-    def frequencies(self) -> tuple[FrequencyReading, ...]:
+    def frequencies(self) -> tuple[FrequencyList, ...]:
         return read_frequencies(self._probe.root)
 
     @contextmanager

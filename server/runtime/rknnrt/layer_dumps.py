@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import rknn_server
-from rknn_server.runtime.base import ExecutionError, InputFormat, LayerTensor, RuntimeOptions
+from rknn_proto.messages import LayerDump
+from rknn_server.runtime.base import ExecutionError, InputFormat, RuntimeOptions
 
 DUMP_LOG_LEVEL = "5"
 _NAME_RE = re.compile(r"(\d+)_([A-Za-z0-9]+)_(.*)_shape_[\d_]*_[A-Za-z0-9]+")
@@ -37,12 +38,12 @@ def parse_dump_name(stem: str, order: int) -> tuple[int, str, str]:
     return int(match.group(1)), match.group(2), match.group(3)
 
 
-def read_dumps(folder: Path) -> Iterator[LayerTensor]:
+def read_dumps(folder: Path) -> Iterator[LayerDump]:
     """The .npy files in `folder` in layer order, loaded one at a time."""
     files = sorted(folder.glob("*.npy"))
     for order, path in enumerate(files):
         index, op_type, name = parse_dump_name(path.stem, order)
-        yield LayerTensor(index=index, op_type=op_type, node_name=name, tensor_name=name, array=np.load(path))
+        yield LayerDump(index=index, op_type=op_type, node_name=name, tensor_name=name, array=np.load(path))
 
 
 def _child_env(dump_dir: Path) -> dict[str, str]:
@@ -62,7 +63,7 @@ def capture_layers(
     plugin_dir: Path | None,
     inputs: Sequence[np.ndarray],
     formats: Sequence[InputFormat] | None,
-) -> Iterator[LayerTensor]:
+) -> Iterator[LayerDump]:
     """Run the model once in a child process with dumping on; yield its layers; clean up."""
     work = Path(tempfile.mkdtemp(prefix="rknn-dump-"))
     try:

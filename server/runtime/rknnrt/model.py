@@ -11,18 +11,22 @@ from typing import TypeVar
 
 import numpy as np
 
+from rknn_proto.messages import (
+    EvalMemoryResponse,
+    EvalPerfResponse,
+    LayerDump,
+    TensorAttr,
+    dequantize,
+    quantize,
+)
 from rknn_server.platform import NPU_CORES, PlatformInfo
 from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
     InputFormat,
-    LayerTensor,
-    MemoryResult,
     ModelFormatError,
     ModelRuntime,
-    PerfResult,
     RuntimeOptions,
-    TensorSpec,
     UnsupportedError,
     VersionInfo,
 )
@@ -132,11 +136,11 @@ class RknnrtModel(ModelRuntime):
         self._in_attrs = [self._attr(abi.Query.INPUT_ATTR, i) for i in range(io_num.n_input)]
         self._out_attrs = [self._attr(abi.Query.OUTPUT_ATTR, i) for i in range(io_num.n_output)]
         self._ranges = [self._dynamic_range(i) for i in range(io_num.n_input)]
-        self.inputs: Sequence[TensorSpec] = [
-            tensors.tensor_spec(attr, ranges, is_input=True)
+        self.inputs: Sequence[TensorAttr] = [
+            tensors.tensor_attr(attr, ranges, is_input=True)
             for attr, ranges in zip(self._in_attrs, self._ranges, strict=True)
         ]
-        self.outputs: Sequence[TensorSpec] = [tensors.tensor_spec(attr) for attr in self._out_attrs]
+        self.outputs: Sequence[TensorAttr] = [tensors.tensor_attr(attr) for attr in self._out_attrs]
         self._current_shapes: list[tuple[int, ...] | None] = [None] * len(self._in_attrs)
 
     def _register(self, plugins: Sequence[Plugin]) -> None:
@@ -191,19 +195,19 @@ class RknnrtModel(ModelRuntime):
             errors="replace"
         )
 
-    def native_inputs(self) -> list[TensorSpec]:
+    def native_inputs(self) -> list[TensorAttr]:
         return [
-            tensors.tensor_spec(self._attr(abi.Query.NATIVE_INPUT_ATTR, i))
+            tensors.tensor_attr(self._attr(abi.Query.NATIVE_INPUT_ATTR, i))
             for i in range(len(self._in_attrs))
         ]
 
-    def native_outputs(self) -> list[TensorSpec]:
+    def native_outputs(self) -> list[TensorAttr]:
         return [
-            tensors.tensor_spec(self._attr(abi.Query.NATIVE_OUTPUT_ATTR, i))
+            tensors.tensor_attr(self._attr(abi.Query.NATIVE_OUTPUT_ATTR, i))
             for i in range(len(self._out_attrs))
         ]
 
-    def memory(self) -> MemoryResult:
+    def memory(self) -> EvalMemoryResponse:
         info = abi.NATIVE.mem_size()
         ret = self._lib.rknn_query(
             self._ctx, int(abi.Query.MEM_SIZE), ctypes.byref(info), ctypes.sizeof(info)
@@ -212,10 +216,10 @@ class RknnrtModel(ModelRuntime):
             raise UnsupportedError(f"rknn_query(MEM_SIZE) failed: {abi.error_name(ret)}")
         weight, internal = int(info.total_weight_size), int(info.total_internal_size)
         other = max(int(info.total_dma_allocated_size) - weight - internal, 0)
-        return MemoryResult(
-            weight_bytes=weight,
-            internal_bytes=internal,
-            other_bytes=other,
+        return EvalMemoryResponse(
+            weight_memory=weight,
+            internal_memory=internal,
+            other_memory=other,
             model_size=self._path.stat().st_size,
             method=(
                 f"rknn_query(MEM_SIZE): dma total {info.total_dma_allocated_size}, "
@@ -316,6 +320,8 @@ class RknnrtModel(ModelRuntime):
         """Zero-copy: one runtime buffer per input and output in the native layout, bound once."""
         self._native_in = [self._attr(abi.Query.NATIVE_INPUT_ATTR, i) for i in range(len(self._in_attrs))]
         self._native_out = [self._attr(abi.Query.NATIVE_OUTPUT_ATTR, i) for i in range(len(self._out_attrs))]
+        self._native_in_attrs = [tensors.tensor_attr(attr) for attr in self._native_in]
+        self._native_out_attrs = [tensors.tensor_attr(attr) for attr in self._native_out]
         self._in_mems = [self._create_mem(attr) for attr in self._native_in]
         self._out_mems = [self._create_mem(attr) for attr in self._native_out]
         for mem, attr in zip(self._in_mems + self._out_mems, self._native_in + self._native_out, strict=True):
@@ -333,10 +339,12 @@ class RknnrtModel(ModelRuntime):
     def _mem_view(self, mem: int) -> ctypes.Structure:
         return abi.NATIVE.tensor_mem.from_address(mem)
 
-    def _native_input(self, array: np.ndarray, fmt: InputFormat, attr: ctypes.Structure) -> np.ndarray:
+    def _native_input(
+        self, array: np.ndarray, fmt: InputFormat, attr: ctypes.Structure, spec: TensorAttr
+    ) -> np.ndarray:
         if fmt.pass_through:
             return np.ascontiguousarray(array)
-        data = tensors.quantize(tensors.to_nhwc(np.asarray(array), fmt), attr)
+        data = quantize(tensors.to_nhwc(np.asarray(array), fmt), spec)
         dims = tensors.attr_dims(attr)
         stride = int(attr.w_stride)
         if attr.fmt == abi.TensorFormat.NHWC and len(dims) == 4 and stride > dims[2]:
@@ -346,8 +354,10 @@ class RknnrtModel(ModelRuntime):
     def _run_zero_copy(self, inputs: Sequence[np.ndarray], fmts: Sequence[InputFormat]) -> list[np.ndarray]:
         if not self._io_bound:
             self._bind_io()
-        for mem, array, fmt, attr in zip(self._in_mems, inputs, fmts, self._native_in, strict=True):
-            data = self._native_input(array, fmt, attr)
+        for mem, array, fmt, attr, spec in zip(
+            self._in_mems, inputs, fmts, self._native_in, self._native_in_attrs, strict=True
+        ):
+            data = self._native_input(array, fmt, attr, spec)
             view = self._mem_view(mem)
             if data.nbytes > view.size:
                 raise InputError(
@@ -356,12 +366,16 @@ class RknnrtModel(ModelRuntime):
             ctypes.memmove(view.virt_addr, data.ctypes.data, data.nbytes)
         self._timed_run()
         results = []
-        for mem, native, model in zip(self._out_mems, self._native_out, self._out_attrs, strict=True):
+        for mem, native, spec, model in zip(
+            self._out_mems, self._native_out, self._native_out_attrs, self._out_attrs, strict=True
+        ):
             view = self._mem_view(mem)
             dtype = tensors.numpy_dtype(native.type)
             count = int(native.n_elems)
             raw = np.frombuffer(ctypes.string_at(view.virt_addr, count * dtype.itemsize), dtype=dtype)
-            results.append(tensors.native_to_model_layout(tensors.dequantize(raw, native), native, model))
+            # As the runtime's want_float gives outputs: real values, float32.
+            real = dequantize(raw, spec).astype(np.float32, copy=False)
+            results.append(tensors.native_to_model_layout(real, native, model))
         return results
 
     def _default_inputs(self) -> list[np.ndarray]:
@@ -371,10 +385,10 @@ class RknnrtModel(ModelRuntime):
             arrays.append(np.zeros(shape, dtype=np.float32))
         return arrays
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         self.run(inputs if inputs is not None else self._default_inputs())
         if not self._general:
-            return PerfResult(
+            return EvalPerfResponse(
                 layers=(),
                 total_time_us=self._last_wall_us,
                 raw_text=NO_LAYER_PERF_NOTE.format(kind=self._library.kind),
@@ -386,7 +400,7 @@ class RknnrtModel(ModelRuntime):
         total = float(info.run_duration) if ret >= 0 else self._last_wall_us
         note = "" if ret >= 0 else PERF_RUN_MISSING_NOTE
         if not self._options.perf_debug:
-            return PerfResult(layers=(), total_time_us=total, raw_text=note)
+            return EvalPerfResponse(layers=(), total_time_us=total, raw_text=note)
         detail = self._query(abi.Query.PERF_DETAIL, abi.NATIVE.perf_detail())
         text = (
             ctypes.string_at(detail.perf_data, detail.data_len).decode(errors="replace")
@@ -394,7 +408,7 @@ class RknnrtModel(ModelRuntime):
             else ""
         )
         table = parse_perf_detail(text)
-        return PerfResult(
+        return EvalPerfResponse(
             layers=table.layers,
             total_time_us=total,
             total_rw_kb=table.rw_kb,
@@ -404,7 +418,7 @@ class RknnrtModel(ModelRuntime):
 
     def dump_layers(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
-    ) -> Iterator[LayerTensor]:
+    ) -> Iterator[LayerDump]:
         """Run once in a child process whose runtime dumps every layer, and yield the tensors."""
         return capture_layers(
             library=self._library.path,

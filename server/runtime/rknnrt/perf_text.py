@@ -1,4 +1,4 @@
-"""Parsing the runtime's RKNN_QUERY_PERF_DETAIL text into LayerTiming rows.
+"""Parsing the runtime's RKNN_QUERY_PERF_DETAIL text into LayerPerf rows.
 
 The text is the "Network Layer Information Table" the toolkit prints: a header row starting with
 `ID` and `OpType`, then one row per layer, columns separated by `|` (older runtimes separate them
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rknn_server.runtime.base import LayerTiming
+from rknn_proto.messages import LayerPerf
 
 _CORE_COLUMNS = ("ID", "OpType", "DataType", "Target", "InputShape", "OutputShape", "Time(us)", "FullName")
 _SHAPE_RE = re.compile(r"\([^)]*\)")
@@ -21,7 +21,7 @@ _RW_MB_RE = re.compile(r"Total Memory RW Amount\(MB\):\s*([\d.]+)")
 
 @dataclass(frozen=True)
 class PerfTable:
-    layers: tuple[LayerTiming, ...]
+    layers: tuple[LayerPerf, ...]
     extra_columns: tuple[str, ...]
     operator_time_us: float
     rw_kb: float
@@ -44,12 +44,12 @@ def _number(cell: str) -> float:
         return 0.0
 
 
-def _row(columns: list[str], cells: list[str], extra: tuple[str, ...]) -> LayerTiming | None:
+def _row(columns: list[str], cells: list[str], extra: tuple[str, ...]) -> LayerPerf | None:
     if len(cells) != len(columns) or not cells[0].isdigit():
         return None
     value = dict(zip(columns, cells, strict=True))
     output = _shapes(value.get("OutputShape", ""))
-    return LayerTiming(
+    return LayerPerf(
         index=int(cells[0]),
         op_type=value.get("OpType", ""),
         data_type=value.get("DataType", ""),
@@ -64,7 +64,7 @@ def _row(columns: list[str], cells: list[str], extra: tuple[str, ...]) -> LayerT
 
 def parse_perf_detail(text: str) -> PerfTable:
     """Rows of the layer table (others skipped), the names of the non-core columns, and the footer."""
-    layers: list[LayerTiming] = []
+    layers: list[LayerPerf] = []
     columns: list[str] = []
     extra: tuple[str, ...] = ()
     for line in text.splitlines():

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rknn_server.runtime.base import InputError, InputFormat, QuantInfo, TensorSpec
-from rknn_server.runtime.rknnrt.abi import QuantType, TensorFormat, TensorType
+from rknn_proto.messages import QuantType, TensorAttr
+from rknn_server.runtime.base import InputError, InputFormat
+from rknn_server.runtime.rknnrt import abi
+from rknn_server.runtime.rknnrt.abi import TensorFormat, TensorType
 
 _DTYPES: dict[TensorType, np.dtype] = {
     TensorType.FLOAT32: np.dtype(np.float32),
@@ -24,10 +26,11 @@ _DTYPES: dict[TensorType, np.dtype] = {
     TensorType.INT4: np.dtype(np.int8),
 }
 _TYPES_BY_DTYPE = {dtype: kind for kind, dtype in _DTYPES.items() if kind != TensorType.INT4}
-_QUANT_KINDS = {QuantType.NONE: "none", QuantType.DFP: "dfp", QuantType.AFFINE_ASYMMETRIC: "affine"}
 
 # What the runtime converts (and quantizes) itself when an input is not passed through.
 CONVERTIBLE_INPUT_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float16, np.int8, np.uint8, np.int16))
+# The layouts the runtime takes 4-D data in (it is told which: rknn_input.fmt, or to_nhwc here).
+CONVERTIBLE_INPUT_LAYOUTS = ("NCHW", "NHWC")
 
 
 def numpy_dtype(kind: int) -> np.dtype:
@@ -58,9 +61,12 @@ def attr_dims(attr: ctypes.Structure) -> tuple[int, ...]:
     return tuple(int(d) for d in attr.dims[: attr.n_dims])
 
 
-def quant_info(attr: ctypes.Structure) -> QuantInfo:
-    kind = _QUANT_KINDS.get(attr.qnt_type, "none")
-    return QuantInfo(kind=kind, zero_point=int(attr.zp), scale=float(attr.scale), fl=int(attr.fl))
+def quant_type(code: int) -> QuantType:
+    """The quantization kind of an rknn_tensor_qnt_type (the ABI's names are the contract's)."""
+    try:
+        return QuantType[abi.QuantType(code).name]
+    except ValueError:
+        return QuantType.NONE
 
 
 def layout_name(fmt: int) -> str:
@@ -69,21 +75,25 @@ def layout_name(fmt: int) -> str:
     return "UNDEFINED"
 
 
-def tensor_spec(
+def tensor_attr(
     attr: ctypes.Structure, ranges: Sequence[tuple[int, ...]] = (), is_input: bool = False
-) -> TensorSpec:
-    """A TensorSpec from an attr; dims that differ across a dynamic input's shapes become -1."""
+) -> TensorAttr:
+    """A TensorAttr from the runtime's; dims that differ across a dynamic input's shapes become -1."""
     shape = attr_dims(attr)
     if ranges:
         shape = tuple(-1 if len({r[i] for r in ranges}) > 1 else ranges[0][i] for i in range(len(ranges[0])))
-    return TensorSpec(
+    return TensorAttr(
         index=int(attr.index),
         name=attr.name.decode(errors="replace"),
         shape=shape,
         dtype=numpy_dtype(attr.type),
         layout=layout_name(attr.fmt),
-        quant=quant_info(attr),
+        quant_type=quant_type(attr.qnt_type),
+        zero_point=int(attr.zp),
+        scale=float(attr.scale),
+        fl=int(attr.fl),
         convertible_dtypes=CONVERTIBLE_INPUT_DTYPES if is_input else (),
+        convertible_layouts=CONVERTIBLE_INPUT_LAYOUTS if is_input and len(shape) == 4 else (),
     )
 
 
@@ -101,32 +111,13 @@ def to_nhwc(array: np.ndarray, fmt: InputFormat) -> np.ndarray:
     return array
 
 
-def quantize(array: np.ndarray, attr: ctypes.Structure) -> np.ndarray:
-    """Real values to the attr's storage type (affine int8/uint8: round(x / scale) + zp, saturated)."""
-    dtype = numpy_dtype(attr.type)
-    if attr.qnt_type == QuantType.AFFINE_ASYMMETRIC and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        q = np.round(array.astype(np.float32) / np.float32(attr.scale)) + attr.zp
-        return np.clip(q, info.min, info.max).astype(dtype)
-    if attr.qnt_type == QuantType.DFP and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return np.clip(np.round(array.astype(np.float32) * (2.0**attr.fl)), info.min, info.max).astype(dtype)
-    return array.astype(dtype)
-
-
 def travels_quantized(attr: ctypes.Structure) -> bool:
     """An affine 8-bit output: fetched as its stored integers (want_float=0) so that it can cross
     the wire at a quarter of the bytes; the daemon or the client dequantizes it."""
-    return attr.qnt_type == QuantType.AFFINE_ASYMMETRIC and attr.type in (TensorType.INT8, TensorType.UINT8)
-
-
-def dequantize(array: np.ndarray, attr: ctypes.Structure) -> np.ndarray:
-    """Stored values to float32, as the runtime's want_float does."""
-    if attr.qnt_type == QuantType.AFFINE_ASYMMETRIC and array.dtype.kind in "iu":
-        return ((array.astype(np.float32) - np.float32(attr.zp)) * np.float32(attr.scale)).astype(np.float32)
-    if attr.qnt_type == QuantType.DFP and array.dtype.kind in "iu":
-        return (array.astype(np.float32) / np.float32(2.0**attr.fl)).astype(np.float32)
-    return array.astype(np.float32)
+    return attr.qnt_type == abi.QuantType.AFFINE_ASYMMETRIC and attr.type in (
+        TensorType.INT8,
+        TensorType.UINT8,
+    )
 
 
 def nc1hwc2_to_nchw(array: np.ndarray, channels: int) -> np.ndarray:

@@ -9,20 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, TensorAttr
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
     InputFormat,
-    MemoryResult,
     ModelRuntime,
-    PerfResult,
     RuntimeOptions,
-    TensorSpec,
     VersionInfo,
 )
 
-INPUT = TensorSpec(0, "x", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")
-OUTPUT = TensorSpec(0, "y", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")
+INPUT = TensorAttr(0, "x", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")
+OUTPUT = TensorAttr(0, "y", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")
 
 
 class FakeRuntime(ModelRuntime):
@@ -46,10 +44,10 @@ class FakeRuntime(ModelRuntime):
             raise self.fail
         return [inputs[0] * 2]
 
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> PerfResult:
+    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         raise NotImplementedError
 
-    def memory(self) -> MemoryResult:
+    def memory(self) -> EvalMemoryResponse:
         raise NotImplementedError
 
     def close(self) -> None:

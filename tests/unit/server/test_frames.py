@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.frames import Declared, IncomingFrame, check_inputs, take_arrays
 from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import RuntimeOptions
+from rknn_server.runtime.rknnrt import tensors
 from rknn_server.sessions import Session
 from tests.unit.server.fakes import INPUT, FakeRuntime
 
@@ -101,3 +103,50 @@ def test_a_whole_input_is_read_where_it_arrived_without_a_copy() -> None:
     np.testing.assert_array_equal(received, x)
     assert received.base is not None and not received.flags.writeable  # a view of the message's bytes
     assert memoryview(received).obj is not None and bytes(received.data) == data
+
+
+# An NCHW model input of librknnrt, which takes 4-D data in either layout (it is told which).
+RKNNRT_INPUT = replace(INPUT, convertible_layouts=tensors.CONVERTIBLE_INPUT_LAYOUTS)
+
+
+def transposes(x: np.ndarray, layout: str) -> tuple[int, str]:
+    """How many times data sent as `layout` is transposed on its way into an rknnrt-like runtime (the
+    intake's transpose, then the runtime's own to NHWC), and the layout the runtime is told."""
+    runtime = FakeRuntime(Path("m.rknn"), RuntimeOptions())
+    runtime.inputs = [RKNNRT_INPUT]
+    frame = IncomingFrame.start(
+        header(x, layout=layout),
+        Session("s" * 32, "d" * 64, RuntimeOptions(), runtime, 60.0),
+        codec.TensorLimits(),
+        MemoryBudget(0),
+    )
+    for chunk in codec.iter_chunks([x], chunk_bytes=64):
+        frame.add(chunk)
+    (received,) = frame.inputs()
+    (fmt,) = frame.formats()
+    nhwc = tensors.to_nhwc(received, fmt)
+    np.testing.assert_array_equal(nhwc, x if layout == "NHWC" else x.transpose(0, 2, 3, 1))
+    by_intake = 0 if np.shares_memory(received, frame.assembler.buffers[0]) else 1
+    by_runtime = 0 if nhwc is received else 1
+    return by_intake + by_runtime, fmt.layout
+
+
+def test_nhwc_data_for_an_rknnrt_nchw_input_is_not_transposed_at_all() -> None:
+    x = np.arange(48, dtype=np.float32).reshape(1, 4, 4, 3)
+    assert transposes(x, "NHWC") == (0, "NHWC")
+
+
+def test_nchw_data_for_an_rknnrt_nchw_input_is_transposed_once_by_the_runtime() -> None:
+    x = np.arange(48, dtype=np.float32).reshape(1, 3, 4, 4)
+    assert transposes(x, "NCHW") == (1, "NCHW")
+
+
+def test_a_runtime_that_takes_both_layouts_still_gets_its_shape_checked() -> None:
+    with pytest.raises(InvalidInput, match=r"has shape \[1, 4, 4, 2\] \(NHWC\)"):
+        check_inputs([RKNNRT_INPUT], [codec.meta_of(np.zeros((1, 4, 4, 2), np.float32), layout="NHWC")])
+
+
+def test_pass_through_data_is_brought_into_the_models_own_layout() -> None:
+    x = np.arange(48, dtype=np.float32).reshape(1, 4, 4, 3)
+    (plan,) = check_inputs([RKNNRT_INPUT], [codec.meta_of(x, layout="NHWC", pass_through=True)])
+    assert plan.permutation == (0, 3, 1, 2) and plan.format.layout == "NCHW"

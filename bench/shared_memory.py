@@ -9,8 +9,10 @@ bench/run.py measure the wire: they run with RKNN_SHM=off, this one with it on.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from demo.daemon_process import DaemonProcess
+from demo.daemon_process import DaemonProcess, start_daemon
 from demo.models import save_mobilenet_v2
 from rknn_client import connect, shared_memory
 from rknn_server.runtime.host import default_threads, session_options
@@ -82,3 +84,19 @@ def bench_shared_memory(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
         "shm_round_trip_vs_in_process": local_rt / shm_rt,
         "target": "p50 ratio <= 1.05; round trip >= 0.9",
     }
+
+
+def main() -> int:
+    """`python -m bench.shared_memory`: these rows alone, against a daemon of their own."""
+    with tempfile.TemporaryDirectory(prefix="rknn-bench-shm-") as tmp:
+        work = Path(tmp)
+        daemon = start_daemon(work / "cache", work / "daemon.log", ["--runtime", "host"])
+        try:
+            print(json.dumps(bench_shared_memory(daemon, work), indent=2))
+        finally:
+            daemon.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

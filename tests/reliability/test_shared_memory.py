@@ -545,3 +545,24 @@ def test_a_mapped_memfd_gets_the_wires_outputs_and_a_slot_too_small_nothing(
             assert os.pread(fd, 40, 40001) == want  # a misaligned slot: copied in after the run
     finally:
         os.close(fd)
+
+
+def test_lent_outputs_are_the_regions_own_bytes_until_the_next_frame(daemons: StartDaemon, cnn: Path) -> None:
+    daemon = daemons()
+    first, second = (np.full((1, 3, 16, 16), v, np.float32) for v in (-1.0, 1.0))
+    with device(daemon) as wire, wire.load(cnn) as wired:
+        shared_memory.disable(wire)
+        want = [wired.run([f])[0].tobytes() for f in (first, second)]
+    assert want[0] != want[1]
+    with device(daemon) as dev, dev.load(cnn) as session:
+        shared_memory.lend_outputs(session)
+        lent = session.run([first])[0]
+        assert lent.tobytes() == want[0] and not lent.flags.writeable
+        again = session.run([second])[0]
+        assert np.shares_memory(lent, again)  # no copy: the next frame's outputs took their place
+        assert lent.tobytes() == again.tobytes() == want[1]
+        shared_memory.lend_outputs(session, False)
+        kept = session.run([first])[0]
+        session.run([second])
+        assert kept.tobytes() == want[0] and kept.flags.writeable  # a copy of its own
+        assert uses(dev, session.id) == 4

@@ -298,7 +298,10 @@ class HostModel(ModelRuntime):
             with self._gate:
                 self._session.run_with_iobinding(binding)
         except Exception as exc:
-            raise ExecutionError(runtime_failure("ONNX Runtime failed to run the model", exc)) from exc
+            # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
+            # refuses the given array before writing it. Run as `run` does (a real failure fails again).
+            log.debug("outputs not written in place: %s", exc)
+            return self.run(inputs, formats)
         return list(outputs)
 
     def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from rknn_server.errors import ResourceExhausted
@@ -20,7 +21,7 @@ from rknn_server.runtime.base import QuantInfo, RuntimeOptions
 from rknn_server.runtime.host import HostBackend
 from rknn_server.shm import Region, SharedMemoryRegistry, ShmLimits
 from rknn_server.shm_run import Slot, _in_place
-from tests.models import small_cnn
+from tests.models import save_graph, small_cnn
 from tests.unit.server.fakes import OUTPUT, FakeRuntime
 
 UID = os.getuid()
@@ -94,3 +95,20 @@ def test_in_place_only_into_mapped_aligned_slots_that_hold_the_outputs(
     with pytest.raises(ResourceExhausted, match=f"holds {nbytes - 1}"):
         _in_place([Slot(mapped, 4096, nbytes - 1)], [OUTPUT], native=False)
     assert os.pread(mapped.fd, SIZE, 0) == before  # refused before anything was written
+
+
+def test_an_output_unlike_its_declaration_falls_back_to_the_runtimes_own_array(tmp_path: Path) -> None:
+    """A model that declares y as 1x4 but computes 1x8: ONNX Runtime runs it, but cannot place it."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])],
+        "misdeclared",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+    )
+    model = HostBackend(threads=1).open(save_graph(graph, tmp_path / "m.onnx"), RuntimeOptions())
+    x = np.arange(8, dtype=np.float32).reshape(1, 8)
+    target = np.full((1, 4), -1, np.float32)
+    got = model.run_into([x], [target])
+    assert got[0] is not target and np.array_equal(got[0], x)  # what `run` gives, for the caller to check
+    assert (target == -1).all()  # nothing was written into the given array
+    model.close()

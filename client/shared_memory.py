@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -190,7 +191,7 @@ def _output_room(session: Session) -> list[int] | None:
     """Each output's slot size: its static size, as float32 at least (a dequantized output's size)."""
     if any(s.is_dynamic for s in session.outputs):
         return None
-    return [int(np.prod(s.shape)) * max(s.dtype.itemsize, 4) for s in session.outputs]
+    return [math.prod(s.shape) * max(s.dtype.itemsize, 4) for s in session.outputs]
 
 
 def _register(session: Session, size: int, memfd: bool) -> Region | None:

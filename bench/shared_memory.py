@@ -32,7 +32,7 @@ from rknn_server.runtime.host import default_threads, session_options
 from tests.models import big_identity
 
 LATENCY_RUNS = 200
-ROUND_TRIPS = 5
+ROUND_TRIPS = 9  # the 64 MiB rows vary most on a busy machine: a median of more
 TENSOR_BYTES = 64 << 20
 
 

@@ -12,8 +12,9 @@ daemon closes it when the session goes). First choice: a memfd sealed against sh
 daemon reopens through /proc/<pid>/fd (same PID namespace) and maps, reading inputs in place. Else
 (another PID namespace, RKNN_SHM=file): a 0600 file in /dev/shm, which the daemon reads and writes
 with pread/pwrite, unlinked right after registering so that no other process can open it by name and
-nothing is left in /dev/shm if either side dies. Inputs are copied into this process's mapping and
-outputs copied out of it (the region is reused by the next frame). A model with a dynamic output
+nothing is left in /dev/shm if either side dies. Inputs are copied into this process's mapping once and
+outputs copied out of it (the region is reused by the next frame), or lent as views of it to a
+caller that asks (`lend_outputs`). A model with a dynamic output
 size keeps to the wire (its outputs' room is unknown).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -148,6 +150,7 @@ _DEVICES: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()
 _SESSIONS: weakref.WeakKeyDictionary[Session, _Bound] = weakref.WeakKeyDictionary()
 _KINDS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: memfd works
 _LOCKS: weakref.WeakKeyDictionary[Session, threading.Lock] = weakref.WeakKeyDictionary()
+_LENT: weakref.WeakSet[Session] = weakref.WeakSet()  # sessions whose outputs are lent, not copied
 _GUARD = threading.Lock()
 
 
@@ -173,11 +176,22 @@ def disable(device: Device) -> None:
     _DEVICES[device] = False
 
 
+def lend_outputs(session: Session, lend: bool = True) -> None:
+    """Hand out this session's shared-memory outputs as read-only views of its region instead of
+    copies: no copy at all on this side, but each view holds its values only until the session's
+    next frame writes over them (copy what must last). For a caller that uses each frame's outputs
+    before running the next; frames over the wire are unaffected (their outputs are always new)."""
+    if lend:
+        _LENT.add(session)
+    else:
+        _LENT.discard(session)
+
+
 def _output_room(session: Session) -> list[int] | None:
     """Each output's slot size: its static size, as float32 at least (a dequantized output's size)."""
     if any(s.is_dynamic for s in session.outputs):
         return None
-    return [int(np.prod(s.shape)) * max(s.dtype.itemsize, 4) for s in session.outputs]
+    return [math.prod(s.shape) * max(s.dtype.itemsize, 4) for s in session.outputs]
 
 
 def _register(session: Session, size: int, memfd: bool) -> Region | None:
@@ -295,14 +309,18 @@ def _run_frame(
     session.last_run_time_us = reply.header.run_time_us
     metas = reply.header.outputs
     layouts = codec.check_metas(metas, _OUTPUT_LIMITS, "output")
+    lent = session in _LENT
     outputs = []
     for (dtype, shape), meta, slot in zip(layouts, metas, output_slots, strict=True):
         if meta.byte_length > slot.byte_length:
             raise RknnError(f"the daemon wrote {meta.byte_length} bytes into a slot of {slot.byte_length}")
-        outputs.append(np.ndarray(shape, dtype, region.map, slot.offset).copy())
+        view = np.ndarray(shape, dtype, region.map, slot.offset)
+        if lent:
+            view.flags.writeable = False
+        outputs.append(view if lent else view.copy())
     total = sent + sum(m.byte_length for m in metas)
     progress(total, total)
     return session.real_outputs(outputs)
 
 
-__all__ = ["ENV", "disable", "enabled_by_env", "run_frame", "usable"]
+__all__ = ["ENV", "disable", "enabled_by_env", "lend_outputs", "run_frame", "usable"]

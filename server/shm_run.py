@@ -6,11 +6,14 @@ byte is read; the one layout transpose is frames.arrange's. Only where the bytes
 each input's slot is checked to lie inside its region and has the meta's exact length; it is read
 in place from a mapped region (a sealed memfd) or copied with pread from a /dev/shm file (shm.py
 says why such a file is never mapped). Every output is checked to fit its slot before the first
-one is written, so a slot too small leaves the client's region as it was.
+one is written, so a slot too small leaves the client's region as it was. Where the runtime can,
+it writes the outputs straight into a mapped region (ModelRuntime.run_into: ONNX Runtime's
+IOBinding), each slot checked to hold its output before the run.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from rknn_proto import codec, rknn_pb2
 from rknn_server.data_plane import DataPlane
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.frames import arrange, check_inputs, wire_outputs
+from rknn_server.runtime.base import TensorSpec
 from rknn_server.sessions import Session
 from rknn_server.shm import Region, SharedMemoryRegistry
 
@@ -72,6 +76,35 @@ def _plan(
     return inputs, _slots(registry, owner, header.output_regions, "output")
 
 
+def _check_fits(i: int, nbytes: int, slot: Slot) -> None:
+    if nbytes > slot.length:
+        raise ResourceExhausted(
+            f"output {i} is {nbytes} bytes; its region slot holds {slot.length}. Nothing was written; "
+            "give it a larger slot"
+        )
+
+
+def _in_place(slots: Sequence[Slot], specs: Sequence[TensorSpec], native: bool) -> list[np.ndarray] | None:
+    """Arrays over the output slots for the runtime to write into (ModelRuntime.run_into), or None
+    when the outputs must be copied in after the run. In place only when every slot is in a mapped
+    region (a sealed memfd: a /dev/shm file is never mapped, shm.py says why) at an offset aligned
+    for its dtype, and every output has a static shape and travels as the runtime makes it (not
+    dequantized here). Each slot is checked to hold its output before the run: nothing is written
+    into a slot too small."""
+    if not all(slot.region.map is not None for slot in slots):
+        return None
+    if any(spec.is_dynamic or (spec.quant.kind != "none" and not native) for spec in specs):
+        return None
+    if any(slot.offset % spec.dtype.alignment for slot, spec in zip(slots, specs, strict=True)):
+        return None
+    targets = []
+    for i, (slot, spec) in enumerate(zip(slots, specs, strict=True)):
+        nbytes = math.prod(spec.shape) * spec.dtype.itemsize
+        _check_fits(i, nbytes, slot)
+        targets.append(slot.region.view(slot.offset, nbytes).view(spec.dtype).reshape(spec.shape))
+    return targets
+
+
 def _inputs(
     slots: Sequence[Slot],
     buffers: Sequence[np.ndarray | None],
@@ -111,20 +144,23 @@ async def run_shared(
     plane.frame_memory.hold([b for b in buffers if b is not None], f"the inputs of frame {header.frame_id}")
     specs = session.runtime.outputs
 
+    targets = _in_place(outputs, specs, header.native_outputs)
+
     def work() -> list[rknn_pb2.TensorMeta]:
         arrays = _inputs(inputs, buffers, layouts)
         buffers.clear()  # the arrays hold them now, and go (with their budget) once the run is done
-        ran = session.runtime.run(arrange(arrays, plans), [p.format for p in plans])
+        formats = [p.format for p in plans]
+        if targets is None:
+            ran = session.runtime.run(arrange(arrays, plans), formats)
+        else:
+            ran = session.runtime.run_into(arrange(arrays, plans), targets, formats)
         del arrays
         metas, wire = wire_outputs(ran, specs, header.native_outputs)
         for i, (slot, array) in enumerate(zip(outputs, wire, strict=True)):
-            if array.nbytes > slot.length:
-                raise ResourceExhausted(
-                    f"output {i} is {array.nbytes} bytes; its region slot holds {slot.length}. Nothing "
-                    "was written; give it a larger slot"
-                )
-        for slot, array in zip(outputs, wire, strict=True):
-            slot.region.write(array, slot.offset)
+            _check_fits(i, array.nbytes, slot)
+        for i, (slot, array) in enumerate(zip(outputs, wire, strict=True)):
+            if targets is None or array is not targets[i]:  # else the runtime wrote it there
+                slot.region.write(array, slot.offset)
         return metas
 
     used = [slot.region for slot in inputs + outputs]

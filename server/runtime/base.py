@@ -95,6 +95,18 @@ class ModelRuntime(abc.ABC):
         """Run once. Inputs are already checked against `inputs` (count, dtype, shape); `formats`
         (default: every input in its spec's layout, converted) matters to runtimes that convert."""
 
+    def run_into(
+        self,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
+        formats: Sequence[InputFormat] | None = None,
+    ) -> list[np.ndarray]:
+        """Run once, writing each output into `outputs[i]` (a writable C-contiguous array of that
+        output's dtype and static shape, e.g. memory shared with the client) where the runtime can.
+        Returns the outputs: `outputs[i]` itself for each one written there, else the runtime's own
+        array (the caller copies it). By default nothing is written in place: this is `run`."""
+        return self.run(inputs, formats)
+
     @abc.abstractmethod
     def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
         """Time the model; per-layer rows only when opened with perf_debug."""

@@ -508,3 +508,61 @@ def test_progress_hears_the_inputs_placed_then_the_outputs_taken(daemons: StartD
         session.run([cnn_input()], progress=lambda done, total: events.append((done, total)))
         assert uses(dev, session.id) == 1
     assert events == [(3072, 3072), (3072 + 40, 3072 + 40)]
+
+
+def test_a_mapped_memfd_gets_the_wires_outputs_and_a_slot_too_small_nothing(
+    daemons: StartDaemon, cnn: Path
+) -> None:
+    """The daemon's runtime writes into a mapped memfd itself (IOBinding): the slot is checked first."""
+    daemon = daemons()
+    fd = _memfd(65536, 0)
+    os.pwrite(fd, b"\xab" * 65536, 0)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    frame = np.frombuffer(b"\xab" * 3072, np.float32).reshape(1, 3, 16, 16)
+    try:
+        with device(daemon) as dev, dev.load(cnn) as session, device(daemon) as wire:
+            shared_memory.disable(wire)
+            with wire.load(cnn) as wired:
+                want = wired.run([frame])[0].tobytes()
+            assert register_memfd(dev, "k", os.getpid(), fd).mapped
+            with pytest.raises(grpc.RpcError) as small:
+                run_shared(dev, session.id, "k", out_bytes=39)
+            assert small.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert os.pread(fd, 65536, 0) == b"\xab" * 65536  # nothing was written
+            run_shared(dev, session.id, "k")  # in place
+            assert os.pread(fd, 40, 32768) == want
+            header = rknn_pb2.InferenceHeader(
+                session_id=session.id,
+                inputs=[
+                    rknn_pb2.TensorMeta(
+                        dtype=rknn_pb2.DATA_TYPE_FLOAT32, shape=[1, 3, 16, 16], byte_length=3072
+                    )
+                ],
+                input_regions=[rknn_pb2.TensorRegion(key="k", offset=0, byte_length=3072)],
+                output_regions=[rknn_pb2.TensorRegion(key="k", offset=40001, byte_length=40)],
+            )
+            dev._stub.RunShared(rknn_pb2.RunRequest(header=header), metadata=dev.metadata, timeout=30)
+            assert os.pread(fd, 40, 40001) == want  # a misaligned slot: copied in after the run
+    finally:
+        os.close(fd)
+
+
+def test_lent_outputs_are_the_regions_own_bytes_until_the_next_frame(daemons: StartDaemon, cnn: Path) -> None:
+    daemon = daemons()
+    first, second = (np.full((1, 3, 16, 16), v, np.float32) for v in (-1.0, 1.0))
+    with device(daemon) as wire, wire.load(cnn) as wired:
+        shared_memory.disable(wire)
+        want = [wired.run([f])[0].tobytes() for f in (first, second)]
+    assert want[0] != want[1]
+    with device(daemon) as dev, dev.load(cnn) as session:
+        shared_memory.lend_outputs(session)
+        lent = session.run([first])[0]
+        assert lent.tobytes() == want[0] and not lent.flags.writeable
+        again = session.run([second])[0]
+        assert np.shares_memory(lent, again)  # no copy: the next frame's outputs took their place
+        assert lent.tobytes() == again.tobytes() == want[1]
+        shared_memory.lend_outputs(session, False)
+        kept = session.run([first])[0]
+        session.run([second])
+        assert kept.tobytes() == want[0] and kept.flags.writeable  # a copy of its own
+        assert uses(dev, session.id) == 4

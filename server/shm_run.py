@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_proto import codec, rknn_pb2
+from rknn_proto.messages import QuantType, TensorAttr
 from rknn_server.data_plane import DataPlane
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.frames import arrange, check_inputs, wire_outputs
-from rknn_server.runtime.base import TensorSpec
 from rknn_server.sessions import Session
 from rknn_server.shm import Region, SharedMemoryRegistry
 
@@ -84,7 +84,7 @@ def _check_fits(i: int, nbytes: int, slot: Slot) -> None:
         )
 
 
-def _in_place(slots: Sequence[Slot], specs: Sequence[TensorSpec], native: bool) -> list[np.ndarray] | None:
+def _in_place(slots: Sequence[Slot], specs: Sequence[TensorAttr], native: bool) -> list[np.ndarray] | None:
     """Arrays over the output slots for the runtime to write into (ModelRuntime.run_into), or None
     when the outputs must be copied in after the run. In place only when every slot is in a mapped
     region (a sealed memfd: a /dev/shm file is never mapped, shm.py says why) at an offset aligned
@@ -93,7 +93,7 @@ def _in_place(slots: Sequence[Slot], specs: Sequence[TensorSpec], native: bool) 
     into a slot too small."""
     if not all(slot.region.map is not None for slot in slots):
         return None
-    if any(spec.is_dynamic or (spec.quant.kind != "none" and not native) for spec in specs):
+    if any(spec.is_dynamic or (spec.quant_type is not QuantType.NONE and not native) for spec in specs):
         return None
     if any(slot.offset % spec.dtype.alignment for slot, spec in zip(slots, specs, strict=True)):
         return None

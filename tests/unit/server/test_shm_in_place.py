@@ -16,8 +16,9 @@ import numpy as np
 import onnx
 import pytest
 
+from rknn_proto.messages import QuantType
 from rknn_server.errors import ResourceExhausted
-from rknn_server.runtime.base import QuantInfo, RuntimeOptions
+from rknn_server.runtime.base import RuntimeOptions
 from rknn_server.runtime.host import HostBackend
 from rknn_server.shm import Region, SharedMemoryRegistry, ShmLimits
 from rknn_server.shm_run import Slot, _in_place
@@ -86,7 +87,9 @@ def test_in_place_only_into_mapped_aligned_slots_that_hold_the_outputs(
     )
     assert _in_place([Slot(file, 64, nbytes)], [OUTPUT], native=False) is None  # never mapped
     assert _in_place([Slot(mapped, 66, nbytes)], [OUTPUT], native=False) is None  # misaligned for float32
-    quantized = dataclasses.replace(OUTPUT, dtype=np.dtype(np.int8), quant=QuantInfo("affine", 0, 0.1))
+    quantized = dataclasses.replace(
+        OUTPUT, dtype=np.dtype(np.int8), quant_type=QuantType.AFFINE_ASYMMETRIC, zero_point=0, scale=0.1
+    )
     assert _in_place([Slot(mapped, 1024, 48)], [quantized], native=False) is None  # dequantized first
     assert _in_place([Slot(mapped, 1024, 48)], [quantized], native=True) is not None
     dynamic = dataclasses.replace(OUTPUT, shape=(1, -1))

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from demo.daemon_process import DaemonProcess
 from demo.models import save_mobilenet_v2
 from rknn_client import connect, shared_memory
 from rknn_server.runtime.host import default_threads, session_options
+from rknn_server.testing import DaemonProcess
 from tests.models import big_identity
 
 LATENCY_RUNS = 200

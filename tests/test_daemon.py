@@ -14,9 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import connect
 from rknn_client.errors import ResourceExhausted, SessionLost
+from rknn_server.testing import DaemonProcess
 from tests.conftest import DaemonFactory
 
 

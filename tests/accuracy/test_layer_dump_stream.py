@@ -11,9 +11,9 @@ import psutil
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import connect
 from rknn_client.errors import RknnError
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.conftest import DaemonFactory
 

@@ -14,11 +14,11 @@ import grpc
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import Device
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import FileEntry, manifest_digest
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.models import small_cnn
 from tests.reliability.stall_backend import use_stall_backend
 

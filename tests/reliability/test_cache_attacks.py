@@ -20,9 +20,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from demo.daemon_process import DaemonProcess
 from rknn_proto import manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import FileEntry, manifest_digest
+from rknn_server.testing import DaemonProcess
 from rknn_server.uploads import BLOCK_BYTES
 from tests.reliability.conftest import (
     StartDaemon,

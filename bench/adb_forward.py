@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from demo.daemon_process import start_daemon
 from demo.models import save_mobilenet_v2
 from rknn_client import connect
 from rknn_client.api import Device
 from rknn_client.transport.adb import open_adb
 from rknn_proto.ready import tcp_address
+from rknn_server.testing import start_daemon
 from tests.adb.fixtures import PrivateAdbServer, find_adb
 from tests.adb.host_board import ADB_ENV_KEYS
 from tests.models import big_identity

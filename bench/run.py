@@ -42,13 +42,13 @@ from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import measure_ceiling
 from bench.raw_socket import transfer_seconds
 from bench.shared_memory import bench_shared_memory
-from demo.daemon_process import DaemonProcess, start_daemon
 from demo.models import save_mobilenet_v2
 from rknn_client import connect
 from rknn_client.digest_cache import DigestCache
 from rknn_client.model_files import model_files
 from rknn_proto.manifest import describe_files
 from rknn_server.runtime.host import default_threads, session_options
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.models import big_identity
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,10 +25,10 @@ import numpy as np
 import onnxruntime as ort
 
 from bench.grpc_ceiling import measure_doorbell
-from demo.daemon_process import DaemonProcess, start_daemon
 from demo.models import save_mobilenet_v2
 from rknn_client import connect, shared_memory
 from rknn_server.runtime.host import default_threads, session_options
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.models import big_identity
 
 LATENCY_RUNS = 200

@@ -18,9 +18,9 @@ import numpy as np
 import onnxruntime as ort
 
 from bench.link_sim import USB2, start_link
-from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client import connect
 from rknn_server.runtime.host import concurrent_runs, default_threads, session_options
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.models import big_identity
 from tests.throughput.models import camera_cnn, detector, quantized, random_images
 

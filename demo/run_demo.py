@@ -17,9 +17,9 @@ import numpy as np
 from PIL import Image
 
 from demo.calibration import photo_crops, write_dataset
-from demo.daemon_process import start_daemon
 from demo.models import save_mobilenet_v2
 from rknn_client import RKNN, connect
+from rknn_server.testing import start_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "demo-work"

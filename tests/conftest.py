@@ -12,9 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client import digest_cache
 from rknn_client.compat.toolkit_route import ENV_TOOLKIT
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests import models
 from tests.adb.host_board import AdbHostBoard, adb_host_board, point_adb_at
 from tests.rknnrt.fake_sysfs import rk3588_board, rv1106_board

@@ -11,10 +11,17 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 
 
-def save_graph(graph: onnx.GraphProto, path: Path) -> Path:
-    """A checked model of `graph` at opset 17, IR 8 (what ONNX Runtime here loads), saved to `path`."""
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+def onnx_model(graph: onnx.GraphProto, *domains: onnx.OperatorSetIdProto) -> onnx.ModelProto:
+    """`graph` as a model at opset 17, IR 8 (what ONNX Runtime here loads), plus any custom `domains`;
+    unchecked, so hostile and custom-op models can be built with it too."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), *domains])
     model.ir_version = 8
+    return model
+
+
+def save_graph(graph: onnx.GraphProto, path: Path) -> Path:
+    """A checked model of `graph` (see `onnx_model`), saved to `path`."""
+    model = onnx_model(graph)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from demo.daemon_process import DaemonProcess, start_daemon
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 
 # The image model: y = A * x + B per element, stored in an affine int8 output.

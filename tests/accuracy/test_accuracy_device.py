@@ -14,13 +14,13 @@ from device_models import MEAN, PHOTO, SIZE, STD, calibration_set, small_mobilen
 from qdq_edit import negate_conv_weights
 
 from demo.calibration import photo_crops
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN, cli, connect
 from rknn_client.accuracy.analysis import REPORT_FILE, AnalysisResult, analyse
 from rknn_client.accuracy.build import QuantConfig, build_models
 from rknn_client.accuracy.compare import ErrorPair
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
+from rknn_server.testing import DaemonProcess
 from tests.conftest import DaemonFactory
 
 # conv_1 and its ReLU6 are one layer in the int8 model (quantize_static fuses them): the first

@@ -6,14 +6,13 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import onnx
 import psutil
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import connect
 from rknn_client.errors import RknnError
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.conftest import DaemonFactory
 
@@ -35,10 +34,7 @@ def chain_model(path: Path) -> Path:
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, list(SHAPE))],
         [numpy_helper.from_array(np.float32(1.0), "k")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return models.save_graph(graph, path)
 
 
 class PeakRss:
@@ -131,10 +127,7 @@ def dynamic_relu(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
         [numpy_helper.from_array(np.float32(2), "two")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return models.save_graph(graph, path)
 
 
 def test_dumps_of_multi_input_external_weight_and_dynamic_models(

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, find_adb
 from tests.adb.services import DeviceProfile
 

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN, RKNNLite
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.conftest import onnx_reference
 from tests.models import save_graph

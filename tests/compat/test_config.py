@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.conftest import onnx_reference
 

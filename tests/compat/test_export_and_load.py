@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN, RKNNLite, connect
 from rknn_client.compat.rknn_file import read_rknn_header
 from rknn_client.errors import RknnError
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.compat.rknn_files import write_rknn_file
 from tests.conftest import onnx_reference

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.daemon_process import DaemonProcess
+from rknn_server.testing import DaemonProcess
 from tests.conftest import DaemonFactory
 
 SOCS = ("rk3588", "rk3566", "rv1106")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from demo.daemon_process import DaemonProcess
+from rknn_server.testing import DaemonProcess
 from tests.farm.conftest import SOCS
 
 if sys.version_info >= (3, 11):

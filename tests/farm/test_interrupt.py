@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client.farm import Farm
 from rknn_client.farm.probe import probe
+from rknn_server.testing import DaemonProcess
 from tests.farm.html_data import parse_report
 
 

@@ -21,7 +21,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import HealthServicer
 
-from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import connect
 from rknn_client.errors import FailedPrecondition, VersionMismatch
 from rknn_client.farm import (
@@ -38,6 +37,7 @@ from rknn_client.farm.probe import probe
 from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.conftest import DaemonFactory
 from tests.farm.conftest import SOCS
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.daemon_process import DaemonProcess
+from rknn_server.testing import DaemonProcess
 
 SAMPLE_SUITE = """
 import json

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from demo.daemon_process import DaemonProcess
 from rknn_client.farm import Farm
 from rknn_client.farm.report import OK_COLOR, write_html
 from rknn_client.farm.runner import Timing, run_fanout
+from rknn_server.testing import DaemonProcess
 from tests.farm.conftest import write_farm_file
 
 SCREEN = (1280, 800)

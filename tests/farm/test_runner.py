@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client.farm import Farm
 from rknn_client.farm.compare import cosine_similarity
 from rknn_client.farm.report import report_dict, table_text, write_html, write_json
 from rknn_client.farm.runner import Timing, run_fanout
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.farm.conftest import SOCS, write_farm_file
 from tests.farm.html_data import parse_report

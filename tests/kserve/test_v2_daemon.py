@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from demo.daemon_process import clean_environ
 from rknn_client import connect
+from rknn_server.testing import clean_environ
 from tests.kserve.conftest import V2Daemon, start_v2_daemon
 from tests.metrics.conftest import get, start_metrics_daemon
 from tests.rknnrt.fake_sysfs import rk3588_board

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.daemon_process import DaemonProcess, start_daemon
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer
 from tests.adb.services import DeviceProfile
 from tests.legacy.toolkit import Toolkit, export_tiny_rknn, find_toolkit

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from demo.daemon_process import start_daemon
 from rknn_server.legacy.listener import parse_place
 from rknn_server.legacy.startup import plan
+from rknn_server.testing import start_daemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer
 from tests.adb.services import DeviceProfile
 from tests.legacy.conftest import LegacyDaemonFactory

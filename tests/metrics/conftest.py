@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from demo.daemon_process import START_TIMEOUT_S, DaemonProcess, start_daemon
+from rknn_server.testing import START_TIMEOUT_S, DaemonProcess, start_daemon
 from tests.rknnrt.fake_sysfs import put, rk3588_board
 
 METRICS_LINE = "metrics on "

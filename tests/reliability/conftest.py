@@ -14,12 +14,12 @@ import grpc
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import Device
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import FileEntry, manifest_digest
-from tests.models import small_cnn
+from rknn_server.testing import DaemonProcess, start_daemon
+from tests.models import save_graph, small_cnn
 from tests.reliability.stall_backend import use_stall_backend
 
 TOKEN = "alice-token-0123456789abcdef"
@@ -86,7 +86,6 @@ def info(daemon: DaemonProcess, token: str | None = None) -> rknn_pb2.GetInfoRes
 
 def weighty_model(path: Path, megabytes: int, seed: int = 1) -> Path:
     """An ONNX MatMul whose weight makes the file about `megabytes` MiB: uploads of several chunks."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     cols = megabytes * 1024 * 1024 // (4 * 64)
@@ -98,10 +97,7 @@ def weighty_model(path: Path, megabytes: int, seed: int = 1) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])],
         [numpy_helper.from_array(w, "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return save_graph(graph, path)
 
 
 def python_child(code: str, args: Sequence[str] = ()) -> subprocess.Popen[str]:

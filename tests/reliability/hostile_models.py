@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import FileEntry, manifest_digest
+from tests.models import onnx_model
 
 SIZE = 8
 PLACES = ("constant", "if_branch", "sparse_initializer", "initializer")
@@ -84,8 +85,7 @@ def reader_model(location: str, place: str) -> bytes:
         initializers,
         sparse_initializer=sparse,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = onnx_model(graph)
     return model.SerializeToString()
 
 

@@ -20,10 +20,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from demo.daemon_process import DaemonProcess
 from rknn_proto import manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import FileEntry, manifest_digest
+from rknn_server.testing import DaemonProcess
 from rknn_server.uploads import BLOCK_BYTES
+from tests.models import onnx_model
 from tests.reliability.conftest import (
     StartDaemon,
     cnn_input,
@@ -288,8 +289,7 @@ def _twin_weights_model(folder: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
         [numpy_helper.from_array(w, "w1"), numpy_helper.from_array(w, "w2")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = onnx_model(graph)
     for tensor, location in zip(model.graph.initializer, ("w1.bin", "w2.bin"), strict=True):
         onnx.external_data_helper.set_external_data(tensor, location)
         (folder / location).write_bytes(tensor.raw_data)

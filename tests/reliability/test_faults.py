@@ -15,12 +15,12 @@ import numpy as np
 import psutil
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client.api import Device
 from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import FailedPrecondition, RuntimeFailure, SessionLost
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_server.testing import DaemonProcess
 from tests.reliability.conftest import (
     StartDaemon,
     cnn_input,

@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client.errors import ResourceExhausted
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.reliability.conftest import StartDaemon, cnn_input, device
 

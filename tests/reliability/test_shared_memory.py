@@ -22,12 +22,12 @@ import grpc
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN, shared_memory
 from rknn_client.api import Device
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.ready import read_ready_file
+from rknn_server.testing import DaemonProcess
 from tests.reliability.conftest import TOKEN, StartDaemon, cnn_input, device, kill, python_child, wait_line
 
 SHM = Path("/dev/shm")

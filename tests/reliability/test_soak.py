@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from demo.daemon_process import DaemonProcess
 from rknn_client.api import Device
 from rknn_client.transport.tcp import tcp_endpoint
+from rknn_server.testing import DaemonProcess
 from tests.reliability.conftest import StartDaemon, cnn_input, info
 
 CLIENTS = int(os.environ.get("RKNN_SOAK_CLIENTS", "6"))

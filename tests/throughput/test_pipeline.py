@@ -13,11 +13,11 @@ import grpc
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN, connect
 from rknn_client.errors import InvalidInput, RknnError
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION, PROTOCOL_VERSION_METADATA_KEY
+from rknn_server.testing import DaemonProcess
 from tests.conftest import DaemonFactory
 
 

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rknn_client.toolkit import Toolkit
+from tests.models import onnx_model
 from tests.toolkit.conftest import start
 
 
@@ -43,11 +44,7 @@ def custom_op_model(path: Path) -> Path:
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8, 8])],
         [numpy_helper.from_array(w, "w")],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("rknn.custom", 1)]
-    )
-    model.ir_version = 8
-    onnx.save(model, str(path))
+    onnx.save(onnx_model(graph, helper.make_opsetid("rknn.custom", 1)), str(path))
     return path
 
 

@@ -15,12 +15,12 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN
 from rknn_client.compat.toolkit_route import ENV_TOOLKIT
 from rknn_client.toolkit import Toolkit
 from rknn_client.toolkit.locate import ENV_PYTHON
 from rknn_proto import model_container
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.compat.test_exec import SCRIPT, VENV_BIN
 from tests.rknnrt.fake_sysfs import rk3588_board

@@ -18,8 +18,8 @@ from rknn_server.metrics import DaemonMetrics
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import InputFormat, ModelFormatError, WorkerLost
-from tests.test_model_cache import store
 from tests.unit.server.fakes import FakeBackend, FakeRuntime
+from tests.unit.server.test_model_cache import store
 
 MODEL = b"not really onnx, the fake backend does not read it" * 10
 

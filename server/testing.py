@@ -1,7 +1,8 @@
 """Start `rknn_server` as a real subprocess on a free loopback port, and stop it by PID.
 
-Shared by the demo, the benchmarks and the integration tests, so they all run the daemon the way
-a user does.
+Shipped with the daemon (like structlog's `structlog.testing`) so the demo, the benchmarks, the
+project's tests and a user's own tests all run the daemon the way a user does: the real process, its
+`listening on` line (parsed by `rknn_proto.ready`) as the sign that it serves. Standard library only.
 """
 
 from __future__ import annotations

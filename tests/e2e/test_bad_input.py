@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import connect
 from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
+from rknn_server.testing import DaemonProcess
 from tests import models
 
 META = ((PROTOCOL_VERSION_METADATA_KEY, "1"),)

@@ -11,9 +11,9 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import RKNN, connect
 from rknn_client.errors import FailedPrecondition, InvalidInput
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.conftest import DaemonFactory
 

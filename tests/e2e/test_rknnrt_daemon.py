@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import rknn_client
-from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client import RKNN
 from rknn_client.errors import InvalidInput, Unsupported
 from rknn_proto.messages import FrequencyList
 from rknn_server import __version__ as daemon_version
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.rknnrt.fake_sysfs import npu_board, rk3588_board
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 from tests.rknnrt_cases import (

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client.errors import NotFound, SessionLost, VersionMismatch, from_rpc_error
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.reasons import REASON_METADATA_KEY, Reason
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
+from rknn_server.testing import DaemonProcess
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from demo.daemon_process import DaemonProcess
 from rknn_client import connect, digest_cache
 from rknn_client.digest_cache import MIN_FILE_BYTES, DigestCache
+from rknn_server.testing import DaemonProcess
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-from demo.daemon_process import DaemonProcess
 from demo.models import save_mobilenet_v2
 from rknn_client import digest_cache
 from rknn_client.api import connect
@@ -23,6 +22,7 @@ from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import FailedPrecondition, advice
 from rknn_client.input_files import resize_linear
 from rknn_client.transport.adb import adb_server_running
+from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.adb.fixtures import find_adb, free_port
 from tests.conftest import DaemonFactory

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from demo.daemon_process import start_daemon
 from rknn_client import connect
 from rknn_proto.ready import read_ready_file
+from rknn_server.testing import start_daemon
 
 
 def test_the_ready_file_names_the_bound_ports_and_this_run(tmp_path: Path) -> None:

@@ -1,0 +1,175 @@
+"""The load-testing options of `rknn-client perf` and the sweep they ask for.
+
+perf_analyzer's vocabulary and defaults (--concurrency-range, --request-rate-range,
+--measurement-interval 5000 ms, --stability-percentage 10, --max-trials 10), so a user of one reads
+the other. The model is uploaded once; the sessions are opened once and reused by every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable
+
+from rknn_client.api import DeviceInfo, Session
+from rknn_client.load import ranges
+from rknn_client.load.drivers import (
+    ClosedLoop,
+    Frame,
+    Load,
+    OpenLoop,
+    Recorder,
+    Settings,
+    Step,
+    Sweep,
+    measure,
+    runner,
+)
+from rknn_client.load.output import progress_line
+
+DEFAULT_MAX_IN_FLIGHT = 4
+MODES = "--concurrency N, --concurrency-range START:END[:STEP] or --request-rate-range START:END[:STEP]"
+
+
+def add_load_options(perf: argparse.ArgumentParser) -> None:
+    group = perf.add_argument_group(
+        "load testing",
+        "many requests at once, or at a set rate, measured in windows until stable (as perf_analyzer "
+        "does); prints one row per step instead of the single-session report",
+    )
+    mode = group.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--concurrency",
+        type=ranges.concurrency,
+        metavar="N",
+        help="N sessions, each sending its next request when the last is answered",
+    )
+    mode.add_argument(
+        "--concurrency-range",
+        type=ranges.concurrency_range,
+        metavar="RANGE",
+        help="START:END[:STEP]: one step per concurrency, e.g. 1:8 or 1:16:2",
+    )
+    mode.add_argument(
+        "--request-rate-range",
+        type=ranges.rate_range,
+        metavar="RANGE",
+        help="START:END[:STEP], open loop: requests per second on a fixed schedule, latency from "
+        "the scheduled time; one step per rate, e.g. 10:50:10",
+    )
+    group.add_argument(
+        "--max-in-flight",
+        type=ranges.positive_int,
+        metavar="N",
+        help="open loop: sessions carrying the scheduled requests; a request due while N already wait "
+        f"is dropped (default: {DEFAULT_MAX_IN_FLIGHT})",
+    )
+    group.add_argument(
+        "--measurement-interval",
+        type=ranges.positive_int,
+        default=5000,
+        metavar="MS",
+        help="window length in milliseconds (default: %(default)s)",
+    )
+    group.add_argument(
+        "--stability-percentage",
+        type=ranges.positive_float,
+        default=10.0,
+        metavar="PCT",
+        help="stable when the last 3 windows' throughput and mean latency vary by at most this "
+        "(max over min; default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-trials",
+        type=ranges.positive_int,
+        default=10,
+        metavar="N",
+        help="most windows per step, stable or not (default: %(default)s)",
+    )
+    group.add_argument("--csv", action="store_true", help="print CSV, one row per step, instead of the table")
+    perf.set_defaults(check_options=check_load_options)
+
+
+def load_values(args: argparse.Namespace) -> list[int] | list[float] | None:
+    """The steps of the sweep asked for, or None for the single-session report."""
+    values: list[int] | list[float] | None = (
+        args.concurrency or args.concurrency_range or args.request_rate_range
+    )
+    return values
+
+
+def check_load_options(args: argparse.Namespace) -> str | None:
+    """What is wrong with the combination of options, or None."""
+    if load_values(args) is None:
+        for flag, given in (("--csv", args.csv), ("--max-in-flight", args.max_in_flight is not None)):
+            if given:
+                return f"{flag} belongs to a load test: add {MODES}"
+        return None
+    if args.csv and args.json:
+        return "--json and --csv both given: pick one output format"
+    if args.max_in_flight is not None and args.request_rate_range is None:
+        return "--max-in-flight is for --request-rate-range (a closed loop keeps --concurrency requests in flight)"
+    if args.runs is not None:
+        return "--runs counts the single-session report's runs; a load test measures in windows (--measurement-interval, --max-trials)"
+    return None
+
+
+def check_session_room(info: DeviceInfo, needed: int, what: str) -> None:
+    """Refuse early, and say why, a sweep needing more sessions than the daemon lets one client open."""
+    caps = [int(info.limits.get("max_sessions", 0)), int(info.limits.get("max_sessions_per_client", 0))]
+    allowed = min((c for c in caps if c > 0), default=0)
+    if allowed and needed > allowed - info.open_sessions:
+        raise ValueError(
+            f"{what} needs {needed} sessions at once; the daemon allows {allowed} "
+            f"({info.open_sessions} open now). Ask for fewer, or start rknn_server with a larger "
+            "--max-sessions / --max-sessions-per-client"
+        )
+
+
+def run_sweep(
+    args: argparse.Namespace,
+    info: DeviceInfo,
+    open_session: Callable[[], contextlib.AbstractContextManager[Session]],
+    frame_of: Callable[[Session], Frame],
+) -> Sweep:
+    """Every step in turn, a progress line on stderr after each; Ctrl-C ends the sweep with the steps
+    measured so far (the interrupted step included, marked)."""
+    values = load_values(args)
+    assert values is not None
+    open_loop = args.request_rate_range is not None
+    needed = (args.max_in_flight or DEFAULT_MAX_IN_FLIGHT) if open_loop else int(max(values))
+    check_session_room(info, needed, "--max-in-flight" if open_loop else f"concurrency {needed}")
+    settings = Settings(
+        interval_s=args.measurement_interval / 1000,
+        stability_percent=args.stability_percentage,
+        max_windows=args.max_trials,
+        warmup=max(args.warmup, 0),
+    )
+    sweep = Sweep(open_loop, settings, needed)
+    with contextlib.ExitStack() as stack:
+        try:
+            sessions = [stack.enter_context(open_session()) for _ in range(needed)]
+        except KeyboardInterrupt:
+            print("interrupted while opening sessions: nothing measured", file=sys.stderr)
+            sweep.interrupted = True
+            return sweep
+        frame = frame_of(sessions[0])
+        runners = [runner(s, frame) for s in sessions]
+        for value in values:
+            recorder = Recorder()
+            load: Load
+            if open_loop:
+                load, step = (
+                    OpenLoop(runners, recorder, float(value)),
+                    Step(rate=float(value), sessions=needed),
+                )
+            else:
+                count = int(value)
+                load, step = ClosedLoop(runners[:count], recorder), Step(concurrency=count, sessions=count)
+            sweep.steps.append(measure(load, step, settings))
+            print(progress_line(step), file=sys.stderr)
+            if step.interrupted:
+                sweep.interrupted = True
+                break
+    return sweep

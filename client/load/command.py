@@ -20,13 +20,14 @@ from rknn_client.load.drivers import (
     Load,
     OpenLoop,
     Recorder,
+    Runner,
     Settings,
     Step,
     Sweep,
     measure,
     runner,
 )
-from rknn_client.load.output import progress_line
+from rknn_client.load.output import progress_line, step_name, window_line
 
 DEFAULT_MAX_IN_FLIGHT = 4
 MODES = "--concurrency N, --concurrency-range START:END[:STEP] or --request-rate-range START:END[:STEP]"
@@ -157,19 +158,26 @@ def run_sweep(
         frame = frame_of(sessions[0])
         runners = [runner(s, frame) for s in sessions]
         for value in values:
-            recorder = Recorder()
-            load: Load
-            if open_loop:
-                load, step = (
-                    OpenLoop(runners, recorder, float(value)),
-                    Step(rate=float(value), sessions=needed),
-                )
-            else:
-                count = int(value)
-                load, step = ClosedLoop(runners[:count], recorder), Step(concurrency=count, sessions=count)
-            sweep.steps.append(measure(load, step, settings))
-            print(progress_line(step), file=sys.stderr)
+            step = _run_step(runners, value, open_loop, settings)
+            sweep.steps.append(step)
             if step.interrupted:
                 sweep.interrupted = True
                 break
     return sweep
+
+
+def _run_step(runners: list[Runner], value: float, open_loop: bool, settings: Settings) -> Step:
+    """One step on the first `value` sessions (closed loop) or on all of them at `value` per second."""
+    recorder = Recorder()
+    load: Load
+    if open_loop:
+        load, step = OpenLoop(runners, recorder, float(value)), Step(rate=float(value), sessions=len(runners))
+    else:
+        count = int(value)
+        load, step = ClosedLoop(runners[:count], recorder), Step(concurrency=count, sessions=count)
+    print(f"{step_name(step)}:", file=sys.stderr)
+    measure(
+        load, step, settings, lambda window: print(window_line(len(step.windows), window), file=sys.stderr)
+    )
+    print(progress_line(step), file=sys.stderr)
+    return step

@@ -233,9 +233,12 @@ class LoadFailed(RknnError):
     """Every request of a window (or of the warm-up) failed: the daemon's error, not a measurement."""
 
 
-def measure(load: Load, step: Step, settings: Settings) -> Step:
-    """Warm-up, then windows until the last ones are stable or `max_windows` ran; Ctrl-C ends the step
-    with what it measured (step.interrupted) and is not raised."""
+def measure(
+    load: Load, step: Step, settings: Settings, on_window: Callable[[Window], None] = lambda _: None
+) -> Step:
+    """Warm-up, then windows until the last ones are stable or `max_windows` ran, each handed to
+    `on_window` as it closes; Ctrl-C ends the step with what it measured (step.interrupted) and is
+    not raised."""
     recorder = load.recorder
     try:
         load.warm_up(settings.warmup)
@@ -246,6 +249,7 @@ def measure(load: Load, step: Step, settings: Settings) -> Step:
             begin = time.perf_counter()
             time.sleep(settings.interval_s)
             step.windows.append(Window(time.perf_counter() - begin, recorder.take()))
+            on_window(step.windows[-1])
             _check_failed(step.windows[-1].outcomes, recorder)
             if is_stable(step.windows, settings.stability_percent):
                 step.stable = True

@@ -110,13 +110,25 @@ def table_text(steps: Sequence[Step], open_loop: bool) -> str:
     return "\n".join(table_lines(rows)) + "\n"
 
 
+def step_name(step: Step) -> str:
+    return f"rate {step.rate:g}/s" if step.rate is not None else f"concurrency {step.concurrency}"
+
+
+def window_line(number: int, window: Window) -> str:
+    """perf_analyzer's `Pass [n]` line: what one window saw."""
+    latency = Percentiles.of(window.latencies_s).scaled(1e3)
+    return (
+        f"  window {number}: {window.throughput:.2f} inferences/s, p50 {_ms(latency.p50)} ms, "
+        f"{window.count(Kind.ERROR)} errors, {window.count(Kind.DROP)} drops"
+    )
+
+
 def progress_line(step: Step) -> str:
     """One line on stderr as each step ends, so a long sweep shows it is alive."""
     s = Summary.of(step.windows)
-    what = f"rate {step.rate:g}/s" if step.rate is not None else f"concurrency {step.concurrency}"
     how = f"{len(step.windows)} windows, " + ("stable" if step.stable else "not stable")
     return (
-        f"{what}: {s.throughput:.2f} inferences/s, p50 {_ms(s.latency_ms.p50)} ms, "
+        f"{step_name(step)}: {s.throughput:.2f} inferences/s, p50 {_ms(s.latency_ms.p50)} ms, "
         f"p99 {_ms(s.latency_ms.p99)} ms, {s.errors} errors, {s.drops} drops ({how})"
     )
 

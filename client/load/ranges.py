@@ -19,7 +19,7 @@ def _number(part: str, what: str, text: str, integer: bool) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{what} {part!r} in {text!r} is not {kind}") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{what} in {text!r} must be above 0, not {part}")
+        raise argparse.ArgumentTypeError(f"{what} in {text!r} must be a finite number above 0, not {part}")
     return value
 
 

@@ -1,0 +1,215 @@
+"""`rknn-client perf` load tests against a real daemon: the steps asked for, every request accounted for
+(and counted by the daemon's own metrics), the open loop's rate, bad ranges, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from demo.daemon_process import DaemonProcess
+from tests.conftest import DaemonFactory
+from tests.metrics.conftest import MetricsDaemon, samples, scrape, start_metrics_daemon
+
+# Short windows keep a step near a second; perf_analyzer's 5 s default is for real measurements.
+QUICK = ["--measurement-interval", "300", "--max-trials", "4", "--warmup", "2", "--no-progress"]
+STEP_FIELDS = {
+    "concurrency",
+    "request_rate",
+    "sessions",
+    "stable",
+    "interrupted",
+    "throughput_per_s",
+    "latency_ms",
+    "daemon_run_ms",
+    "completed",
+    "errors",
+    "drops",
+    "measured_windows",
+    "windows",
+    "requests",
+    "warmup",
+    "after_windows",
+    "unresolved",
+    "first_error",
+}
+
+
+def perf(model: Path, device: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rknn_client.cli", "perf", str(model), "--device", device, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def accounted(step: dict) -> int:
+    in_windows = sum(w["completed"] + w["errors"] + w["drops"] for w in step["windows"])
+    return step["warmup"] + in_windows + step["after_windows"] + step["unresolved"]
+
+
+@pytest.fixture(scope="module")
+def metered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsDaemon]:
+    running = start_metrics_daemon(tmp_path_factory.mktemp("perf-load"))
+    yield running
+    running.daemon.stop()
+
+
+def test_concurrency_steps_count_every_request_as_the_daemon_does(
+    metered: MetricsDaemon, cnn_model: Path
+) -> None:
+    result = perf(cnn_model, metered.daemon.url, "--concurrency-range", "1:4:3", "--json", *QUICK)
+    assert result.returncode == 0, result.stderr
+    sweep = json.loads(result.stdout)
+    assert (sweep["mode"], sweep["interrupted"], sweep["sessions"]) == ("concurrency", False, 4)
+    assert [s["concurrency"] for s in sweep["steps"]] == [1, 4]
+    for step in sweep["steps"]:
+        assert set(step) == STEP_FIELDS
+        assert step["sessions"] == step["concurrency"] and step["request_rate"] is None
+        assert step["errors"] == step["drops"] == step["unresolved"] == 0 and step["first_error"] is None
+        assert step["warmup"] == 2 * step["concurrency"]
+        assert 1 <= len(step["windows"]) <= 4 and step["measured_windows"] == min(3, len(step["windows"]))
+        measured = step["windows"][-step["measured_windows"] :]
+        assert step["completed"] == sum(w["completed"] for w in measured) > 0
+        assert step["requests"] == accounted(step)
+        latency = step["latency_ms"]
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"]
+        assert step["daemon_run_ms"]["p50"] <= latency["p50"]  # the round trip holds the daemon's run
+    # The daemon saw exactly the requests the sweep says it made, on 4 sessions opened once.
+    rpcs = samples(scrape(metered.metrics_url)["rknn_rpc"], "rknn_rpc_total")
+    runs = sum(v for labels, v in rpcs.items() if dict(labels)["method"] in ("Run", "Inference"))
+    assert runs == sum(s["requests"] for s in sweep["steps"])
+    assert rpcs[(("method", "InitRuntime"), ("outcome", "OK"))] == 4
+    assert rpcs[(("method", "Release"), ("outcome", "OK"))] == 4
+
+
+def test_the_table_and_the_csv_have_one_row_per_step(host_daemon: DaemonProcess, cnn_model: Path) -> None:
+    table = perf(cnn_model, host_daemon.url, "--concurrency", "2", *QUICK)
+    assert table.returncode == 0, table.stderr
+    head, *rows = table.stdout.splitlines()
+    assert [c.strip() for c in head.split("|")][:2] == ["Concurrency", "Inferences/s"] and len(rows) == 1
+    assert rows[0].split("|")[0].strip() == "2"
+    assert "concurrency 2:" in table.stderr and "  window 1: " in table.stderr
+
+    csv = perf(cnn_model, host_daemon.url, "--concurrency-range", "1:3", "--csv", *QUICK)
+    assert csv.returncode == 0, csv.stderr
+    header, *lines = csv.stdout.splitlines()
+    columns = header.split(",")
+    assert "latency_ms_p99" in columns and "throughput_per_s" in columns
+    assert [line.split(",")[columns.index("concurrency")] for line in lines] == ["1", "2", "3"]
+
+
+def test_a_slow_request_rate_is_achieved_without_drops(host_daemon: DaemonProcess, cnn_model: Path) -> None:
+    """20 and 40 requests/s of a model the daemon answers in about a millisecond: the open loop must
+    deliver them (the windows' counts vary by a request or two at their edges: a generous tolerance)."""
+    args = ["--request-rate-range", "20:40:20", "--measurement-interval", "1000", "--max-trials", "3"]
+    result = perf(cnn_model, host_daemon.url, *args, "--warmup", "1", "--no-progress", "--json")
+    assert result.returncode == 0, result.stderr
+    sweep = json.loads(result.stdout)
+    assert sweep["mode"] == "request_rate" and sweep["sessions"] == 4
+    assert [s["request_rate"] for s in sweep["steps"]] == [20.0, 40.0]
+    for step in sweep["steps"]:
+        assert step["concurrency"] is None and len(step["windows"]) == 3
+        assert step["throughput_per_s"] == pytest.approx(step["request_rate"], rel=0.25)
+        assert step["errors"] == 0 and step["drops"] <= 0.05 * step["request_rate"] * 3
+        assert step["requests"] == accounted(step) and step["unresolved"] == 0
+
+
+def test_a_rate_beyond_the_daemon_drops_requests_and_says_so(
+    host_daemon: DaemonProcess, cnn_model: Path
+) -> None:
+    """One session cannot carry 5000 requests a second (each is a round trip of a millisecond or more):
+    what cannot be sent is dropped and counted, and the achieved rate shows the shortfall."""
+    args = ["--request-rate-range", "5000:5000", "--max-in-flight", "1", "--json", *QUICK]
+    result = perf(cnn_model, host_daemon.url, *args)
+    assert result.returncode == 0, result.stderr
+    [step] = json.loads(result.stdout)["steps"]
+    assert step["drops"] > 0 and step["throughput_per_s"] < 0.9 * 5000
+    assert step["requests"] == accounted(step)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--concurrency-range", "8:1"],
+            "argument --concurrency-range: END (1) is below START (8) in '8:1'; expected START:END or START:END:STEP",
+        ),
+        (
+            ["--request-rate-range", "0:10"],
+            "argument --request-rate-range: START in '0:10' must be a finite number above 0, not 0",
+        ),
+        (["--concurrency", "two"], "argument --concurrency: N 'two' in 'two' is not a whole number"),
+        (
+            ["--concurrency", "2", "--request-rate-range", "1:2"],
+            "argument --request-rate-range: not allowed with argument --concurrency",
+        ),
+        (["--csv"], "--csv belongs to a load test: add --concurrency N"),
+        (["--concurrency", "2", "--json", "--csv"], "--json and --csv both given: pick one output format"),
+        (["--concurrency", "2", "--max-in-flight", "3"], "--max-in-flight is for --request-rate-range"),
+        (["--concurrency", "2", "--runs", "5"], "--runs counts the single-session report's runs"),
+    ],
+)
+def test_bad_load_options_are_refused_before_reaching_a_daemon(
+    args: list[str], message: str, cnn_model: Path
+) -> None:
+    result = perf(cnn_model, "tcp://127.0.0.1:9", *args)  # nothing listens there: parsing must refuse first
+    assert result.returncode == 2, result.stderr
+    first, usage, *_ = result.stderr.splitlines()
+    assert first.startswith("rknn-client perf: error: ") and message in first
+    assert usage.startswith("usage: rknn-client perf ")
+
+
+def test_more_sessions_than_the_daemon_allows_is_refused_with_the_limit(
+    make_daemon: DaemonFactory, cnn_model: Path
+) -> None:
+    daemon = make_daemon("--max-sessions", "2")
+    result = perf(cnn_model, daemon.url, "--concurrency-range", "1:3", *QUICK)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "concurrency 3 needs 3 sessions at once; the daemon allows 2 (0 open now)" in result.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_prints_what_was_measured(
+    host_daemon: DaemonProcess, cnn_model: Path
+) -> None:
+    # A stability no run reaches: without Ctrl-C the first step would take its 1000 windows.
+    args = ["--concurrency-range", "2:4", "--stability-percentage", "1e-9", "--max-trials", "1000", "--json"]
+    command = [sys.executable, "-m", "rknn_client.cli", "perf", str(cnn_model), "--device", host_daemon.url]
+    process = subprocess.Popen(
+        [*command, *args, "--measurement-interval", "200", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in process.stderr or ():
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        while not lines.get(timeout=120).startswith("  window 2: "):
+            pass
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130
+    sweep = json.loads(out)
+    assert sweep["interrupted"] is True
+    [step] = sweep["steps"]
+    assert step["concurrency"] == 2 and step["interrupted"] is True and len(step["windows"]) >= 2
+    assert step["requests"] == accounted(step) and step["unresolved"] == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -21,26 +22,19 @@ from tests.metrics.conftest import MetricsDaemon, samples, scrape, start_metrics
 
 # Short windows keep a step near a second; perf_analyzer's 5 s default is for real measurements.
 QUICK = ["--measurement-interval", "300", "--max-trials", "4", "--warmup", "2", "--no-progress"]
-STEP_FIELDS = {
-    "concurrency",
-    "request_rate",
-    "sessions",
-    "stable",
-    "interrupted",
-    "throughput_per_s",
-    "latency_ms",
-    "daemon_run_ms",
-    "completed",
-    "errors",
-    "drops",
-    "measured_windows",
-    "windows",
-    "requests",
-    "warmup",
-    "after_windows",
-    "unresolved",
-    "first_error",
-}
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "load-testing.md"
+
+
+def documented_fields() -> tuple[set[str], set[str]]:
+    """(top-level, per-step) JSON fields named in the first column of the docs' field table."""
+    top: set[str] = set()
+    step: set[str] = set()
+    for line in DOCS.read_text().splitlines():
+        if line.startswith("| `"):
+            names = re.findall(r"`([^`]+)`", line.split("|")[1])
+            into = step if names[0].startswith("steps[].") else top
+            into.update(n.removeprefix("steps[].").removesuffix("[]") for n in names)
+    return top | {"steps"}, step
 
 
 def perf(model: Path, device: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -70,10 +64,12 @@ def test_concurrency_steps_count_every_request_as_the_daemon_does(
     result = perf(cnn_model, metered.daemon.url, "--concurrency-range", "1:4:3", "--json", *QUICK)
     assert result.returncode == 0, result.stderr
     sweep = json.loads(result.stdout)
+    top_fields, step_fields = documented_fields()
+    assert set(sweep) == top_fields
     assert (sweep["mode"], sweep["interrupted"], sweep["sessions"]) == ("concurrency", False, 4)
     assert [s["concurrency"] for s in sweep["steps"]] == [1, 4]
     for step in sweep["steps"]:
-        assert set(step) == STEP_FIELDS
+        assert set(step) == step_fields
         assert step["sessions"] == step["concurrency"] and step["request_rate"] is None
         assert step["errors"] == step["drops"] == step["unresolved"] == 0 and step["first_error"] is None
         assert step["warmup"] == 2 * step["concurrency"]

@@ -183,6 +183,9 @@ def _perf_load(device: Device, args: argparse.Namespace, digest: str) -> int:
         print(csv_text(sweep.steps), end="")
     elif sweep.steps:
         print(sweep_text(sweep), end="")
+    if sweep.error:
+        print(f"rknn-client: {sweep.error}", file=sys.stderr)
+        return 1
     return 130 if sweep.interrupted else 0
 
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from rknn_client.api import DeviceInfo, Session
+from rknn_client.errors import RknnError
 from rknn_client.load import ranges
 from rknn_client.load.drivers import (
     ClosedLoop,
@@ -28,6 +29,7 @@ from rknn_client.load.drivers import (
     runner,
 )
 from rknn_client.load.output import progress_line, step_name, window_line
+from rknn_client.transport.base import TransportError
 
 DEFAULT_MAX_IN_FLIGHT = 4
 MODES = "--concurrency N, --concurrency-range START:END[:STEP] or --request-rate-range START:END[:STEP]"
@@ -117,25 +119,39 @@ def check_load_options(args: argparse.Namespace) -> str | None:
 
 
 def check_session_room(info: DeviceInfo, needed: int, what: str) -> None:
-    """Refuse early, and say why, a sweep needing more sessions than the daemon lets one client open."""
-    caps = [int(info.limits.get("max_sessions", 0)), int(info.limits.get("max_sessions_per_client", 0))]
-    allowed = min((c for c in caps if c > 0), default=0)
-    if allowed and needed > allowed - info.open_sessions:
+    """Refuse early, and say why, a sweep needing more sessions than the daemon has room for."""
+    rooms = []
+    if most := int(info.limits.get("max_sessions", 0)):
+        rooms.append((most - info.open_sessions, f"--max-sessions {most}, {info.open_sessions} open now"))
+    if per_client := int(info.limits.get("max_sessions_per_client", 0)):
+        rooms.append((per_client, f"--max-sessions-per-client {per_client}"))
+    room, why = min(rooms, default=(needed, ""))
+    if needed > room:
         raise ValueError(
-            f"{what} needs {needed} sessions at once; the daemon allows {allowed} "
-            f"({info.open_sessions} open now). Ask for fewer, or start rknn_server with a larger "
-            "--max-sessions / --max-sessions-per-client"
+            f"{what} needs {needed} sessions at once; the daemon has room for {max(room, 0)} ({why}). "
+            "Ask for fewer, or start rknn_server with more"
+        )
+
+
+def _release_quietly(session: Session) -> None:
+    """Release at the end of a sweep; a daemon already gone lets the lease run out instead."""
+    try:
+        session.release()
+    except (RknnError, TransportError) as exc:
+        print(
+            f"note: session not released ({exc}); the daemon frees it when its lease runs out",
+            file=sys.stderr,
         )
 
 
 def run_sweep(
     args: argparse.Namespace,
     info: DeviceInfo,
-    open_session: Callable[[], contextlib.AbstractContextManager[Session]],
+    open_session: Callable[[], Session],
     frame_of: Callable[[Session], Frame],
 ) -> Sweep:
-    """Every step in turn, a progress line on stderr after each; Ctrl-C ends the sweep with the steps
-    measured so far (the interrupted step included, marked)."""
+    """Every step in turn, a progress line on stderr after each. Ctrl-C, or a step whose every request
+    failed, ends the sweep with the steps measured so far (that step included, marked)."""
     values = load_values(args)
     assert values is not None
     open_loop = args.request_rate_range is not None
@@ -150,7 +166,10 @@ def run_sweep(
     sweep = Sweep(open_loop, settings, needed)
     with contextlib.ExitStack() as stack:
         try:
-            sessions = [stack.enter_context(open_session()) for _ in range(needed)]
+            sessions = []
+            for _ in range(needed):
+                sessions.append(open_session())
+                stack.callback(_release_quietly, sessions[-1])
         except KeyboardInterrupt:
             print("interrupted while opening sessions: nothing measured", file=sys.stderr)
             sweep.interrupted = True
@@ -160,8 +179,12 @@ def run_sweep(
         for value in values:
             step = _run_step(runners, value, open_loop, settings)
             sweep.steps.append(step)
-            if step.interrupted:
-                sweep.interrupted = True
+            if step.failed:
+                sweep.error = (
+                    f"every request of {step_name(step)} failed, the sweep stopped: {step.first_error}"
+                )
+            sweep.interrupted = step.interrupted
+            if step.failed or step.interrupted:
                 break
     return sweep
 

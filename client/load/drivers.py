@@ -220,6 +220,7 @@ class Step:
     requests: int = 0
     stable: bool = False
     interrupted: bool = False
+    failed: bool = False
     first_error: str | None = None
 
     @property
@@ -229,28 +230,26 @@ class Step:
         return self.requests - resolved
 
 
-class LoadFailed(RknnError):
-    """Every request of a window (or of the warm-up) failed: the daemon's error, not a measurement."""
-
-
 def measure(
     load: Load, step: Step, settings: Settings, on_window: Callable[[Window], None] = lambda _: None
 ) -> Step:
     """Warm-up, then windows until the last ones are stable or `max_windows` ran, each handed to
-    `on_window` as it closes; Ctrl-C ends the step with what it measured (step.interrupted) and is
-    not raised."""
+    `on_window` as it closes. The step ends early, keeping what it measured, on Ctrl-C
+    (step.interrupted; not raised) or when every request of the warm-up or of a window failed
+    (step.failed)."""
     recorder = load.recorder
     try:
         load.warm_up(settings.warmup)
         step.warmup = recorder.take()
-        _check_failed(step.warmup, recorder)
-        load.start()
-        while len(step.windows) < settings.max_windows:
+        step.failed = _all_failed(step.warmup)
+        if not step.failed:
+            load.start()
+        while not step.failed and len(step.windows) < settings.max_windows:
             begin = time.perf_counter()
             time.sleep(settings.interval_s)
             step.windows.append(Window(time.perf_counter() - begin, recorder.take()))
             on_window(step.windows[-1])
-            _check_failed(step.windows[-1].outcomes, recorder)
+            step.failed = _all_failed(step.windows[-1].outcomes)
             if is_stable(step.windows, settings.stability_percent):
                 step.stable = True
                 break
@@ -264,10 +263,10 @@ def measure(
     return step
 
 
-def _check_failed(outcomes: Sequence[Outcome], recorder: Recorder) -> None:
+def _all_failed(outcomes: Sequence[Outcome]) -> bool:
+    """Whether these were errors only: the daemon refusing or gone, not something to measure."""
     kinds = {o.kind for o in outcomes}
-    if Kind.ERROR in kinds and Kind.OK not in kinds:
-        raise LoadFailed(f"every request failed: {recorder.first_error}")
+    return Kind.ERROR in kinds and Kind.OK not in kinds
 
 
 @dataclass
@@ -279,3 +278,4 @@ class Sweep:
     sessions: int
     steps: list[Step] = field(default_factory=list)
     interrupted: bool = False
+    error: str | None = None  # why the sweep stopped before its last step, when a step failed

@@ -44,6 +44,7 @@ def step_json(step: Step) -> dict[str, object]:
         "sessions": step.sessions,
         "stable": step.stable,
         "interrupted": step.interrupted,
+        "failed": step.failed,
         "throughput_per_s": round(s.throughput, 4),
         "latency_ms": _percentiles(s.latency_ms),
         "daemon_run_ms": _percentiles(s.server_ms),
@@ -85,7 +86,7 @@ def _ms(value: float) -> str:
 
 
 def _state(step: Step) -> str:
-    return "interrupted" if step.interrupted else "yes" if step.stable else "no"
+    return "interrupted" if step.interrupted else "failed" if step.failed else "yes" if step.stable else "no"
 
 
 def table_text(steps: Sequence[Step], open_loop: bool) -> str:
@@ -143,6 +144,7 @@ def sweep_json(sweep: Sweep) -> dict[str, object]:
         "warmup_per_session": settings.warmup,
         "sessions": sweep.sessions,
         "interrupted": sweep.interrupted,
+        "error": sweep.error,
         "steps": [step_json(step) for step in sweep.steps],
     }
 

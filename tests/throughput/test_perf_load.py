@@ -104,19 +104,20 @@ def test_the_table_and_the_csv_have_one_row_per_step(host_daemon: DaemonProcess,
     assert [line.split(",")[columns.index("concurrency")] for line in lines] == ["1", "2", "3"]
 
 
-def test_a_slow_request_rate_is_achieved_without_drops(host_daemon: DaemonProcess, cnn_model: Path) -> None:
-    """20 and 40 requests/s of a model the daemon answers in about a millisecond: the open loop must
-    deliver them (the windows' counts vary by a request or two at their edges: a generous tolerance)."""
-    args = ["--request-rate-range", "20:40:20", "--measurement-interval", "1000", "--max-trials", "3"]
-    result = perf(cnn_model, host_daemon.url, *args, "--warmup", "1", "--no-progress", "--json")
+def test_a_slow_request_rate_is_achieved(host_daemon: DaemonProcess, cnn_model: Path) -> None:
+    """10 and 20 requests/s of a model the daemon answers in a millisecond or two: the open loop must
+    deliver them. Tolerances are generous: on a loaded machine a stall at a window's edge moves a few
+    requests into the next window (or after the last), and a long one can fill the queue."""
+    args = ["--request-rate-range", "10:20:10", "--measurement-interval", "2000", "--max-trials", "3"]
+    result = perf(cnn_model, host_daemon.url, *args, "--max-in-flight", "8", "--warmup", "1", "--json")
     assert result.returncode == 0, result.stderr
     sweep = json.loads(result.stdout)
-    assert sweep["mode"] == "request_rate" and sweep["sessions"] == 4
-    assert [s["request_rate"] for s in sweep["steps"]] == [20.0, 40.0]
+    assert sweep["mode"] == "request_rate" and sweep["sessions"] == 8
+    assert [s["request_rate"] for s in sweep["steps"]] == [10.0, 20.0]
     for step in sweep["steps"]:
         assert step["concurrency"] is None and len(step["windows"]) == 3
-        assert step["throughput_per_s"] == pytest.approx(step["request_rate"], rel=0.25)
-        assert step["errors"] == 0 and step["drops"] <= 0.05 * step["request_rate"] * 3
+        assert step["throughput_per_s"] == pytest.approx(step["request_rate"], rel=0.3), step
+        assert step["errors"] == 0 and step["drops"] <= 0.05 * step["request_rate"] * 6, step
         assert step["requests"] == accounted(step) and step["unresolved"] == 0
 
 
@@ -171,41 +172,81 @@ def test_more_sessions_than_the_daemon_allows_is_refused_with_the_limit(
     daemon = make_daemon("--max-sessions", "2")
     result = perf(cnn_model, daemon.url, "--concurrency-range", "1:3", *QUICK)
     assert result.returncode == 1 and result.stdout == ""
-    assert "concurrency 3 needs 3 sessions at once; the daemon allows 2 (0 open now)" in result.stderr
+    assert (
+        "concurrency 3 needs 3 sessions at once; the daemon has room for 2 (--max-sessions 2, 0 open now)"
+        in result.stderr
+    )
+
+
+class Background:
+    """perf running in the background, its stderr lines read as they come."""
+
+    def __init__(self, model: Path, device: str, *args: str) -> None:
+        command = [sys.executable, "-m", "rknn_client.cli", "perf", str(model), "--device", device]
+        self.process = subprocess.Popen(
+            [*command, "--no-progress", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr or ():
+            self.lines.put(line)
+
+    def wait_for(self, prefix: str) -> None:
+        while not self.lines.get(timeout=120).startswith(prefix):
+            pass
+
+    def finish(self) -> tuple[int, str, str]:
+        """(exit status, stdout, the rest of stderr) once it exits; killed if it does not in time."""
+        try:
+            out, _ = self.process.communicate(timeout=180)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        self.reader.join(30)
+        rest = []
+        while not self.lines.empty():
+            rest.append(self.lines.get())
+        return self.process.returncode, out, "".join(rest)
+
+
+# A stability no run reaches: without an interruption the first step would take its 1000 windows.
+NEVER_STABLE = ["--stability-percentage", "1e-9", "--max-trials", "1000", "--measurement-interval", "200"]
 
 
 def test_ctrl_c_stops_cleanly_and_prints_what_was_measured(
     host_daemon: DaemonProcess, cnn_model: Path
 ) -> None:
-    # A stability no run reaches: without Ctrl-C the first step would take its 1000 windows.
-    args = ["--concurrency-range", "2:4", "--stability-percentage", "1e-9", "--max-trials", "1000", "--json"]
-    command = [sys.executable, "-m", "rknn_client.cli", "perf", str(cnn_model), "--device", host_daemon.url]
-    process = subprocess.Popen(
-        [*command, *args, "--measurement-interval", "200", "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        for line in process.stderr or ():
-            lines.put(line)
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        while not lines.get(timeout=120).startswith("  window 2: "):
-            pass
-        process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 130
+    perf_run = Background(cnn_model, host_daemon.url, "--concurrency-range", "2:4", "--json", *NEVER_STABLE)
+    perf_run.wait_for("  window 2: ")
+    perf_run.process.send_signal(signal.SIGINT)
+    status, out, err = perf_run.finish()
+    assert status == 130, err
     sweep = json.loads(out)
-    assert sweep["interrupted"] is True
+    assert sweep["interrupted"] is True and sweep["error"] is None
     [step] = sweep["steps"]
     assert step["concurrency"] == 2 and step["interrupted"] is True and len(step["windows"]) >= 2
     assert step["requests"] == accounted(step) and step["unresolved"] == 0
+    assert "Traceback" not in err
+
+
+def test_a_daemon_lost_mid_sweep_ends_it_with_what_was_measured_and_why(
+    make_daemon: DaemonFactory, cnn_model: Path
+) -> None:
+    daemon = make_daemon()
+    perf_run = Background(cnn_model, daemon.url, "--concurrency-range", "1:2", *NEVER_STABLE)
+    perf_run.wait_for("  window 2: ")
+    daemon.stop()
+    status, out, err = perf_run.finish()
+    assert status == 1, err
+    _, row = out.splitlines()
+    assert row.split("|")[0].strip() == "1" and row.split("|")[-1].strip() == "failed"
+    assert "rknn-client: every request of concurrency 1 failed, the sweep stopped: " in err
+    assert "Traceback" not in err

@@ -12,7 +12,6 @@ import pytest
 from rknn_client.errors import RknnError
 from rknn_client.load.drivers import (
     ClosedLoop,
-    LoadFailed,
     OpenLoop,
     Recorder,
     Runner,
@@ -123,13 +122,32 @@ def test_an_open_loop_drops_what_finds_the_queue_full_and_times_from_the_schedul
     assert sum(1 for o in later if o.kind is Kind.OK and o.latency_s >= 0.15) >= 4
 
 
-def test_a_load_whose_every_request_fails_stops_with_the_daemons_error() -> None:
+def test_a_step_whose_every_request_fails_ends_early_and_keeps_the_daemons_error() -> None:
     def failing() -> float:
         raise RknnError("Run on tcp://board: the model has 1 input(s); 2 were given")
 
-    load = ClosedLoop([failing, failing], Recorder())
-    with pytest.raises(LoadFailed, match="every request failed: Run on tcp://board: the model has 1 input"):
-        measure(load, Step(concurrency=2), QUICK)
+    step = measure(ClosedLoop([failing, failing], Recorder()), Step(concurrency=2), QUICK)
+    assert step.failed and not step.windows  # the warm-up already failed: no window was measured
+    assert step.first_error == "Run on tcp://board: the model has 1 input(s); 2 were given"
+    assert step.requests == accounted(step) == 2 * QUICK.warmup
+
+
+def test_a_daemon_lost_mid_step_ends_it_at_the_first_window_of_only_failures() -> None:
+    lost = threading.Event()
+
+    def until_lost() -> float:
+        if lost.is_set():
+            raise RknnError("Run on tcp://board: connection refused")
+        time.sleep(0.002)
+        return 0.0
+
+    settings = Settings(interval_s=0.1, stability_percent=1e-9, max_windows=50, warmup=1)
+    step = measure(ClosedLoop([until_lost], Recorder()), Step(concurrency=1), settings, lambda _: lost.set())
+    # The request in flight when the daemon went may still answer in the second window: the first
+    # window with nothing but failures (the second or the third) ends the step.
+    assert step.failed and 2 <= len(step.windows) <= 3 and step.windows[0].completed > 0
+    assert step.windows[-1].completed == 0 and step.windows[-1].count(Kind.ERROR) > 0
+    assert step.requests == accounted(step)
 
 
 def test_ctrl_c_ends_the_step_with_what_it_measured() -> None:

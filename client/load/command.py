@@ -21,7 +21,6 @@ from rknn_client.load.drivers import (
     Load,
     OpenLoop,
     Recorder,
-    Runner,
     Settings,
     Step,
     Sweep,
@@ -29,6 +28,7 @@ from rknn_client.load.drivers import (
     runner,
 )
 from rknn_client.load.output import progress_line, step_name, window_line
+from rknn_client.load.windows import Window
 from rknn_client.transport.base import TransportError
 
 DEFAULT_MAX_IN_FLIGHT = 4
@@ -94,12 +94,9 @@ def add_load_options(perf: argparse.ArgumentParser) -> None:
     perf.set_defaults(check_options=check_load_options)
 
 
-def load_values(args: argparse.Namespace) -> list[int] | list[float] | None:
+def load_values(args: argparse.Namespace) -> list[float] | None:
     """The steps of the sweep asked for, or None for the single-session report."""
-    values: list[int] | list[float] | None = (
-        args.concurrency or args.concurrency_range or args.request_rate_range
-    )
-    return values
+    return args.concurrency or args.concurrency_range or args.request_rate_range
 
 
 def check_load_options(args: argparse.Namespace) -> str | None:
@@ -175,9 +172,8 @@ def run_sweep(
             sweep.interrupted = True
             return sweep
         frame = frame_of(sessions[0])
-        runners = [runner(s, frame) for s in sessions]
         for value in values:
-            step = _run_step(runners, value, open_loop, settings)
+            step = _run_step(sessions, frame, value, open_loop, settings)
             sweep.steps.append(step)
             if step.failed:
                 sweep.error = (
@@ -189,18 +185,30 @@ def run_sweep(
     return sweep
 
 
-def _run_step(runners: list[Runner], value: float, open_loop: bool, settings: Settings) -> Step:
-    """One step on the first `value` sessions (closed loop) or on all of them at `value` per second."""
+def _run_step(
+    sessions: list[Session], frame: Frame, value: float, open_loop: bool, settings: Settings
+) -> Step:
+    """One step on the first `value` sessions (closed loop) or on all of them at `value` per second.
+    The sessions a closed-loop step leaves idle are kept alive at each window, or a long step would
+    let the daemon expire the ones the next steps need."""
     recorder = Recorder()
     load: Load
     if open_loop:
-        load, step = OpenLoop(runners, recorder, float(value)), Step(rate=float(value), sessions=len(runners))
+        used, step = sessions, Step(rate=value, sessions=len(sessions))
+        load = OpenLoop([runner(s, frame) for s in used], recorder, value)
     else:
-        count = int(value)
-        load, step = ClosedLoop(runners[:count], recorder), Step(concurrency=count, sessions=count)
+        used, step = sessions[: int(value)], Step(concurrency=int(value), sessions=int(value))
+        load = ClosedLoop([runner(s, frame) for s in used], recorder)
+    idle = sessions[len(used) :]
+
+    def window_closed(window: Window) -> None:
+        print(window_line(len(step.windows), window), file=sys.stderr)
+        for session in idle:
+            # A failure here shows as the next step's errors, with the daemon's reason.
+            with contextlib.suppress(RknnError, TransportError):
+                session.keep_alive()
+
     print(f"{step_name(step)}:", file=sys.stderr)
-    measure(
-        load, step, settings, lambda window: print(window_line(len(step.windows), window), file=sys.stderr)
-    )
+    measure(load, step, settings, window_closed)
     print(progress_line(step), file=sys.stderr)
     return step

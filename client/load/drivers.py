@@ -15,6 +15,7 @@ dropped (counted, never sent), so an overloaded daemon shows as drops and a boun
 
 from __future__ import annotations
 
+import abc
 import queue
 import threading
 import time
@@ -89,8 +90,8 @@ class Recorder:
         self.add(Outcome(Kind.OK, time.perf_counter() - since, server_us))
 
 
-class Load:
-    """Threads driving requests until stop(); warm_up() first, on every session."""
+class Load(abc.ABC):
+    """Threads driving requests from start() until stop(); warm_up() first, on every session."""
 
     def __init__(self, runners: Sequence[Runner], recorder: Recorder) -> None:
         self.runners = list(runners)
@@ -126,8 +127,9 @@ class Load:
             thread.join()  # Ctrl-C interrupts a join on POSIX; stop() then ends the warm-up
         self._threads = []
 
+    @abc.abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start sending requests (in threads of its own) and return."""
 
     def stop(self) -> None:
         """No new requests; those in flight are answered (and recorded) before this returns."""

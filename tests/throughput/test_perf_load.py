@@ -250,3 +250,16 @@ def test_a_daemon_lost_mid_sweep_ends_it_with_what_was_measured_and_why(
     assert row.split("|")[0].strip() == "1" and row.split("|")[-1].strip() == "failed"
     assert "rknn-client: every request of concurrency 1 failed, the sweep stopped: " in err
     assert "Traceback" not in err
+
+
+def test_sessions_a_long_step_leaves_idle_are_kept_for_the_next(
+    make_daemon: DaemonFactory, cnn_model: Path
+) -> None:
+    """The daemon expires a session idle for 2 s here; the first step runs 4 s on one session while
+    the second session waits for step 2."""
+    daemon = make_daemon("--session-idle-timeout", "2")
+    args = ["--concurrency-range", "1:2", "--measurement-interval", "500", "--max-trials", "8"]
+    result = perf(cnn_model, daemon.url, *args, "--stability-percentage", "1e-9", "--json")
+    assert result.returncode == 0, result.stderr
+    steps = json.loads(result.stdout)["steps"]
+    assert [(s["concurrency"], s["errors"], len(s["windows"])) for s in steps] == [(1, 0, 8), (2, 0, 8)]

@@ -24,14 +24,16 @@ from rknn_client.load.drivers import (
     Settings,
     Step,
     Sweep,
+    kept_alive,
     measure,
     runner,
 )
 from rknn_client.load.output import progress_line, step_name, window_line
-from rknn_client.load.windows import Window
 from rknn_client.transport.base import TransportError
 
 DEFAULT_MAX_IN_FLIGHT = 4
+# How often idle sessions are renewed when the daemon does not say when it expires them.
+KEEP_ALIVE_S = 60.0
 MODES = "--concurrency N, --concurrency-range START:END[:STEP] or --request-rate-range START:END[:STEP]"
 
 
@@ -161,6 +163,7 @@ def run_sweep(
         warmup=max(args.warmup, 0),
     )
     sweep = Sweep(open_loop, settings, needed)
+    keep_alive_s = info.limits.get("session_idle_timeout_s", 0) / 3 or KEEP_ALIVE_S
     with contextlib.ExitStack() as stack:
         try:
             sessions = []
@@ -168,12 +171,15 @@ def run_sweep(
                 sessions.append(open_session())
                 stack.callback(_release_quietly, sessions[-1])
         except KeyboardInterrupt:
+            # A gRPC call that Ctrl-C interrupted may leave the channel's other calls hanging: the
+            # daemon frees the sessions when their leases run out instead.
+            stack.pop_all()
             print("interrupted while opening sessions: nothing measured", file=sys.stderr)
             sweep.interrupted = True
             return sweep
         frame = frame_of(sessions[0])
         for value in values:
-            step = _run_step(sessions, frame, value, open_loop, settings)
+            step = _run_step(sessions, frame, value, open_loop, settings, keep_alive_s)
             sweep.steps.append(step)
             if step.failed:
                 sweep.error = (
@@ -186,11 +192,16 @@ def run_sweep(
 
 
 def _run_step(
-    sessions: list[Session], frame: Frame, value: float, open_loop: bool, settings: Settings
+    sessions: list[Session],
+    frame: Frame,
+    value: float,
+    open_loop: bool,
+    settings: Settings,
+    keep_alive_s: float,
 ) -> Step:
     """One step on the first `value` sessions (closed loop) or on all of them at `value` per second.
-    The sessions a closed-loop step leaves idle are kept alive at each window, or a long step would
-    let the daemon expire the ones the next steps need."""
+    The sessions a closed-loop step leaves idle are kept alive, or a long step would let the daemon
+    expire the ones the next steps need."""
     recorder = Recorder()
     load: Load
     if open_loop:
@@ -199,16 +210,8 @@ def _run_step(
     else:
         used, step = sessions[: int(value)], Step(concurrency=int(value), sessions=int(value))
         load = ClosedLoop([runner(s, frame) for s in used], recorder)
-    idle = sessions[len(used) :]
-
-    def window_closed(window: Window) -> None:
-        print(window_line(len(step.windows), window), file=sys.stderr)
-        for session in idle:
-            # A failure here shows as the next step's errors, with the daemon's reason.
-            with contextlib.suppress(RknnError, TransportError):
-                session.keep_alive()
-
     print(f"{step_name(step)}:", file=sys.stderr)
-    measure(load, step, settings, window_closed)
+    with kept_alive(sessions[len(used) :], keep_alive_s):
+        measure(load, step, settings, lambda w: print(window_line(len(step.windows), w), file=sys.stderr))
     print(progress_line(step), file=sys.stderr)
     return step

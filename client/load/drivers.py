@@ -16,10 +16,11 @@ dropped (counted, never sent), so an overloaded daemon shows as drops and a boun
 from __future__ import annotations
 
 import abc
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,6 +53,28 @@ def runner(session: Session, frame: Frame) -> Runner:
         return float(session.last_run_time_us)
 
     return run
+
+
+@contextlib.contextmanager
+def kept_alive(sessions: Sequence[Session], every_s: float) -> Iterator[None]:
+    """Renew the leases of `sessions` every `every_s` while the block runs, from a thread of its own:
+    no gRPC call runs on the main thread during a measurement, since a call that Ctrl-C interrupts
+    there can leave the channel's calls in other threads hanging."""
+    done = threading.Event()
+
+    def keep() -> None:
+        while not done.wait(every_s):
+            for session in sessions:
+                # A failure here shows as the next step's errors, with the daemon's reason.
+                with contextlib.suppress(RknnError, TransportError):
+                    session.keep_alive()
+
+    thread = threading.Thread(target=keep, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 class Recorder:

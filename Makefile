@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test lint typecheck proto proto-check unit bench clean toolkit
+.PHONY: install demo test lint typecheck proto proto-check unit bench clean toolkit tritonclient
 
 $(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,7 +57,12 @@ toolkit: $(DEV_STAMP)
 	@$(VENV)/bin/rknn-client toolkit status >/dev/null 2>&1 || $(VENV)/bin/rknn-client toolkit install --torch-stub \
 		|| echo "RKNN-Toolkit2 could not be installed; tests/toolkit will skip"
 
-unit: install toolkit
+# The real tritonclient that tests/kserve drive the daemon with (KServe v2): a venv of its own in
+# ~/.cache/rknn_client, as it pins its own protobuf and grpcio; made once, then found by its stamp.
+tritonclient: $(DEV_STAMP)
+	@$(PY) -m tests.kserve.tritonclient_venv
+
+unit: install toolkit tritonclient
 	$(PY) -m pytest -q
 
 test: lint typecheck proto-check unit

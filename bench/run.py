@@ -6,6 +6,8 @@
   a re-run's client-side time before the cache hit (its digests remembered);
 - the daemon's CPU per MobileNetV2 frame (/proc/PID/stat), also pinned to one core (a board's);
 - the same daemon through an adb forward vs direct TCP: latency p50 and the 64 MiB round trip.
+- shared memory (bench/shared_memory.py): MobileNetV2 p50 and the 64 MiB identity round trip through
+  /dev/shm against ONNX Runtime in-process. Every other row measures the wire (RKNN_SHM=off).
 - throughput (bench/throughput.py): pipelined vs synchronous inference and int8 vs float32 outputs
   over a simulated USB 2.0 link, eight concurrent clients vs one, and Apache TVM's RPC as a peer.
 - int8 fidelity (bench/fidelity.py): our host-side int8 emulation against RKNN-Toolkit2's simulator
@@ -39,6 +41,7 @@ from bench.adb_forward import measure_adb
 from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import measure_ceiling
 from bench.raw_socket import transfer_seconds
+from bench.shared_memory import bench_shared_memory
 from demo.daemon_process import DaemonProcess, start_daemon
 from demo.models import save_mobilenet_v2
 from rknn_client import connect
@@ -250,6 +253,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rknn-bench-") as tmp:
         work = Path(tmp)
         os.environ["XDG_CACHE_HOME"] = str(work / "client-cache")  # the client's digest cache starts cold
+        os.environ["RKNN_SHM"] = "off"  # the wire's rows; bench_shared_memory turns it on for its own
         daemon = start_daemon(work / "cache", RESULTS / "bench-daemon.log", ["--runtime", "host"])
         try:
             for name, fn in (
@@ -257,6 +261,7 @@ def main() -> int:
                 ("round_trip_64mib", bench_round_trip),
                 ("upload_1gib", bench_upload),
                 ("daemon_cpu_per_frame", bench_cpu_per_frame),
+                ("shared_memory", bench_shared_memory),
             ):
                 print(f"measuring {name} ...", flush=True)
                 results[name] = fn(daemon, work)
@@ -273,6 +278,13 @@ def main() -> int:
             results["upload_1gib"]["upload_mb_s"] / results["grpc_ceiling"]["no_op_stream_mb_s"]
         )
         print(f"upload_vs_no_op_grpc_stream: {results['upload_1gib']['upload_vs_no_op_grpc_stream']:.2f}")
+        latency = results["latency"]
+        latency["overhead_over_no_op_unary_call"] = (
+            latency["remote_p50_ms"] - latency["in_process_p50_ms"]
+        ) / results["grpc_ceiling"]["no_op_unary_call_with_602112_bytes_p50_ms"]
+        print(
+            f"per-call overhead over the no-op unary call: {latency['overhead_over_no_op_unary_call']:.2f} (target <= 1.3)"
+        )
         print("measuring adb_forward ...", flush=True)
         measure_adb(results, work / "adb")
         print(json.dumps(results["adb_forward"], indent=2), flush=True)

@@ -14,35 +14,42 @@ import functools
 import math
 import os
 import platform
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 import numpy as np
 
-from rknn_client import __version__
+from rknn_client import __version__, shared_memory
 from rknn_client.digest_cache import DigestCache
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
 from rknn_client.pipeline import Pipeline, ordered_map
+from rknn_client.reservation import PendingReservation, Reservation
 from rknn_client.transport.base import Endpoint
+from rknn_client.transport.health import SERVING, health_status
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
-from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import codec, framing, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import (
     CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
+    MAX_RUN_REPLY_BYTES,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
+    RESERVATION_METADATA_KEY,
     RUN_RPC_VERSION,
+    UNBOUNDED_RUN_VERSION,
 )
 
 T = TypeVar("T")
+R_co = TypeVar("R_co", covariant=True)
 Progress = Callable[[int, int], None]
 # Re-opens a lost session on a restarted daemon: the new InitRuntime reply and the model bytes re-sent.
 Reopen = Callable[[], tuple[rknn_pb2.InitRuntimeResponse, int]]
@@ -52,12 +59,17 @@ _UPLOAD_RETRIES = 600
 _UPLOAD_RETRY_S = 0.1
 # The client trusts its daemon but still bounds what it allocates for outputs.
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
+# Room in a unary Run request for its header beside the inputs' bytes.
+_HEADER_ROOM = 64 << 10
+_RUN_METHOD = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}/Run"
 _QUANT_NAMES = {
     rknn_pb2.QUANT_TYPE_NONE: "none",
     rknn_pb2.QUANT_TYPE_AFFINE_ASYMMETRIC: "affine",
     rknn_pb2.QUANT_TYPE_DFP: "dfp",
 }
 _QUANT_CODES = {name: code for code, name in _QUANT_NAMES.items()}
+# How long the version handshake (and the health check) may take unless the caller says otherwise.
+HANDSHAKE_TIMEOUT_S = 30.0
 # Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
 NATIVE_OUTPUTS_ENV = "RKNN_NATIVE_OUTPUTS"
 # Frames kept in flight by Session.map unless told otherwise.
@@ -129,6 +141,8 @@ class DeviceInfo:
     insecure: bool = False
     client_identity: str = ""
     warnings: tuple[str, ...] = ()
+    reserved_by: str = ""  # who holds the board's reservation, "" when nobody does
+    reservation_waiters: int = 0  # Reserve calls queued behind the holder
 
 
 @dataclass(frozen=True)
@@ -185,8 +199,23 @@ class UploadResult:
     cached: bool
 
 
+class ResponseStream(Protocol[R_co]):
+    """A streaming call in progress: its responses in order (errors arrive as grpc.RpcError while
+    reading, for the reader to map with its own context), cancellation and an end callback."""
+
+    def __iter__(self) -> Iterator[R_co]: ...
+
+    def __next__(self) -> R_co: ...
+
+    def cancel(self) -> bool: ...
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None: ...
+
+
 class Device:
-    """A connection to one daemon. Closing it closes the channel and undoes the transport."""
+    """A connection to one daemon: every call the client makes goes through here, with the
+    credentials, the protocol version check and the error mapping. Closing it closes the channel and
+    undoes the transport (the endpoint is the Device's from construction on)."""
 
     def __init__(
         self,
@@ -204,30 +233,46 @@ class Device:
         self.timeout_s = timeout_s
         # Sent with every call: the protocol version, plus e.g. a farm reservation token.
         self.metadata = (*_METADATA, *metadata)
-        self._channel = open_channel(
-            endpoint,
-            Credentials.resolve(endpoint.token or token, tls_ca, tls_cert, tls_key),
-            [
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                # A restarted daemon is found again within about a second.
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ],
-        )
+        try:
+            self._channel = open_channel(
+                endpoint,
+                Credentials.resolve(endpoint.token or token, tls_ca, tls_cert, tls_key),
+                [
+                    ("grpc.max_receive_message_length", MAX_RUN_REPLY_BYTES),
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    # A restarted daemon is found again within about a second.
+                    ("grpc.initial_reconnect_backoff_ms", 200),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                ],
+            )
+        except BaseException:
+            endpoint.close()  # the Device owns the endpoint from the start, even when it fails
+            raise
         self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
         self._info: DeviceInfo | None = None
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        """Every unary RPC but the handshake: the version check (once per Device), then `_rpc`."""
+        self._negotiate(timeout)
+        return self._rpc(name, fn, request, timeout)
+
+    def _negotiate(self, timeout: float | None = None) -> None:
+        """Raise VersionMismatch (or the handshake's error) unless this daemon's protocol fits."""
+        if self._info is None:
+            self.info(timeout=timeout or self.timeout_s or HANDSHAKE_TIMEOUT_S)
+
+    def _rpc(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        """One unary call with the credentials (channel and metadata) and the protocol version; a
+        failure becomes the typed RknnError naming the call and the daemon."""
         try:
             return fn(request, metadata=self.metadata, timeout=timeout or self.timeout_s)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, f"{name} on {self.endpoint.description}") from None
 
-    def handshake(self, timeout: float = 30) -> rknn_pb2.GetInfoResponse:
+    def handshake(self, timeout: float = HANDSHAKE_TIMEOUT_S) -> rknn_pb2.GetInfoResponse:
         """GetInfo as the daemon answers it, whatever its protocol version (doctor and devices judge
         that themselves); raises RknnError."""
-        return self._call(
+        return self._rpc(
             "GetInfo",
             self._stub.GetInfo,
             rknn_pb2.GetInfoRequest(
@@ -237,10 +282,11 @@ class Device:
             timeout=timeout,
         )
 
-    def info(self, refresh: bool = False) -> DeviceInfo:
-        """The daemon's description; the first call is the version handshake."""
+    def info(self, refresh: bool = False, *, timeout: float = HANDSHAKE_TIMEOUT_S) -> DeviceInfo:
+        """The daemon's description; the first call is the version handshake (VersionMismatch when
+        the two sides cannot work together)."""
         if self._info is None or refresh:
-            reply = self.handshake()
+            reply = self.handshake(timeout)
             mismatch = check_versions(reply, self.endpoint.description, self.endpoint.device_id)
             if mismatch is not None:
                 raise VersionMismatch(mismatch.message())
@@ -265,8 +311,67 @@ class Device:
                 insecure=reply.insecure,
                 client_identity=reply.client_identity,
                 warnings=tuple(reply.warnings),
+                reserved_by=reply.reservation.holder if reply.HasField("reservation") else "",
+                reservation_waiters=reply.reservation_waiters,
             )
         return self._info
+
+    def health(self, timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+        """Raise unless the daemon's gRPC health check says SERVING (asked without the handshake:
+        the daemon answers it to anyone, so it tells a sick daemon from refused credentials)."""
+        try:
+            status = health_status(self._channel, timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, f"health check on {self.endpoint.description}") from None
+        if status != SERVING:
+            raise RknnError(f"the daemon at {self.endpoint.description} reports health {status}")
+
+    def reserve(
+        self, holder: str, ttl_s: float, *, wait_s: float = 0.0, timeout: float | None = None
+    ) -> Reservation:
+        """Hold the board for `holder` alone (other clients cannot open sessions), queueing up to
+        `wait_s` behind someone else's reservation; FailedPrecondition when it is still held then.
+        The reservation lapses after `ttl_s` (clamped by the daemon) unless renewed."""
+        request = rknn_pb2.ReserveRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s)
+        return Reservation.from_wire(self._call("Reserve", self._stub.Reserve, request, timeout))
+
+    def queue_reservation(
+        self, holder: str, ttl_s: float, wait_s: float, timeout: float | None = None
+    ) -> PendingReservation:
+        """Like `reserve`, without waiting: the call queues on the daemon and the handle says when it
+        is granted, or leaves the queue (the farm queues on several boards and takes the first)."""
+        self._negotiate()
+        token = secrets.token_urlsafe(24)
+        request = rknn_pb2.ReserveRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s, token=token)
+        future = self._stub.Reserve.future(
+            request, metadata=self.metadata, timeout=timeout if timeout is not None else self.timeout_s
+        )
+        return PendingReservation(future, token, f"Reserve on {self.endpoint.description}")
+
+    def renew_reservation(self, token: str, timeout: float | None = None) -> float:
+        """Extend the reservation `token` proves; the seconds left. NotFound once it has lapsed."""
+        request = rknn_pb2.RenewReservationRequest(token=token)
+        return self._call("RenewReservation", self._stub.RenewReservation, request, timeout).expires_in_s
+
+    def release_reservation(self, token: str, timeout: float | None = None) -> None:
+        """Give the board back; NotFound when `token` holds nothing (never granted, or lapsed)."""
+        request = rknn_pb2.ReleaseReservationRequest(token=token)
+        self._call("ReleaseReservation", self._stub.ReleaseReservation, request, timeout)
+
+    def use_reservation(self, token: str) -> None:
+        """From now on every call of this Device proves the reservation `token` (a reserved board
+        admits only its holder's sessions)."""
+        self.metadata = (*self.metadata, (RESERVATION_METADATA_KEY, token))
+
+    def inference_pipeline(
+        self, requests: Iterator[rknn_pb2.InferenceRequest]
+    ) -> ResponseStream[rknn_pb2.InferenceResponse]:
+        """An InferencePipeline stream fed from `requests` (read by gRPC's own thread), no deadline."""
+        self._negotiate()
+        return cast(
+            ResponseStream[rknn_pb2.InferenceResponse],
+            self._stub.InferencePipeline(requests, metadata=self.metadata),
+        )
 
     def upload(
         self, model: Path | str, progress: Progress | None = None, *, hashing: Progress | None = None
@@ -449,6 +554,9 @@ class Session:
         self._reopen = reopen
         self._reconnect_allowed = True
         self._on_reconnect = on_reconnect
+        self._route: int | None = None  # see _decide_route
+        # Run with the request serialized by framing.run_request_bytes (made on first use).
+        self._run_call: grpc.UnaryUnaryMultiCallable | None = None
         self._adopt(reply)
 
     def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
@@ -458,6 +566,7 @@ class Session:
         self.runtime_api_version = reply.runtime_api_version
         self.runtime_driver_version = reply.runtime_driver_version
         self._instance = self.device._info.instance_id if self.device._info else ""
+        self._route = None
 
     def allow_reconnect(self, allowed: bool) -> None:
         """Turn the re-open after a daemon restart on or off (only for sessions loaded with reconnect=True)."""
@@ -538,45 +647,46 @@ class Session:
         progress: Progress | None = None,
     ) -> list[np.ndarray]:
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id=0)
-        if self._fits_one_message(wire):
+        shared = shared_memory.run_frame(self, header, wire, progress)
+        if shared is not None:
+            return shared
+        sent = sum([a.nbytes for a in wire])
+        if self._goes_unary(sent):
             return self._run_unary(header, wire)
         where = f"Inference on {self.device.endpoint.description}"
-        moved, total = 0, sum(a.nbytes for a in wire)
+        total = sent
 
-        def count(size: int) -> None:
-            nonlocal moved
-            moved += size
-            if progress:
-                progress(moved, total)
+        def outputs_named(head: rknn_pb2.OutputsHeader) -> OutputFrame:
+            nonlocal total
+            total += sum(meta.byte_length for meta in head.outputs)
+            return self.new_output_assembler(head)
 
-        def sent(requests: Iterator[rknn_pb2.InferenceRequest]) -> Iterator[rknn_pb2.InferenceRequest]:
-            for request in requests:
-                yield request
-                count(len(request.chunk.data))
-
+        reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
+            outputs_named, describe_header="OutputsHeader"
+        )
+        requests: Iterator[rknn_pb2.InferenceRequest] = framing.frame_messages(
+            rknn_pb2.InferenceRequest, header, wire
+        )
         try:
             responses = cast(
                 Iterator[rknn_pb2.InferenceResponse],
                 self.device._stub.Inference(
-                    sent(_messages(header, wire)),
+                    _reported(requests, lambda moved: progress(moved, total)) if progress else requests,
                     metadata=self.device.metadata,
                     timeout=self.device.timeout_s,
                 ),
             )
-            first = next(responses)
-            if first.WhichOneof("part") != "header":
-                raise RknnError(f"{where}: the daemon sent a chunk before the outputs header")
-            self.last_run_time_us = first.header.run_time_us
-            total += sum(meta.byte_length for meta in first.header.outputs)
-            assembler = self.new_output_assembler(first.header)
-            for response in responses:
-                assembler.add(response.chunk)
-                count(len(response.chunk.data))
+            if progress:
+                responses = _reported(responses, lambda _: progress(sent + reader.bytes, total))
+            frame = next(framing.read_frames(responses, reader), None)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
-        except StopIteration:
-            raise RknnError(f"{where}: the daemon closed the stream without outputs") from None
-        return self.real_outputs(assembler.arrays())
+        except framing.FrameError as exc:
+            raise RknnError(f"{where}: {exc}") from None
+        if frame is None:
+            raise RknnError(f"{where}: the daemon closed the stream without outputs")
+        self.last_run_time_us = frame.header.run_time_us
+        return self.real_outputs(frame.arrays())
 
     def frame_requests(
         self,
@@ -588,7 +698,8 @@ class Session:
         frame_id: int = 0,
     ) -> Iterator[rknn_pb2.InferenceRequest]:
         """One frame's request messages: the header now (inputs are checked here), chunks lazily."""
-        return _messages(*self._frame(inputs, layouts, pass_through, strict, frame_id))
+        header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id)
+        return framing.frame_messages(rknn_pb2.InferenceRequest, header, wire)
 
     def _frame(
         self,
@@ -612,34 +723,48 @@ class Session:
         )
         return header, wire
 
-    def _fits_one_message(self, wire: Sequence[np.ndarray]) -> bool:
-        """Whether a frame goes as one unary Run: a daemon that has it, small inputs, and outputs of
-        known, small size (counted as float32 at least, the size a dequantized output has)."""
-        if self.device.info().protocol_version < RUN_RPC_VERSION or any(s.is_dynamic for s in self.outputs):
-            return False
-        out_bytes = sum(math.prod(s.shape) * max(s.dtype.itemsize, 4) for s in self.outputs)
-        return (
-            sum(a.nbytes for a in wire) < codec.SMALL_TRANSFER_BYTES
-            and out_bytes < codec.SMALL_TRANSFER_BYTES
-        )
+    def _goes_unary(self, input_bytes: int) -> bool:
+        """Whether a frame of `input_bytes` goes as one unary Run, from the route decided once."""
+        if self._route is None:
+            self._route = self._decide_route()
+        return input_bytes <= self._route
+
+    def _decide_route(self) -> int:
+        """The most input bytes a frame may have to go as one unary Run (-1: never), decided once per
+        session from what the daemon said: its protocol (Run; replies of any size), its message limit
+        (GetInfo) and the outputs' sizes (InitRuntime). Unary is the faster path for small transfers,
+        the stream for large ones (codec.SMALL_TRANSFER_BYTES). Outputs of unknown size go unary when
+        the daemon answers a Run whatever its outputs come to (so it never computes and then refuses
+        them); outputs known to be large go by the stream."""
+        info = self.device.info()
+        if info.protocol_version < RUN_RPC_VERSION:
+            return -1
+        message_limit = int(info.limits.get("max_message_bytes") or MAX_MESSAGE_BYTES)
+        bound = _reply_bound(self.outputs, self.native_outputs)
+        if info.protocol_version < UNBOUNDED_RUN_VERSION and (bound is None or bound > message_limit // 2):
+            return -1  # an older daemon's Run refuses, after computing, outputs over half its limit
+        if bound is not None and bound >= codec.SMALL_TRANSFER_BYTES:
+            return -1
+        return min(codec.SMALL_TRANSFER_BYTES - 1, message_limit - _HEADER_ROOM)
 
     def _run_unary(self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]) -> list[np.ndarray]:
         where = f"Run on {self.device.endpoint.description}"
-        request = rknn_pb2.RunRequest(header=header, inputs=[a.tobytes() for a in wire])
-        reply = self.device._call("Run", self.device._stub.Run, request)
-        self.last_run_time_us = reply.header.run_time_us
-        assembler = self.new_output_assembler(reply.header)
-        outputs = reply.outputs
-        if len(outputs) != len(reply.header.outputs):
-            raise RknnError(
-                f"{where}: {len(outputs)} output byte strings for {len(reply.header.outputs)} outputs"
+        if self._run_call is None:
+            self._run_call = self.device._channel.unary_unary(
+                _RUN_METHOD, request_serializer=None, response_deserializer=rknn_pb2.RunResponse.FromString
             )
-        for i, data in enumerate(outputs):
-            assembler.add_bytes(i, 0, data)
-        return self.real_outputs(assembler.arrays())
+        reply = self.device._call("Run", self._run_call, framing.run_request_bytes(header, wire))
+        self.last_run_time_us = reply.header.run_time_us
+        try:
+            frame = framing.whole_frame(
+                self.new_output_assembler(reply.header), reply.outputs, len(reply.header.outputs), "output"
+            )
+        except framing.FrameError as exc:
+            raise RknnError(f"{where}: {exc}") from None
+        return self.real_outputs(frame.arrays())
 
-    def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> codec.TensorAssembler:
-        return codec.TensorAssembler(header.outputs, _OUTPUT_LIMITS, "output")
+    def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> OutputFrame:
+        return OutputFrame(header)
 
     def real_outputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Received outputs as float32 where they came as quantized integers (native outputs)."""
@@ -671,23 +796,16 @@ class Session:
         call = self.device._stub.DumpLayers(
             requests, metadata=self.device.metadata, timeout=self.device.timeout_s
         )
-        header: rknn_pb2.LayerDumpHeader | None = None
-        assembler: codec.TensorAssembler | None = None
+        reader: framing.FrameReader[rknn_pb2.LayerDumpHeader, LayerFrame] = framing.FrameReader(
+            LayerFrame, header="layer", what="layer", describe_header="LayerDumpHeader"
+        )
         try:
-            for response in cast(Iterator[rknn_pb2.DumpLayersResponse], call):
-                if response.WhichOneof("part") == "layer":
-                    if header is not None and assembler is not None:
-                        yield _dumped(header, assembler)
-                    header = response.layer
-                    assembler = codec.TensorAssembler([header.tensor], _OUTPUT_LIMITS, "layer")
-                elif assembler is None:
-                    raise RknnError(f"{where}: the daemon sent tensor bytes before a layer header")
-                else:
-                    assembler.add(response.chunk)
-            if header is not None and assembler is not None:
-                yield _dumped(header, assembler)
+            for layer in framing.read_frames(cast(Iterator[rknn_pb2.DumpLayersResponse], call), reader):
+                yield layer.dumped()
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
+        except framing.FrameError as exc:
+            raise RknnError(f"{where}: {exc}") from None
         finally:
             call.cancel()
 
@@ -762,22 +880,55 @@ class Session:
         self.release()
 
 
-def _dumped(header: rknn_pb2.LayerDumpHeader, assembler: codec.TensorAssembler) -> DumpedLayer:
-    return DumpedLayer(
-        index=header.index,
-        op_type=header.op_type,
-        node_name=header.node_name,
-        tensor_name=header.tensor_name,
-        array=assembler.arrays()[0],
+class OutputFrame(codec.TensorAssembler):
+    """One frame's outputs being received: the daemon's header and the outputs' bytes."""
+
+    def __init__(self, header: rknn_pb2.OutputsHeader) -> None:
+        super().__init__(header.outputs, _OUTPUT_LIMITS, "output")
+        self.header = header
+
+
+class LayerFrame(codec.TensorAssembler):
+    """One dumped layer being received: its header and its tensor's bytes."""
+
+    def __init__(self, header: rknn_pb2.LayerDumpHeader) -> None:
+        super().__init__([header.tensor], _OUTPUT_LIMITS, "layer")
+        self.header = header
+
+    def dumped(self) -> DumpedLayer:
+        return DumpedLayer(
+            index=self.header.index,
+            op_type=self.header.op_type,
+            node_name=self.header.node_name,
+            tensor_name=self.header.tensor_name,
+            array=self.arrays()[0],
+        )
+
+
+def _reply_bound(outputs: Sequence[TensorInfo], native: bool) -> int | None:
+    """The most bytes the outputs take in a reply (None when one has a dynamic dimension): a
+    quantized output counts as float32 unless it comes native."""
+    if any(spec.is_dynamic for spec in outputs):
+        return None
+    return sum(
+        math.prod(spec.shape)
+        * (max(spec.dtype.itemsize, 4) if spec.quant_type != "none" and not native else spec.dtype.itemsize)
+        for spec in outputs
     )
 
 
-def _messages(
-    header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]
-) -> Iterator[rknn_pb2.InferenceRequest]:
-    """A frame's Inference request stream: the header, then its chunks (made lazily)."""
-    yield rknn_pb2.InferenceRequest(header=header)
-    yield from codec.chunk_requests(wire)
+M = TypeVar("M", rknn_pb2.InferenceRequest, rknn_pb2.InferenceResponse)
+
+
+def _reported(messages: Iterable[M], moved: Callable[[int], object]) -> Iterator[M]:
+    """`messages`, telling `moved` the chunk bytes passed so far after each one (for a progress
+    display only: reading a chunk's data copies it)."""
+    total = 0
+    for message in messages:
+        yield message
+        if message.WhichOneof("part") == "chunk":
+            total += len(message.chunk.data)
+        moved(total)
 
 
 def connect(

@@ -49,7 +49,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"deploy: {step}", file=sys.stderr)
 
     try:
-        print(deploy(args.device, socket_name=args.socket, progress=progress).report())
+        print(deploy(args.device, socket_name=args.socket, progress=progress, token=args.token).report())
     except (DeployError, TransportError) as error:
         print(f"rknn-client deploy: {error}", file=sys.stderr)
         return 1
@@ -95,3 +95,4 @@ def add_board_commands(sub: Any) -> None:
         "install or upgrade this version's daemon on an adb board (offline: wheels built here) and start it",
     )
     deploy.add_argument("--device", help="adb serial or IP:PORT (default: the single adb board)")
+    add_token_option(deploy)

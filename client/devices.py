@@ -15,7 +15,8 @@ import adbutils
 
 from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
-from rknn_client.errors import RknnError
+from rknn_client.doctor import TOKEN_FIX
+from rknn_client.errors import AuthenticationFailed, RknnError
 from rknn_client.transport.adb import (
     AdbDeviceInfo,
     AdbTransportError,
@@ -49,6 +50,7 @@ class DeviceRow:
     daemon: bool = False
     daemon_version: str = ""
     runtime: str = ""
+    refused: str = ""  # why the daemon refused this client (its token), when it answered so
 
 
 def survey(
@@ -69,16 +71,18 @@ def survey(
     return rows
 
 
-def _handshake(endpoint: Endpoint, timeout: float, token: str | None) -> rknn_pb2.GetInfoResponse | None:
-    """GetInfo through a Device (credentials included); None when the daemon does not answer. Closes
-    `endpoint`."""
+def _handshake(
+    endpoint: Endpoint, timeout: float, token: str | None
+) -> tuple[rknn_pb2.GetInfoResponse | None, str]:
+    """GetInfo through a Device (credentials included), or None and why the daemon refused this
+    client ("" when it did not answer at all). Closes `endpoint`."""
     try:
         with Device(endpoint, token=token) as device:
-            return device.handshake(timeout)
+            return device.handshake(timeout), ""
+    except AuthenticationFailed as error:
+        return None, str(error)
     except (RknnError, TransportError):
-        return None
-    finally:
-        endpoint.close()
+        return None, ""
 
 
 def _adb_row(
@@ -88,13 +92,15 @@ def _adb_row(
     if device.state != "device":
         return DeviceRow(device.serial, transport, device.state, model=device.model)
     info: rknn_pb2.GetInfoResponse | None = None
+    refused = ""
     with contextlib.suppress(TransportError):
-        info = _handshake(open_adb(device.serial, socket_name=socket_name), timeout, token)
+        info, refused = _handshake(open_adb(device.serial, socket_name=socket_name), timeout, token)
     soc, model = (info.soc, info.board) if info is not None else ("", "")
     if not (soc and model):
         found_soc, found_model = _board_identity(BoardShell(client.device(device.serial)))
         soc, model = soc or found_soc, model or found_model or device.model
-    return _with_daemon(DeviceRow(device.serial, transport, device.state, soc, model), info)
+    row = DeviceRow(device.serial, transport, device.state, soc, model, refused=refused)
+    return _with_daemon(row, info)
 
 
 def _board_identity(shell: BoardShell) -> tuple[str, str]:
@@ -114,7 +120,9 @@ def _tcp_row(address: str, timeout: float, token: str | None) -> DeviceRow:
         endpoint = tcp_endpoint(address)
     except TransportError:
         return DeviceRow(address, "tcp", "invalid address")
-    info = _handshake(endpoint, timeout, token)
+    info, refused = _handshake(endpoint, timeout, token)
+    if refused:
+        return DeviceRow(endpoint.device_id, "tcp", "reachable", refused=refused)
     if info is None:
         return DeviceRow(endpoint.device_id, "tcp", "unreachable")
     return _with_daemon(DeviceRow(endpoint.device_id, "tcp", "reachable", info.soc, info.board), info)
@@ -128,7 +136,7 @@ def _with_daemon(row: DeviceRow, info: rknn_pb2.GetInfoResponse | None) -> Devic
 
 
 def devices_table(rows: Sequence[DeviceRow]) -> str:
-    """A fixed-width table, one board per line."""
+    """A fixed-width table, one board per line; under it, why a daemon refused this client."""
     if not rows:
         return (
             "No device found. Attach a board over USB (adb devices), or a network board with "
@@ -141,14 +149,16 @@ def devices_table(rows: Sequence[DeviceRow]) -> str:
             r.state,
             r.soc or "-",
             r.model or "-",
-            "yes" if r.daemon else "no",
+            "yes" if r.daemon else "refused" if r.refused else "no",
             r.daemon_version or "-",
             r.runtime or "-",
         )
         for r in rows
     ]
     widths = [max(len(line[i]) for line in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
-    return "".join(
+    table = "".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() + "\n"
         for line in [_COLUMNS, *cells]
     )
+    refusals = "".join(f"{r.address}: {r.refused}\n  fix: {TOKEN_FIX}\n" for r in rows if r.refused)
+    return table + refusals

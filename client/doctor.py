@@ -280,8 +280,6 @@ def _daemon_checks(
             "and make sure the vendor's rknn_server is not the one listening",
         )
         return None
-    finally:
-        endpoint.close()
     yield Check("gRPC handshake", True, f"rknn_server {info.daemon_version} answered GetInfo")
     mismatch = check_versions(info, device_id or endpoint.description, device_id)
     if mismatch is not None:

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
-
 from rknn_client import __version__
-from rknn_client.transport.security import Credentials
-from rknn_proto import rknn_pb2, rknn_pb2_grpc
-from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_METADATA_KEY
+from rknn_proto import rknn_pb2
+from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)
@@ -57,20 +54,3 @@ def check_versions(info: rknn_pb2.GetInfoResponse, where: str, device_id: str = 
         "Upgrade this PC: pip install -U 'rknn-server-oss[client]', or put this client's daemon version "
         f"on the board: {deploy}",
     )
-
-
-def request_info(grpc_target: str, timeout: float, tool: str) -> rknn_pb2.GetInfoResponse:
-    """GetInfo from the daemon at `grpc_target`, whatever its version; raises grpc.RpcError.
-
-    Sends RKNN_SERVER_TOKEN when set: a daemon with a token file wants it from local callers too."""
-    request = rknn_pb2.GetInfoRequest(client_protocol_version=PROTOCOL_VERSION, client_version=tool)
-    token = Credentials.resolve().token
-    metadata = (
-        (PROTOCOL_VERSION_METADATA_KEY, str(PROTOCOL_VERSION)),
-        *((("authorization", f"Bearer {token}"),) if token else ()),
-    )
-    with grpc.insecure_channel(grpc_target) as channel:
-        reply: rknn_pb2.GetInfoResponse = rknn_pb2_grpc.RknnServerStub(channel).GetInfo(
-            request, timeout=timeout, metadata=metadata
-        )
-    return reply

@@ -17,10 +17,10 @@ import grpc
 import numpy as np
 
 from rknn_client.errors import InvalidInput, RknnError, from_rpc_error
-from rknn_proto import rknn_pb2
+from rknn_proto import framing, rknn_pb2
 
 if TYPE_CHECKING:
-    from rknn_client.api import Session
+    from rknn_client.api import OutputFrame, Session
 
 _END = object()
 # How long closing a drained pipeline waits for the daemon to end the call before cancelling it.
@@ -40,10 +40,11 @@ class Pipeline:
         self._pending: collections.deque[int] = collections.deque()
         self._last_id = 0
         self._closed = False
-        self._call = session.device._stub.InferencePipeline(
-            self._requests(), metadata=session.device.metadata
+        self._call = session.device.inference_pipeline(self._requests())
+        reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
+            session.new_output_assembler, describe_header="OutputsHeader"
         )
-        self._responses = cast(Iterator[rknn_pb2.InferenceResponse], self._call)
+        self._frames = framing.read_frames(cast(Iterator[rknn_pb2.InferenceResponse], self._call), reader)
 
     def _requests(self) -> Iterator[rknn_pb2.InferenceRequest]:
         while (frame := self._outbox.get()) is not None:
@@ -85,23 +86,19 @@ class Pipeline:
             raise RknnError(f"{self._where}: no frame is in flight")
         expected = self._pending.popleft()
         try:
-            first = next(self._responses)
-            if first.WhichOneof("part") != "header":
-                raise RknnError(f"{self._where}: the daemon sent a chunk before frame {expected}'s header")
-            header = first.header
-            if header.frame_id != expected:
-                raise RknnError(
-                    f"{self._where}: the daemon answered frame {header.frame_id}; expected {expected}"
-                )
-            assembler = self.session.new_output_assembler(header)
-            while not assembler.complete:
-                assembler.add(next(self._responses).chunk)
+            frame = next(self._frames, None)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self._where) from None
-        except StopIteration:
-            raise RknnError(f"{self._where}: the daemon closed the stream before frame {expected}") from None
-        self.session.last_run_time_us = header.run_time_us
-        return expected, self.session.real_outputs(assembler.arrays())
+        except framing.FrameError as exc:
+            raise RknnError(f"{self._where}: {exc}") from None
+        if frame is None:
+            raise RknnError(f"{self._where}: the daemon closed the stream before frame {expected}")
+        if frame.header.frame_id != expected:
+            raise RknnError(
+                f"{self._where}: the daemon answered frame {frame.header.frame_id}; expected {expected}"
+            )
+        self.session.last_run_time_us = frame.header.run_time_us
+        return expected, self.session.real_outputs(frame.arrays())
 
     def finish(self) -> None:
         """Send no more frames (the frames in flight are still answered)."""

@@ -159,31 +159,19 @@ def iter_chunks(
         yield rknn_pb2.TensorChunk(**fields)
 
 
-def chunk_requests(arrays: Sequence[np.ndarray]) -> Iterator[rknn_pb2.InferenceRequest]:
-    """InferenceRequest chunk messages of wire-ready arrays, built without sub-message copies."""
-    for fields in iter_chunk_fields(arrays):
-        yield rknn_pb2.InferenceRequest(chunk=fields)  # type: ignore[arg-type]  # protobuf takes a dict
-
-
-def chunk_responses(arrays: Sequence[np.ndarray]) -> Iterator[rknn_pb2.InferenceResponse]:
-    """InferenceResponse chunk messages of wire-ready arrays, built without sub-message copies."""
-    for fields in iter_chunk_fields(arrays):
-        yield rknn_pb2.InferenceResponse(chunk=fields)  # type: ignore[arg-type]  # protobuf takes a dict
-
-
 def check_meta(
     meta: rknn_pb2.TensorMeta, limits: TensorLimits, what: str
 ) -> tuple[np.dtype, tuple[int, ...]]:
     """Validate a meta before allocating: dtype, rank, dims and byte length must agree."""
     dtype = dtype_from_wire(meta.dtype)
     layout_name(meta.layout)
-    shape = tuple(int(d) for d in meta.shape)
+    shape = tuple(meta.shape)  # the wire's dims are ints already
     if len(shape) > limits.max_rank:
         raise LimitExceeded(
             f"{what}: rank {len(shape)} exceeds the limit of {limits.max_rank} dimensions "
             f"(max_tensor_rank={limits.max_rank})"
         )
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise CodecError(f"{what}: shape {list(shape)} has a negative dimension")
     elements = math.prod(shape)
     expected = elements * dtype.itemsize
@@ -212,7 +200,7 @@ def check_metas(
     if len(metas) > limits.max_tensors:
         raise LimitExceeded(f"{len(metas)} tensors sent; at most {limits.max_tensors} are accepted")
     layouts = [check_meta(m, limits, f"{what} {i} ({m.name or 'unnamed'})") for i, m in enumerate(metas)]
-    total = sum(m.byte_length for m in metas)
+    total = sum([m.byte_length for m in metas])
     if total > limits.max_tensor_bytes:
         raise LimitExceeded(
             f"{what}s total {total} bytes, over the limit max_tensor_bytes={limits.max_tensor_bytes}"
@@ -232,7 +220,7 @@ class TensorAssembler:
         self._buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in metas]
         self._views = [b.data for b in self._buffers]
         self._filled = [0] * len(metas)
-        self._remaining = sum(m.byte_length for m in metas)
+        self._remaining = sum([m.byte_length for m in metas])
         self._current = 0
         self._what = what
 
@@ -263,6 +251,16 @@ class TensorAssembler:
             )
         self._views[i][self._filled[i] : end] = data
         self._filled[i] = end
+        self._remaining -= len(data)
+        return len(data)
+
+    def adopt(self, i: int, data: bytes) -> int:
+        """Take a whole tensor's bytes, arrived in one piece, as its buffer: no copy (the array is
+        read-only). For a receiver that owns the bytes object and only reads the tensor."""
+        if self._filled[i] or len(data) != self._metas[i].byte_length:
+            return self.add_bytes(i, 0, data)
+        self._buffers[i] = np.frombuffer(data, np.uint8)
+        self._filled[i] = len(data)
         self._remaining -= len(data)
         return len(data)
 

@@ -363,6 +363,13 @@ class Limits(_message.Message):
     MAX_TENSOR_ELEMENTS_FIELD_NUMBER: _builtins.int
     MAX_INFLIGHT_REQUESTS_FIELD_NUMBER: _builtins.int
     CALL_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    MAX_INFLIGHT_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    STREAM_IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    MAX_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_SESSION_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_MODEL_FILES_FIELD_NUMBER: _builtins.int
+    PARTIAL_TTL_S_FIELD_NUMBER: _builtins.int
+    MAX_TENSORS_FIELD_NUMBER: _builtins.int
     max_message_bytes: _builtins.int
     """Largest single gRPC message accepted, in bytes."""
     chunk_bytes: _builtins.int
@@ -389,6 +396,20 @@ class Limits(_message.Message):
     """Most RPCs the daemon serves at once; more are refused, not queued."""
     call_timeout_s: _builtins.float
     """Seconds a runtime call may take before its worker is killed (0: no deadline)."""
+    max_inflight_per_client: _builtins.int
+    """Most RPCs one client identity may have in flight (a Reserve waiting for the board included)."""
+    stream_idle_timeout_s: _builtins.float
+    """Seconds a request stream may send nothing before the call ends (0: no limit)."""
+    max_memory_bytes: _builtins.int
+    """Bytes the daemon holds for incoming tensors of all clients together (0: no limit)."""
+    max_session_memory_bytes: _builtins.int
+    """Bytes one session's model may materialize (0: no limit)."""
+    max_model_files: _builtins.int
+    """Most files in one model (its main file plus external data)."""
+    partial_ttl_s: _builtins.float
+    """Seconds an unfinished upload's bytes are kept (0: until evicted for room)."""
+    max_tensors: _builtins.int
+    """Most tensors in one frame."""
     def __init__(
         self,
         *,
@@ -405,10 +426,17 @@ class Limits(_message.Message):
         max_tensor_elements: _builtins.int = ...,
         max_inflight_requests: _builtins.int = ...,
         call_timeout_s: _builtins.float = ...,
+        max_inflight_per_client: _builtins.int = ...,
+        stream_idle_timeout_s: _builtins.float = ...,
+        max_memory_bytes: _builtins.int = ...,
+        max_session_memory_bytes: _builtins.int = ...,
+        max_model_files: _builtins.int = ...,
+        partial_ttl_s: _builtins.float = ...,
+        max_tensors: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_timeout_s", b"call_timeout_s", "chunk_bytes", b"chunk_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_inflight_requests", b"max_inflight_requests", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_sessions", b"max_sessions", "max_sessions_per_client", b"max_sessions_per_client", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_elements", b"max_tensor_elements", "max_tensor_rank", b"max_tensor_rank", "model_cache_quota_bytes", b"model_cache_quota_bytes", "session_idle_timeout_s", b"session_idle_timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_timeout_s", b"call_timeout_s", "chunk_bytes", b"chunk_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_inflight_per_client", b"max_inflight_per_client", "max_inflight_requests", b"max_inflight_requests", "max_memory_bytes", b"max_memory_bytes", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_model_files", b"max_model_files", "max_session_memory_bytes", b"max_session_memory_bytes", "max_sessions", b"max_sessions", "max_sessions_per_client", b"max_sessions_per_client", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_elements", b"max_tensor_elements", "max_tensor_rank", b"max_tensor_rank", "max_tensors", b"max_tensors", "model_cache_quota_bytes", b"model_cache_quota_bytes", "partial_ttl_s", b"partial_ttl_s", "session_idle_timeout_s", b"session_idle_timeout_s", "stream_idle_timeout_s", b"stream_idle_timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -437,6 +465,7 @@ class GetInfoResponse(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
     TLS_FIELD_NUMBER: _builtins.int
+    SHARED_MEMORY_FIELD_NUMBER: _builtins.int
     RESERVATION_FIELD_NUMBER: _builtins.int
     RESERVATION_WAITERS_FIELD_NUMBER: _builtins.int
     daemon_version: _builtins.str
@@ -484,6 +513,10 @@ class GetInfoResponse(_message.Message):
         """Warnings about the daemon's configuration the user should see (e.g. that it is insecure)."""
 
     @_builtins.property
+    def shared_memory(self) -> Global___SharedMemoryInfo:
+        """Whether this caller may use shared-memory tensors, and on which host."""
+
+    @_builtins.property
     def reservation(self) -> Global___ReservationInfo:
         """Who holds the device's reservation (unset when it is free)."""
 
@@ -509,12 +542,13 @@ class GetInfoResponse(_message.Message):
         instance_id: _builtins.str = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
         tls: _builtins.bool = ...,
+        shared_memory: Global___SharedMemoryInfo | None = ...,
         reservation: Global___ReservationInfo | None = ...,
         reservation_waiters: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits", "reservation", b"reservation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limits", b"limits", "reservation", b"reservation", "shared_memory", b"shared_memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_required", b"auth_required", "board", b"board", "capabilities", b"capabilities", "client_identity", b"client_identity", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "insecure", b"insecure", "instance_id", b"instance_id", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "reservation", b"reservation", "reservation_waiters", b"reservation_waiters", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "soc", b"soc", "tls", b"tls", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_required", b"auth_required", "board", b"board", "capabilities", b"capabilities", "client_identity", b"client_identity", "daemon_version", b"daemon_version", "driver_version", b"driver_version", "insecure", b"insecure", "instance_id", b"instance_id", "limits", b"limits", "min_client_protocol_version", b"min_client_protocol_version", "model_formats", b"model_formats", "open_sessions", b"open_sessions", "protocol_version", b"protocol_version", "reservation", b"reservation", "reservation_waiters", b"reservation_waiters", "runtime", b"runtime", "runtime_reason", b"runtime_reason", "runtime_version", b"runtime_version", "shared_memory", b"shared_memory", "soc", b"soc", "tls", b"tls", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -822,6 +856,8 @@ class InferenceHeader(_message.Message):
     INPUTS_FIELD_NUMBER: _builtins.int
     FRAME_ID_FIELD_NUMBER: _builtins.int
     NATIVE_OUTPUTS_FIELD_NUMBER: _builtins.int
+    INPUT_REGIONS_FIELD_NUMBER: _builtins.int
+    OUTPUT_REGIONS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     frame_id: _builtins.int
     """The client's id for this frame, echoed in its OutputsHeader (InferencePipeline)."""
@@ -833,6 +869,14 @@ class InferenceHeader(_message.Message):
     def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorMeta]:
         """One meta per model input, in the model's input order."""
 
+    @_builtins.property
+    def input_regions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorRegion]:
+        """RunShared only: where each input's bytes are (one per input, in the order of `inputs`; the
+        region's byte_length must equal the meta's) and where each output goes (one per model output).
+        """
+
+    @_builtins.property
+    def output_regions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorRegion]: ...
     def __init__(
         self,
         *,
@@ -840,10 +884,12 @@ class InferenceHeader(_message.Message):
         inputs: _abc.Iterable[Global___TensorMeta] | None = ...,
         frame_id: _builtins.int = ...,
         native_outputs: _builtins.bool = ...,
+        input_regions: _abc.Iterable[Global___TensorRegion] | None = ...,
+        output_regions: _abc.Iterable[Global___TensorRegion] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["frame_id", b"frame_id", "inputs", b"inputs", "native_outputs", b"native_outputs", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frame_id", b"frame_id", "input_regions", b"input_regions", "inputs", b"inputs", "native_outputs", b"native_outputs", "output_regions", b"output_regions", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1544,3 +1590,269 @@ class ReleaseReservationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseReservationResponse: _TypeAlias = ReleaseReservationResponse  # noqa: Y015
+
+@_typing.final
+class SharedMemoryInfo(_message.Message):
+    """---------------------------------------------------------------------------------------------
+    Shared-memory tensors (same host only)
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOWED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    BOOT_ID_FIELD_NUMBER: _builtins.int
+    MAX_REGIONS_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    allowed: _builtins.bool
+    """True when this caller may register regions (--shm on, a loopback caller the kernel names)."""
+    reason: _builtins.str
+    """Why not, when it may not."""
+    boot_id: _builtins.str
+    """The daemon's kernel boot id (/proc/sys/kernel/random/boot_id): a client on another host (or a
+    virtual machine) has another one and keeps to the wire.
+    """
+    max_regions_per_client: _builtins.int
+    """Most regions, and most bytes of regions, one client may have registered at once."""
+    max_bytes_per_client: _builtins.int
+    def __init__(
+        self,
+        *,
+        allowed: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        boot_id: _builtins.str = ...,
+        max_regions_per_client: _builtins.int = ...,
+        max_bytes_per_client: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "boot_id", b"boot_id", "max_bytes_per_client", b"max_bytes_per_client", "max_regions_per_client", b"max_regions_per_client", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharedMemoryInfo: _TypeAlias = SharedMemoryInfo  # noqa: Y015
+
+@_typing.final
+class TensorRegion(_message.Message):
+    """A slot of a registered region holding one tensor."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    BYTE_LENGTH_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The key the region was registered under."""
+    offset: _builtins.int
+    """Where the tensor starts in the region, in bytes."""
+    byte_length: _builtins.int
+    """How many bytes the slot holds (an output must fit; an input fills it exactly)."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        byte_length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["byte_length", b"byte_length", "key", b"key", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TensorRegion: _TypeAlias = TensorRegion  # noqa: Y015
+
+@_typing.final
+class RegisterSharedMemoryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MEMFD_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    FD_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The client's name for the region in later calls: 1 to 64 letters, digits, '.', '_' or '-'."""
+    name: _builtins.str
+    """The file's name in the daemon's shared-memory folder (/dev/shm): a plain name, no '/'."""
+    size: _builtins.int
+    """The size the client made it; the daemon checks it against the file's own size."""
+    session_id: _builtins.str
+    """The session the region serves: it is closed with the session. Empty: it lives until
+    unregistered or unused for the session idle timeout.
+    """
+    memfd: _builtins.bool
+    """Instead of a name: a memfd of the caller's process `pid` at its descriptor `fd`, sealed
+    against shrinking (F_SEAL_SHRINK). The daemon maps it (no copies: a sealed file cannot shrink
+    under the mapping); it needs the daemon and the client in one PID namespace.
+    """
+    pid: _builtins.int
+    fd: _builtins.int
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        name: _builtins.str = ...,
+        size: _builtins.int = ...,
+        session_id: _builtins.str = ...,
+        memfd: _builtins.bool = ...,
+        pid: _builtins.int = ...,
+        fd: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fd", b"fd", "key", b"key", "memfd", b"memfd", "name", b"name", "pid", b"pid", "session_id", b"session_id", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterSharedMemoryRequest: _TypeAlias = RegisterSharedMemoryRequest  # noqa: Y015
+
+@_typing.final
+class RegisterSharedMemoryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIZE_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
+    INODE_FIELD_NUMBER: _builtins.int
+    MAPPED_FIELD_NUMBER: _builtins.int
+    size: _builtins.int
+    """The region's size as the daemon sees it (the file's size)."""
+    device: _builtins.int
+    """Device and inode of the file the daemon opened: equal to the client's own fstat only when both
+    see the same file (the same /dev/shm), which is how a client tells a shared folder from a
+    look-alike.
+    """
+    inode: _builtins.int
+    mapped: _builtins.bool
+    """True when the daemon mapped the region (a sealed memfd): inputs are read and outputs written
+    in place; false when it copies with pread/pwrite (a /dev/shm file, which could shrink).
+    """
+    def __init__(
+        self,
+        *,
+        size: _builtins.int = ...,
+        device: _builtins.int = ...,
+        inode: _builtins.int = ...,
+        mapped: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "inode", b"inode", "mapped", b"mapped", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterSharedMemoryResponse: _TypeAlias = RegisterSharedMemoryResponse  # noqa: Y015
+
+@_typing.final
+class UnregisterSharedMemoryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The region to forget; empty forgets all of the caller's regions."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnregisterSharedMemoryRequest: _TypeAlias = UnregisterSharedMemoryRequest  # noqa: Y015
+
+@_typing.final
+class UnregisterSharedMemoryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLOSED_FIELD_NUMBER: _builtins.int
+    closed: _builtins.int
+    """How many regions were closed."""
+    def __init__(
+        self,
+        *,
+        closed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnregisterSharedMemoryResponse: _TypeAlias = UnregisterSharedMemoryResponse  # noqa: Y015
+
+@_typing.final
+class SharedMemoryStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """One region, or all of the caller's with an empty key."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharedMemoryStatusRequest: _TypeAlias = SharedMemoryStatusRequest  # noqa: Y015
+
+@_typing.final
+class SharedMemoryRegion(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    USES_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    name: _builtins.str
+    size: _builtins.int
+    session_id: _builtins.str
+    uses: _builtins.int
+    """Inference calls that read or wrote the region."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        name: _builtins.str = ...,
+        size: _builtins.int = ...,
+        session_id: _builtins.str = ...,
+        uses: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "name", b"name", "session_id", b"session_id", "size", b"size", "uses", b"uses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharedMemoryRegion: _TypeAlias = SharedMemoryRegion  # noqa: Y015
+
+@_typing.final
+class SharedMemoryStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def regions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SharedMemoryRegion]: ...
+    def __init__(
+        self,
+        *,
+        regions: _abc.Iterable[Global___SharedMemoryRegion] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["regions", b"regions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharedMemoryStatusResponse: _TypeAlias = SharedMemoryStatusResponse  # noqa: Y015

@@ -110,6 +110,26 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.FromString,
                 _registered_method=True)
+        self.RegisterSharedMemory = channel.unary_unary(
+                '/rknn.v1.RknnServer/RegisterSharedMemory',
+                request_serializer=rknn__proto_dot_rknn__pb2.RegisterSharedMemoryRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.RegisterSharedMemoryResponse.FromString,
+                _registered_method=True)
+        self.UnregisterSharedMemory = channel.unary_unary(
+                '/rknn.v1.RknnServer/UnregisterSharedMemory',
+                request_serializer=rknn__proto_dot_rknn__pb2.UnregisterSharedMemoryRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.UnregisterSharedMemoryResponse.FromString,
+                _registered_method=True)
+        self.SharedMemoryStatus = channel.unary_unary(
+                '/rknn.v1.RknnServer/SharedMemoryStatus',
+                request_serializer=rknn__proto_dot_rknn__pb2.SharedMemoryStatusRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.SharedMemoryStatusResponse.FromString,
+                _registered_method=True)
+        self.RunShared = channel.unary_unary(
+                '/rknn.v1.RknnServer/RunShared',
+                request_serializer=rknn__proto_dot_rknn__pb2.RunRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.RunResponse.FromString,
+                _registered_method=True)
 
 
 class RknnServerServicer:
@@ -243,6 +263,41 @@ class RknnServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterSharedMemory(self, request, context):
+        """Shared-memory tensors for a client on the daemon's own host (docs/shared-memory.md). The client
+        creates a file in the shared-memory filesystem (/dev/shm) and registers it under a key of its
+        choosing; the daemon opens it (a plain name, no links, owned by the caller's user) and keeps it
+        open until it is unregistered, its session closes or it goes unused for the session idle
+        timeout. Only loopback callers whose user the kernel names may register (GetInfo says).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterSharedMemory(self, request, context):
+        """Forget one region of the caller (or all of them, with an empty key) and close it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SharedMemoryStatus(self, request, context):
+        """The caller's regions (one, or all with an empty key) and how often each was used.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunShared(self, request, context):
+        """Run one inference whose inputs are read from, and outputs written into, registered regions:
+        the header's input_regions and output_regions name them (one per input, one per output); no
+        tensor bytes travel in the request or the reply (RunResponse.outputs stays empty, its header's
+        metas say what was written where).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RknnServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +375,26 @@ def add_RknnServerServicer_to_server(servicer, server):
                     servicer.ReleaseReservation,
                     request_deserializer=rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.SerializeToString,
+            ),
+            'RegisterSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSharedMemory,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.RegisterSharedMemoryRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.RegisterSharedMemoryResponse.SerializeToString,
+            ),
+            'UnregisterSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterSharedMemory,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.UnregisterSharedMemoryRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.UnregisterSharedMemoryResponse.SerializeToString,
+            ),
+            'SharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.SharedMemoryStatus,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.SharedMemoryStatusRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.SharedMemoryStatusResponse.SerializeToString,
+            ),
+            'RunShared': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunShared,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.RunRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.RunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -728,6 +803,114 @@ class RknnServer:
             '/rknn.v1.RknnServer/ReleaseReservation',
             rknn__proto_dot_rknn__pb2.ReleaseReservationRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.ReleaseReservationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/RegisterSharedMemory',
+            rknn__proto_dot_rknn__pb2.RegisterSharedMemoryRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.RegisterSharedMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/UnregisterSharedMemory',
+            rknn__proto_dot_rknn__pb2.UnregisterSharedMemoryRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.UnregisterSharedMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SharedMemoryStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/SharedMemoryStatus',
+            rknn__proto_dot_rknn__pb2.SharedMemoryStatusRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.SharedMemoryStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunShared(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/RunShared',
+            rknn__proto_dot_rknn__pb2.RunRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.RunResponse.FromString,
             options,
             channel_credentials,
             insecure,

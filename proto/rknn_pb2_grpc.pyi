@@ -103,6 +103,23 @@ class RknnServerStub:
     """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
     ReleaseReservation: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.ReleaseReservationRequest, _rknn_pb2.ReleaseReservationResponse]
     """Give a reservation back at once; the next waiter (if any) gets the device."""
+    RegisterSharedMemory: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.RegisterSharedMemoryRequest, _rknn_pb2.RegisterSharedMemoryResponse]
+    """Shared-memory tensors for a client on the daemon's own host (docs/shared-memory.md). The client
+    creates a file in the shared-memory filesystem (/dev/shm) and registers it under a key of its
+    choosing; the daemon opens it (a plain name, no links, owned by the caller's user) and keeps it
+    open until it is unregistered, its session closes or it goes unused for the session idle
+    timeout. Only loopback callers whose user the kernel names may register (GetInfo says).
+    """
+    UnregisterSharedMemory: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.UnregisterSharedMemoryRequest, _rknn_pb2.UnregisterSharedMemoryResponse]
+    """Forget one region of the caller (or all of them, with an empty key) and close it."""
+    SharedMemoryStatus: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.SharedMemoryStatusRequest, _rknn_pb2.SharedMemoryStatusResponse]
+    """The caller's regions (one, or all with an empty key) and how often each was used."""
+    RunShared: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.RunRequest, _rknn_pb2.RunResponse]
+    """Run one inference whose inputs are read from, and outputs written into, registered regions:
+    the header's input_regions and output_regions name them (one per input, one per output); no
+    tensor bytes travel in the request or the reply (RunResponse.outputs stays empty, its header's
+    metas say what was written where).
+    """
 
 @_typing.type_check_only
 class RknnServerAsyncStub(RknnServerStub):
@@ -168,6 +185,23 @@ class RknnServerAsyncStub(RknnServerStub):
     """Extend a reservation; a holder that stops renewing (crash, lost network) loses it after its TTL."""
     ReleaseReservation: _aio.UnaryUnaryMultiCallable[_rknn_pb2.ReleaseReservationRequest, _rknn_pb2.ReleaseReservationResponse]  # type: ignore[assignment]
     """Give a reservation back at once; the next waiter (if any) gets the device."""
+    RegisterSharedMemory: _aio.UnaryUnaryMultiCallable[_rknn_pb2.RegisterSharedMemoryRequest, _rknn_pb2.RegisterSharedMemoryResponse]  # type: ignore[assignment]
+    """Shared-memory tensors for a client on the daemon's own host (docs/shared-memory.md). The client
+    creates a file in the shared-memory filesystem (/dev/shm) and registers it under a key of its
+    choosing; the daemon opens it (a plain name, no links, owned by the caller's user) and keeps it
+    open until it is unregistered, its session closes or it goes unused for the session idle
+    timeout. Only loopback callers whose user the kernel names may register (GetInfo says).
+    """
+    UnregisterSharedMemory: _aio.UnaryUnaryMultiCallable[_rknn_pb2.UnregisterSharedMemoryRequest, _rknn_pb2.UnregisterSharedMemoryResponse]  # type: ignore[assignment]
+    """Forget one region of the caller (or all of them, with an empty key) and close it."""
+    SharedMemoryStatus: _aio.UnaryUnaryMultiCallable[_rknn_pb2.SharedMemoryStatusRequest, _rknn_pb2.SharedMemoryStatusResponse]  # type: ignore[assignment]
+    """The caller's regions (one, or all with an empty key) and how often each was used."""
+    RunShared: _aio.UnaryUnaryMultiCallable[_rknn_pb2.RunRequest, _rknn_pb2.RunResponse]  # type: ignore[assignment]
+    """Run one inference whose inputs are read from, and outputs written into, registered regions:
+    the header's input_regions and output_regions name them (one per input, one per output); no
+    tensor bytes travel in the request or the reply (RunResponse.outputs stays empty, its header's
+    metas say what was written where).
+    """
 
 class RknnServerServicer(metaclass=_abc_1.ABCMeta):
     """The board daemon."""
@@ -320,5 +354,46 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rknn_pb2.ReleaseReservationResponse, _abc.Awaitable[_rknn_pb2.ReleaseReservationResponse]]:
         """Give a reservation back at once; the next waiter (if any) gets the device."""
+
+    @_abc_1.abstractmethod
+    def RegisterSharedMemory(
+        self,
+        request: _rknn_pb2.RegisterSharedMemoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.RegisterSharedMemoryResponse, _abc.Awaitable[_rknn_pb2.RegisterSharedMemoryResponse]]:
+        """Shared-memory tensors for a client on the daemon's own host (docs/shared-memory.md). The client
+        creates a file in the shared-memory filesystem (/dev/shm) and registers it under a key of its
+        choosing; the daemon opens it (a plain name, no links, owned by the caller's user) and keeps it
+        open until it is unregistered, its session closes or it goes unused for the session idle
+        timeout. Only loopback callers whose user the kernel names may register (GetInfo says).
+        """
+
+    @_abc_1.abstractmethod
+    def UnregisterSharedMemory(
+        self,
+        request: _rknn_pb2.UnregisterSharedMemoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.UnregisterSharedMemoryResponse, _abc.Awaitable[_rknn_pb2.UnregisterSharedMemoryResponse]]:
+        """Forget one region of the caller (or all of them, with an empty key) and close it."""
+
+    @_abc_1.abstractmethod
+    def SharedMemoryStatus(
+        self,
+        request: _rknn_pb2.SharedMemoryStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.SharedMemoryStatusResponse, _abc.Awaitable[_rknn_pb2.SharedMemoryStatusResponse]]:
+        """The caller's regions (one, or all with an empty key) and how often each was used."""
+
+    @_abc_1.abstractmethod
+    def RunShared(
+        self,
+        request: _rknn_pb2.RunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.RunResponse, _abc.Awaitable[_rknn_pb2.RunResponse]]:
+        """Run one inference whose inputs are read from, and outputs written into, registered regions:
+        the header's input_regions and output_regions name them (one per input, one per output); no
+        tensor bytes travel in the request or the reply (RunResponse.outputs stays empty, its header's
+        metas say what was written where).
+        """
 
 def add_RknnServerServicer_to_server(servicer: RknnServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 # Minor version of the rknn.v1 contract: bumped each time a field or RPC is added.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 # First protocol version with the unary Run RPC.
 RUN_RPC_VERSION = 6
+# First protocol version whose Run answers outputs of any size up to MAX_RUN_REPLY_BYTES (and refuses
+# larger ones before computing wherever their size is known): outputs of unknown size may go unary.
+UNBOUNDED_RUN_VERSION = 7
 # Oldest peer version this code still talks to.
 MIN_PROTOCOL_VERSION = 1
 # gRPC metadata key carrying the sender's PROTOCOL_VERSION on every call.
@@ -22,3 +25,6 @@ DEFAULT_ABSTRACT_SOCKET = "rknn_server"
 CHUNK_BYTES = 1 << 20
 # Largest single gRPC message either side accepts: a chunk plus generous framing room.
 MAX_MESSAGE_BYTES = 8 << 20
+# Largest unary Run reply the daemon sends and the client (which trusts its daemon) accepts: one
+# protobuf message's hard limit, so a Run whose outputs were computed is never refused for their size.
+MAX_RUN_REPLY_BYTES = (2 << 30) - 1

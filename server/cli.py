@@ -6,22 +6,23 @@ import argparse
 import difflib
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import structlog
 
-from rknn_proto import codec
-from rknn_proto.version import DEFAULT_PORT, MAX_MESSAGE_BYTES
+from rknn_proto.version import DEFAULT_PORT
 from rknn_server import __version__
 from rknn_server.auth import SecurityConfigError, TlsFiles
 from rknn_server.daemon import DaemonConfig, run
 from rknn_server.http_endpoint import parse_metrics_listen
+from rknn_server.kserve.repository import RepositoryError
 from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
 from rknn_server.legacy.listener import parse_place
+from rknn_server.limits import Limits
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.logs import configure
-from rknn_server.memory import MemoryLimits, format_size
-from rknn_server.model_cache import CacheLimits
+from rknn_server.memory import format_size
 from rknn_server.options import CONFIG_ENV, Repeat, document, env_name, parse_layered, size
 from rknn_server.runtime.select import BackendUnavailable
 
@@ -120,6 +121,13 @@ def serve_parser() -> argparse.ArgumentParser:
         "(default on a board: unix:/dev/socket/transfer_proxy and unix-abstract:transfer_proxy; no authentication, "
         "never TCP; off by default when --auth-token-file is given)",
     )
+    security.add_argument(
+        "--shm",
+        choices=("on", "off"),
+        default="on",
+        help="let callers on this host (loopback TCP, their user named by the kernel) pass tensors "
+        "through files in /dev/shm they own instead of the wire (docs/shared-memory.md)",
+    )
     security.add_argument("--no-legacy", action="store_true", help="do not serve the RKNN-Toolkit2 protocol")
     security.add_argument(
         "--legacy-toolkit-version",
@@ -150,26 +158,39 @@ def serve_parser() -> argparse.ArgumentParser:
         help="model cache folder",
     )
     cache.add_argument(
-        "--cache-quota", type=size, default=CacheLimits.quota_bytes, metavar="SIZE", help="model cache size"
+        "--model-repository",
+        type=Path,
+        metavar="DIR",
+        help="KServe v2 model repository: one folder per model (its file(s) and an optional config.toml), "
+        "served by folder name beside the uploaded models (default: none)",
+    )
+    cache.add_argument(
+        "--cache-quota",
+        dest="model_cache_quota_bytes",
+        type=size,
+        default=Limits.model_cache_quota_bytes,
+        metavar="SIZE",
+        help="model cache size",
     )
     cache.add_argument(
         "--max-model-bytes",
         type=size,
-        default=CacheLimits.max_model_bytes,
+        default=Limits.max_model_bytes,
         metavar="SIZE",
         help="largest model accepted",
     )
     cache.add_argument(
         "--max-model-files",
         type=int,
-        default=CacheLimits.max_model_files,
+        default=Limits.max_model_files,
         metavar="N",
         help="most files in one model (main file plus external data), checked before anything is written",
     )
     cache.add_argument(
         "--partial-ttl",
+        dest="partial_ttl_s",
         type=float,
-        default=CacheLimits.partial_ttl_s,
+        default=Limits.partial_ttl_s,
         metavar="S",
         help="drop the bytes of an upload left unfinished for S s (0: keep them until evicted for room)",
     )
@@ -189,26 +210,29 @@ def serve_parser() -> argparse.ArgumentParser:
     )
 
     limits = p.add_argument_group(
-        "sessions and limits", "A request beyond a limit gets RESOURCE_EXHAUSTED naming it."
+        "sessions and limits",
+        "A request beyond a limit gets RESOURCE_EXHAUSTED naming it; GetInfo reports every limit. A new "
+        "limit is a field of rknn_server.limits.Limits, its flag (dest = that field) and its proto field.",
     )
     limits.add_argument(
         "--session-idle-timeout",
+        dest="session_idle_timeout_s",
         type=float,
-        default=DaemonConfig.session_idle_timeout_s,
+        default=Limits.session_idle_timeout_s,
         metavar="S",
         help="free idle sessions after S s",
     )
     limits.add_argument(
         "--max-sessions",
         type=int,
-        default=DaemonConfig.max_sessions,
+        default=Limits.max_sessions,
         metavar="N",
         help="most sessions open at once",
     )
     limits.add_argument(
         "--max-sessions-per-client",
         type=int,
-        default=DaemonConfig.max_sessions_per_client,
+        default=Limits.max_sessions_per_client,
         metavar="N",
         help="sessions one client may hold (0: --max-sessions)",
     )
@@ -220,83 +244,89 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument(
         "--call-timeout",
+        dest="call_timeout_s",
         type=float,
-        default=DaemonConfig.call_timeout_s,
+        default=Limits.call_timeout_s,
         metavar="S",
-        help="kill a session's worker after S s (default: none)",
+        help="with --isolation process, kill a session's worker whose call takes over S s (0: never)",
     )
     limits.add_argument(
         "--max-inflight-requests",
         type=int,
-        default=DaemonConfig.max_inflight_requests,
+        default=Limits.max_inflight_requests,
         metavar="N",
         help="calls served at once",
     )
     limits.add_argument(
         "--max-inflight-per-client",
         type=int,
-        default=DaemonConfig.max_inflight_per_client,
+        default=Limits.max_inflight_per_client,
         metavar="N",
         help="calls one client (token name, certificate or address) may have in flight; a Reserve "
         "waiting for the board counts here but not in --max-inflight-requests",
     )
     limits.add_argument(
         "--stream-idle-timeout",
+        dest="stream_idle_timeout_s",
         type=float,
-        default=DaemonConfig.stream_idle_timeout_s,
+        default=Limits.stream_idle_timeout_s,
         metavar="S",
         help="end a request stream (upload, inference) that sends nothing for S s, dropping its buffers "
         "(0: never)",
     )
-    machine = MemoryLimits.for_machine()
+    machine = Limits.for_machine()
     limits.add_argument(
         "--max-memory",
+        dest="max_memory_bytes",
         type=size,
-        default=machine.max_memory,
+        default=machine.max_memory_bytes,
         metavar="SIZE",
         help="what the daemon may hold for incoming tensors of all clients (0: no limit; default: half "
-        f"the RAM, {format_size(machine.max_memory)} here)",
+        f"the RAM, {format_size(machine.max_memory_bytes)} here)",
     )
     limits.add_argument(
         "--max-session-memory",
+        dest="max_session_memory_bytes",
         type=size,
-        default=machine.max_session_memory,
+        default=machine.max_session_memory_bytes,
         metavar="SIZE",
         help="what one session's model may materialize: checked before load, and the address-space "
         "limit of its worker with --isolation process (0: no limit; default: a quarter of the RAM, "
-        f"{format_size(machine.max_session_memory)} here)",
+        f"{format_size(machine.max_session_memory_bytes)} here)",
     )
-    defaults = codec.TensorLimits()
     limits.add_argument(
         "--max-message-bytes",
         type=size,
-        default=MAX_MESSAGE_BYTES,
+        default=Limits.max_message_bytes,
         metavar="SIZE",
         help="largest gRPC message",
     )
     limits.add_argument(
         "--max-chunk-bytes",
         type=size,
-        default=defaults.max_chunk_bytes,
+        default=Limits.max_chunk_bytes,
         metavar="SIZE",
         help="largest tensor or upload chunk",
     )
     limits.add_argument(
         "--max-tensor-bytes",
         type=size,
-        default=defaults.max_tensor_bytes,
+        default=Limits.max_tensor_bytes,
         metavar="SIZE",
         help="largest tensor",
     )
     limits.add_argument(
-        "--max-tensor-rank", type=int, default=defaults.max_rank, metavar="N", help="highest tensor rank"
+        "--max-tensor-rank", type=int, default=Limits.max_tensor_rank, metavar="N", help="highest tensor rank"
     )
     limits.add_argument(
         "--max-tensor-elements",
         type=int,
-        default=defaults.max_elements,
+        default=Limits.max_tensor_elements,
         metavar="N",
         help="most elements in a tensor",
+    )
+    limits.add_argument(
+        "--max-tensors", type=int, default=Limits.max_tensors, metavar="N", help="most tensors in one frame"
     )
     limits.add_argument(
         "--grace",
@@ -475,47 +505,28 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         return run(daemon_config(args))
-    except (BackendUnavailable, SecurityConfigError, OSError) as exc:
+    except (BackendUnavailable, SecurityConfigError, RepositoryError, OSError) as exc:
         print(f"rknn_server: {exc}", file=sys.stderr)
         return 2
 
 
 def daemon_config(args: argparse.Namespace) -> DaemonConfig:
-    """The daemon's settings from the parsed options."""
+    """The daemon's settings from the parsed options (each limit's flag has its field's name as dest)."""
     return DaemonConfig(
         listen=[parse_listen(a) for a in args.listen],
         runtime=args.runtime,
         soc=args.soc.lower(),
         model_cache=args.model_cache,
-        cache_limits=CacheLimits(
-            quota_bytes=args.cache_quota,
-            max_model_bytes=args.max_model_bytes,
-            max_model_files=args.max_model_files,
-            partial_ttl_s=args.partial_ttl,
-        ),
+        model_repository=args.model_repository,
+        limits=Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}),
         verify_interval_s=args.verify_interval,
         verify_cache=args.verify_cache,
-        session_idle_timeout_s=args.session_idle_timeout,
-        max_sessions=args.max_sessions,
         isolation=args.isolation,
-        call_timeout_s=args.call_timeout,
         threads=args.threads,
         exit_with_stdin=args.exit_with_stdin,
         runtime_lib=args.runtime_lib,
         plugin_dir=args.plugin_dir,
         sysfs_root=args.sysfs_root,
-        tensor_limits=codec.TensorLimits(
-            max_tensor_bytes=args.max_tensor_bytes,
-            max_rank=args.max_tensor_rank,
-            max_elements=args.max_tensor_elements,
-            max_chunk_bytes=args.max_chunk_bytes,
-        ),
-        max_sessions_per_client=args.max_sessions_per_client,
-        max_inflight_requests=args.max_inflight_requests,
-        max_inflight_per_client=args.max_inflight_per_client,
-        stream_idle_timeout_s=args.stream_idle_timeout,
-        memory=MemoryLimits(max_memory=args.max_memory, max_session_memory=args.max_session_memory),
-        max_message_bytes=args.max_message_bytes,
         grace_s=args.grace,
         auth_token_file=args.auth_token_file,
         trust_loopback=args.trust_loopback,
@@ -526,6 +537,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         ready_file=args.ready_file,
         legacy_listen=() if args.no_legacy else (tuple(args.legacy_listen) if args.legacy_listen else None),
         legacy_toolkit=args.legacy_toolkit_version,
+        shm=args.shm == "on",
     )
 
 

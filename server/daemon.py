@@ -18,27 +18,34 @@ import structlog
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
+from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.kserve import grpc_service_pb2_grpc as v2_grpc
 from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
-from rknn_proto.version import MAX_MESSAGE_BYTES
+from rknn_proto.version import MAX_RUN_REPLY_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
-from rknn_server.data_plane import DataPlane, SessionLimits
-from rknn_server.guard import CallLimits, Guard
+from rknn_server.data_plane import DataPlane
+from rknn_server.guard import Guard
 from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
+from rknn_server.kserve import grpc_service as v2
+from rknn_server.kserve.models import V2Models
+from rknn_server.kserve.repository import ModelRepository
+from rknn_server.kserve.rest import RestV2
 from rknn_server.legacy import startup as legacy
 from rknn_server.legacy.connection import LegacyLimits
 from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
+from rknn_server.limits import Limits
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
-from rknn_server.memory import MemoryLimits
 from rknn_server.metrics import DaemonMetrics, StateCollector
-from rknn_server.model_cache import CacheLimits, ModelCache
-from rknn_server.platform import probe_platform
+from rknn_server.model_cache import ModelCache
+from rknn_server.platform import PlatformInfo, probe_platform
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.backend_hook import load_backend
+from rknn_server.runtime.base import Backend
 from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
+from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
@@ -51,39 +58,32 @@ class DaemonConfig:
     runtime: str = "auto"
     soc: str = ""
     model_cache: Path = field(default_factory=lambda: Path("~/.cache/rknn_server").expanduser())
-    cache_limits: CacheLimits = field(default_factory=CacheLimits)
+    limits: Limits = field(default_factory=Limits.for_machine)  # every limit (server/limits.py)
     verify_interval_s: float = 86400.0  # re-hash each cached model this often (0: only when its files change)
+    model_repository: Path | None = None  # KServe v2 models by folder name (server/kserve)
     verify_cache: bool = False  # re-hash every cached model at start-up, before serving
-    tensor_limits: codec.TensorLimits = field(default_factory=codec.TensorLimits)
-    session_idle_timeout_s: float = 300.0
-    max_sessions: int = 16
     isolation: str = "thread"  # "thread": in the daemon; "process": one worker process per session
-    call_timeout_s: float | None = None
     threads: int | None = None
     grace_s: float = 10.0
     exit_with_stdin: bool = False
     runtime_lib: Path | None = None  # librknnrt/librknnmrt to load instead of searching for one
     plugin_dir: Path | None = None  # custom-op plugins for the rknnrt runtime
     sysfs_root: Path = Path("/")  # where the platform probe reads /proc, /sys and /dev
-    max_sessions_per_client: int = 0
-    max_inflight_requests: int = 64
-    max_message_bytes: int = MAX_MESSAGE_BYTES
     auth_token_file: Path | None = None
     trust_loopback: bool = False  # let this machine's callers in without a token or certificate
     tls: TlsFiles | None = None
     insecure: bool = False
     backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
-    # Fair use (server/guard.py): calls one client may have in flight, how long a request stream
-    # may stay silent (0: forever).
-    max_inflight_per_client: int = 16
-    stream_idle_timeout_s: float = 30.0
-    # Memory budgets (server/memory.py): incoming frames' buffers, and what one session may use.
-    memory: MemoryLimits = field(default_factory=MemoryLimits.for_machine)
     metrics_listen: ListenAddress | None = None  # HTTP: /metrics and the KServe v2 health endpoints
     ready_file: Path | None = None  # JSON of the bound listeners, written once serving (rknn_proto.ready)
     # Where the RKNN-Toolkit2 protocol is served (server/legacy): None = the default, () = off.
     legacy_listen: tuple[str, ...] | None = None
     legacy_toolkit: str = DEFAULT_VERSION  # whose message layout it speaks (a key of layouts.RELEASES)
+    shm: bool = True  # offer shared-memory tensors to same-host callers (server/shm.py)
+
+    def enforced_limits(self) -> Limits:
+        """The limits as served: a call deadline binds worker processes only (a thread cannot be killed)."""
+        return self.limits if self.isolation == "process" else self.limits.without_call_timeout()
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in
@@ -99,15 +99,16 @@ KEEPALIVE_OPTIONS = [
 ]
 
 
-async def _reap(plane: DataPlane, period: float) -> None:
+async def _reap(plane: DataPlane, shared: SharedMemoryRegistry, period: float) -> None:
     while True:
         await asyncio.sleep(period)
         await plane.reap()
+        shared.reap()
 
 
 async def _maintain_cache(cache: ModelCache, executor: ThreadPoolExecutor, config: DaemonConfig) -> None:
     """Drop expired partial uploads and re-hash models due for verification, in the executor."""
-    periods = [t / 2 for t in (config.verify_interval_s, config.cache_limits.partial_ttl_s) if t > 0]
+    periods = [t / 2 for t in (config.verify_interval_s, config.limits.partial_ttl_s) if t > 0]
     if not periods:
         return
     period = min(60.0, max(0.5, min(periods)))
@@ -162,38 +163,42 @@ def _add_port(
     raise ListenError(f"cannot listen on {address.display()}: {problem}; fix --listen")
 
 
-def _call_limits(config: DaemonConfig) -> CallLimits:
-    return CallLimits(
-        config.max_inflight_requests, config.max_inflight_per_client, config.stream_idle_timeout_s
-    )
+@dataclass(frozen=True)
+class _Security:
+    """Who may call and over what (tokens, TLS), and what about that the user must hear."""
+
+    tokens: TokenTable | None
+    access: AccessPolicy
+    credentials: grpc.ServerCredentials | None
+    exposed: bool  # a non-loopback listener without authentication (--insecure)
+    warnings: tuple[str, ...]
+
+    @classmethod
+    def of(cls, config: DaemonConfig) -> _Security:
+        tokens = TokenTable.load(config.auth_token_file) if config.auth_token_file else None
+        credentials = _server_credentials(config.tls) if config.tls else None
+        access = AccessPolicy(
+            tokens, config.tls is not None and config.tls.client_ca is not None, config.trust_loopback
+        )
+        exposure = listen_policy(config.listen, access.required, config.insecure, tls=credentials is not None)
+        warnings = list(exposure)
+        if config.trust_loopback and access.required:
+            warnings.append(
+                "--trust-loopback: every process on this machine (and in its network namespace, and adb "
+                "users) may call without a token or certificate"
+            )
+        if config.metrics_listen is not None:
+            warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
+        return cls(tokens, access, credentials, bool(exposure), tuple(warnings))
+
+    def kinds(self) -> list[str]:
+        """The kinds of credentials callers need (for the start-up log)."""
+        kinds = (("token", self.tokens is not None), ("client-certificate", self.access.client_certificates))
+        return [kind for kind, on in kinds if on]
 
 
-async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
-    tokens = TokenTable.load(config.auth_token_file) if config.auth_token_file else None
-    credentials = _server_credentials(config.tls) if config.tls else None
-    access = AccessPolicy(
-        tokens, config.tls is not None and config.tls.client_ca is not None, config.trust_loopback
-    )
-    exposure = listen_policy(config.listen, access.required, config.insecure, tls=credentials is not None)
-    warnings = list(exposure)
-    if config.trust_loopback and access.required:
-        warnings.append(
-            "--trust-loopback: every process on this machine (and in its network namespace, and adb users) "
-            "may call without a token or certificate"
-        )
-    if config.metrics_listen is not None:
-        warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
-    probe = probe_platform(config.sysfs_root)
-    legacy_plan = legacy.plan(
-        config.legacy_listen, bool(probe.npu_device) and config.sysfs_root == Path("/"), tokens is not None
-    )
-    warnings += legacy_plan.warnings
-    if config.call_timeout_s and config.isolation != "process":
-        warnings.append(
-            "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
-        )
-    for text in warnings:
-        log.warning("insecure_configuration", warning=text)
+def _backend(config: DaemonConfig, probe: PlatformInfo, metrics: DaemonMetrics) -> tuple[Backend, str]:
+    """The backend the config asks for (isolated in worker processes with --isolation process), and why."""
     if config.backend:
         backend, reason = load_backend(config.backend), f"backend {config.backend} requested (--backend)"
     else:
@@ -205,85 +210,162 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             runtime_lib=config.runtime_lib,
             plugin_dir=config.plugin_dir,
         )
-    cache = ModelCache(config.model_cache, config.cache_limits)
-    if config.verify_cache:
-        _verify_cache(cache)
-    metrics = DaemonMetrics()
-    executor = ThreadPoolExecutor(
-        max_workers=max(4, config.max_sessions, config.max_inflight_requests), thread_name_prefix="runtime"
-    )
-
     if config.isolation == "process":
-        backend = IsolatedBackend(backend, config.call_timeout_s, metrics.worker_lost)
-    reservations = ReservationBook()
-    plane = DataPlane(
-        backend,
-        cache,
-        executor,
-        metrics,
-        config.tensor_limits,
-        SessionLimits(config.max_sessions, config.session_idle_timeout_s, config.max_sessions_per_client),
-        config.memory,
-        reservations.admit,
-    )
-    service = RknnService(
-        plane,
-        reservations,
-        ServiceConfig(
-            runtime_reason=reason,
-            board=probe.board_model,
-            max_message_bytes=config.max_message_bytes,
-            max_inflight_requests=config.max_inflight_requests,
-            call_timeout_s=(config.call_timeout_s or 0.0) if config.isolation == "process" else 0.0,
-            auth_required=access.required,
-            tls=credentials is not None,
-            insecure=bool(exposure),
-            warnings=tuple(warnings),
-            instance_id=secrets.token_hex(8),
-        ),
-        metrics,
-    )
-    guard = Guard(access, _call_limits(config))
-    metrics.watch(
-        StateCollector(
-            plane.registry.__len__,
-            reservations.info_fields,
-            lambda: guard.per_client,
-            lambda: guard.refused,
-            cache,
-        )
-    )
-    metrics.watch(BoardTelemetry(config.sysfs_root))
+        backend = IsolatedBackend(backend, config.limits.call_timeout_s or None, metrics.worker_lost)
+    return backend, reason
+
+
+def _grpc_server(
+    config: DaemonConfig,
+    security: _Security,
+    guard: Guard,
+    service: RknnService,
+    v2_service: v2.InferenceService,
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer, list[str]]:
+    """The gRPC server with rknn.v1, KServe v2, health and reflection, behind the guard, bound to --listen."""
     server = grpc.aio.server(
         interceptors=[guard],
         options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", config.limits.max_message_bytes),
+            ("grpc.max_send_message_length", MAX_RUN_REPLY_BYTES),
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
-    health_servicer = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    v2_grpc.add_GRPCInferenceServiceServicer_to_server(v2_service, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     from grpc_reflection.v1alpha import reflection
 
     reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        [
+            SERVICE_NAME,
+            v2.SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
         server,
     )
     bound = []
     for address in config.listen:
-        port = _add_port(server, address, credentials)
+        port = _add_port(server, address, security.credentials)
         bound.append(address.display(port))
         if address.scheme == "tcp":
-            access.listeners.append((address.host, port))
+            security.access.listeners.append((address.host, port))
+    return server, health, bound
+
+
+def _data_plane(
+    config: DaemonConfig,
+    limits: Limits,
+    backend: Backend,
+    metrics: DaemonMetrics,
+    reservations: ReservationBook,
+) -> DataPlane:
+    """The data plane over the model cache and the executor; the reservations keep others' sessions out."""
+    cache = ModelCache(config.model_cache, limits.cache())
+    if config.verify_cache:
+        _verify_cache(cache)
+    executor = ThreadPoolExecutor(
+        max_workers=max(4, limits.max_sessions, limits.max_inflight_requests), thread_name_prefix="runtime"
+    )
+    return DataPlane(
+        backend,
+        cache,
+        executor,
+        metrics,
+        limits.tensors(),
+        limits.sessions(),
+        limits.memory(),
+        reservations.admit,
+    )
+
+
+def _repository(config: DaemonConfig, backend: Backend, limits: Limits) -> ModelRepository | None:
+    """KServe v2's model repository (--model-repository), its configs checked now: a bad one stops the start."""
+    if config.model_repository is None:
+        return None
+    repository = ModelRepository(config.model_repository, backend.model_suffixes, limits.max_model_bytes)
+    for name in repository.names():
+        repository.read(name)
+    return repository
+
+
+def _announce(config: DaemonConfig, bound: list[str], metrics_url: str, instance_id: str) -> None:
+    """Say where the daemon serves: the ready file (--ready-file) and one `listening on` line each."""
+    if config.ready_file is not None:
+        write_ready_file(
+            config.ready_file, ReadyInfo(os.getpid(), __version__, instance_id, bound, metrics_url)
+        )
+    for text in bound:
+        print(listening_line(text), flush=True)
+    if metrics_url:
+        print(f"metrics on {metrics_url}", flush=True)
+
+
+async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
+    security = _Security.of(config)
+    probe = probe_platform(config.sysfs_root)
+    legacy_plan = legacy.plan(
+        config.legacy_listen,
+        bool(probe.npu_device) and config.sysfs_root == Path("/"),
+        security.tokens is not None,
+    )
+    warnings = [*security.warnings, *legacy_plan.warnings]
+    if config.limits.call_timeout_s and config.isolation != "process":
+        warnings.append(
+            "--call-timeout is enforced only with --isolation process (a thread cannot be killed)"
+        )
+    for text in warnings:
+        log.warning("insecure_configuration", warning=text)
+
+    limits = config.enforced_limits()
+    metrics = DaemonMetrics()
+    backend, reason = _backend(config, probe, metrics)
+    reservations = ReservationBook()
+    plane = _data_plane(config, limits, backend, metrics, reservations)
+    shared = SharedMemoryRegistry(
+        ShmLimits(enabled=config.shm), limits.session_idle_timeout_s, security.access.listeners
+    )
+    plane.on_close.append(shared.session_closed)
+    facts = ServiceConfig(
+        runtime_reason=reason,
+        board=probe.board_model,
+        auth_required=security.access.required,
+        tls=security.credentials is not None,
+        insecure=security.exposed,
+        warnings=tuple(warnings),
+        instance_id=secrets.token_hex(8),
+    )
+    guard = Guard(security.access, limits, metrics)
+    metrics.watch(
+        StateCollector(
+            plane.registry.__len__, reservations, lambda: guard.per_client, lambda: guard.refused, plane.cache
+        )
+    )
+    metrics.watch(BoardTelemetry(config.sysfs_root))
+    models = V2Models(plane, _repository(config, backend, limits), max(1, limits.max_sessions // 2))
     serving = asyncio.Event()
+    server, health, bound = _grpc_server(
+        config,
+        security,
+        guard,
+        RknnService(plane, reservations, facts, limits, shared),
+        v2.InferenceService(models, serving.is_set),
+    )
+
     http_server, metrics_url = None, ""
     if config.metrics_listen is not None:
-        endpoint = HttpEndpoint(
-            Routes(metrics.exposition, serving.is_set), HttpAccess(tokens, not config.trust_loopback)
+        routes = Routes(
+            metrics.exposition,
+            serving.is_set,
+            more=RestV2(models, metrics),
+            posts=RestV2.posts,
+            max_body_bytes=limits.max_message_bytes,
+            body_budget=plane.frame_memory,
         )
+        endpoint = HttpEndpoint(routes, HttpAccess(security.tokens, not config.trust_loopback))
         http_server, http_port = await endpoint.start(config.metrics_listen)
         metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"
     # Stop signals are handled before the daemon says it is ready: a SIGTERM right after the
@@ -293,25 +375,16 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    legacy_limits = LegacyLimits(
-        config.tensor_limits, config.cache_limits.max_model_bytes, config.max_message_bytes
-    )
+    legacy_limits = LegacyLimits(limits.tensors(), limits.max_model_bytes, limits.max_message_bytes)
     legacy_listener, legacy_bound = await legacy.start(
         legacy_plan, plane, legacy_limits, RELEASES[config.legacy_toolkit]
     )
     bound += [f"{place} (RKNN-Toolkit2 protocol)" for place in legacy_bound]
+    await models.load_all()
     for status_name in ("", SERVICE_NAME):
-        await health_servicer.set(status_name, health_pb2.HealthCheckResponse.SERVING)
+        await health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()
-    if config.ready_file is not None:
-        write_ready_file(
-            config.ready_file,
-            ReadyInfo(os.getpid(), __version__, service.config.instance_id, bound, metrics_url),
-        )
-    for text in bound:
-        print(listening_line(text), flush=True)
-    if metrics_url:
-        print(f"metrics on {metrics_url}", flush=True)
+    _announce(config, bound, metrics_url, facts.instance_id)
     log.info(
         "daemon_started",
         version=__version__,
@@ -320,24 +393,22 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         listen=bound,
         metrics=metrics_url or None,
         soc=backend.soc(),
-        auth=[
-            kind for kind, on in (("token", tokens), ("client-certificate", access.client_certificates)) if on
-        ],
+        auth=security.kinds(),
         trust_loopback=config.trust_loopback,
-        tls=credentials is not None,
-        instance=service.config.instance_id,
+        tls=security.credentials is not None,
+        instance=facts.instance_id,
     )
 
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
-    reaper = asyncio.create_task(_reap(plane, min(1.0, config.session_idle_timeout_s / 4)))
-    maintenance = asyncio.create_task(_maintain_cache(cache, executor, config))
+    reaper = asyncio.create_task(_reap(plane, shared, min(1.0, limits.session_idle_timeout_s / 4)))
+    maintenance = asyncio.create_task(_maintain_cache(plane.cache, plane.executor, config))
     if ready is not None:
         ready.set()
     await stop.wait()
     log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(plane.registry))
     serving.clear()  # /v2/health/ready answers 503 while the calls in flight finish
-    await health_servicer.enter_graceful_shutdown()
+    await health.enter_graceful_shutdown()
     await server.stop(config.grace_s)
     if http_server is not None:
         http_server.close()
@@ -345,7 +416,8 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     reaper.cancel()
     maintenance.cancel()
     plane.close_all("daemon shutting down")
-    executor.shutdown(wait=False, cancel_futures=True)
+    shared.close_all()
+    plane.executor.shutdown(wait=False, cancel_futures=True)
     if config.ready_file is not None:
         config.ready_file.unlink(missing_ok=True)
     log.info("daemon_stopped")

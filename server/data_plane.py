@@ -84,6 +84,8 @@ class DataPlane:
     memory: MemoryLimits = field(default_factory=MemoryLimits)
     # Raises when a reservation of the board by someone else keeps this caller out (reservations.py).
     admit: Callable[[str | None], None] = lambda reservation: None
+    # Told the id of every session that closes, whatever closed it (shared-memory regions go with it).
+    on_close: list[Callable[[str], None]] = field(default_factory=list)
     registry: SessionRegistry = field(init=False)
     frame_memory: MemoryBudget = field(init=False)
 
@@ -161,6 +163,8 @@ class DataPlane:
             self.registry.close(session, reason)
         finally:
             self.cache.unpin(session.digest)
+            for listener in self.on_close:
+                listener(session.id)
 
     # -- Calls in a session ------------------------------------------------------------------
 

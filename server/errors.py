@@ -53,6 +53,12 @@ class FailedPrecondition(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class PermissionDenied(ServiceError):
+    """The caller may not do this (e.g. name another user's file as a shared-memory region)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class Aborted(ServiceError):
     """A conflict with a concurrent call (two uploads of one model): the client retries from the start."""
 

@@ -6,8 +6,8 @@ convert layouts and choose the outputs' wire form the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +61,6 @@ class Declared:
 
 def check_inputs(specs: Sequence[TensorSpec], metas: Sequence[rknn_pb2.TensorMeta]) -> list[InputPlan]:
     """Check the inputs a frame header declares against the model before any byte is received."""
-    _check_count(specs, len(metas))
     return plan_inputs(
         specs,
         [
@@ -123,11 +122,6 @@ def take_arrays(
     return arrange(arrays, plans), [plan.format for plan in plans]
 
 
-class TruncatedStream(InvalidInput):
-    """A request stream that ended inside a frame: the client's error, unless it cancelled the call
-    (gRPC can end the stream of a cancelled call before the cancellation reaches the handler)."""
-
-
 def check_chunk(size: int, limits: codec.TensorLimits) -> None:
     if size > limits.max_chunk_bytes:
         raise ResourceExhausted(
@@ -162,38 +156,29 @@ class IncomingFrame:
         budget.hold(assembler.buffers, f"the inputs of frame {header.frame_id}")
         return cls(header, session, plans, assembler, limits)
 
+    # The framing's Assembly (rknn_proto.framing): rknn_proto.framing.FrameReader feeds chunks here.
+
+    @property
+    def complete(self) -> bool:
+        return self.assembler.complete
+
     def add(self, chunk: rknn_pb2.TensorChunk) -> int:
         """Take one chunk; returns its size."""
         size = self.assembler.add(chunk)
         check_chunk(size, self.limits)
         return size
 
-    def add_whole(self, tensors: Sequence[bytes]) -> int:
-        """Take every input's bytes at once (the unary Run); returns their total size."""
-        if len(tensors) != len(self.header.inputs):
-            raise InvalidInput(
-                f"{len(tensors)} input byte strings were sent for {len(self.header.inputs)} declared input(s)"
-            )
-        return sum(self.assembler.add_bytes(i, 0, data) for i, data in enumerate(tensors))
+    def add_bytes(self, i: int, offset: int, data: bytes) -> int:
+        """Take a whole input's bytes (the unary Run, whose message gRPC already received and bounded):
+        the runtime reads them where they are, without a copy (runtimes never write their inputs)."""
+        return self.assembler.adopt(i, data) if offset == 0 else self.assembler.add_bytes(i, offset, data)
 
-    def ensure_complete(self, where: str) -> None:
-        """Raise TruncatedStream if the request stream ended before every byte of the frame."""
-        if not self.assembler.complete:
-            raise TruncatedStream(f"the stream ended inside {where} ({'; '.join(self.assembler.missing())})")
+    def missing(self) -> list[str]:
+        return self.assembler.missing()
 
     def drop(self) -> None:
         """Free the frame's buffers (and give back their memory budget) now: the frame failed."""
         self.assembler.drop()
-
-    @contextmanager
-    def dropped_on_error(self) -> Iterator[IncomingFrame]:
-        """Receive into the frame; if that fails, free its buffers at once (the exception's traceback
-        would keep the frame, and its share of --max-memory, alive until a garbage collection)."""
-        try:
-            yield self
-        except BaseException:
-            self.drop()
-            raise
 
     def inputs(self) -> list[np.ndarray]:
         """The received inputs in the model's layout (raises if bytes are missing)."""
@@ -202,6 +187,20 @@ class IncomingFrame:
     def formats(self) -> list[InputFormat]:
         """What the runtime is told of each input (layout, pass-through)."""
         return [plan.format for plan in self.plans]
+
+
+def reply_bytes_bound(specs: Sequence[TensorSpec], native: bool) -> int | None:
+    """The most bytes a run's outputs take on the wire, known from the model alone (None when an
+    output has a dynamic dimension): a quantized output counts as float32 unless sent native."""
+    total = 0
+    for spec in specs:
+        if spec.is_dynamic:
+            return None
+        itemsize = spec.dtype.itemsize
+        total += math.prod(spec.shape) * (
+            max(itemsize, 4) if spec.quant.kind != "none" and not native else itemsize
+        )
+    return total
 
 
 def wire_outputs(

@@ -1,7 +1,10 @@
-"""The daemon's small HTTP listener: `/metrics` for Prometheus and the KServe v2 health endpoints.
+"""The daemon's small HTTP listener: `/metrics` for Prometheus, the KServe v2 health endpoints and,
+when the daemon serves v2, the v2 REST protocol (server/kserve/rest.py).
 
-It runs on the daemon's event loop and is deliberately strict: GET only, one request per connection,
-a bounded request line and header block, a deadline for the request head and a cap on connections.
+It runs on the daemon's event loop and is deliberately strict: GET, and POST only where a route takes
+a body (v2 inference); one request per connection; a bounded request line and header block, a
+deadline for the request head and for the body, a body of at most `Routes.max_body_bytes` (given a
+Content-Length, held against the daemon's memory budget) and a cap on connections.
 Metrics reveal the models and clients of a board, so the listener follows the gRPC listeners' rules:
 a non-loopback address needs the bearer token (or an explicit --insecure), and callers show the token in
 an `Authorization: Bearer` header.
@@ -11,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
+import numpy as np
 import structlog
 
 from rknn_server.auth import SecurityConfigError, TokenTable, bearer_token
+from rknn_server.errors import ServiceError
 from rknn_server.listen import ListenAddress, parse_listen
+from rknn_server.memory import MemoryBudget
 from rknn_server.peers import Peer
 
 log = structlog.get_logger("rknn_server.http")
@@ -26,6 +32,8 @@ MAX_LINE_BYTES = 4096  # the request line and each header line
 MAX_HEADERS = 32
 HEAD_TIMEOUT_S = 10.0  # to send the request line and headers
 WRITE_TIMEOUT_S = 30.0
+BODY_TIMEOUT_S = 60.0  # to send the body, once the head arrived
+_BODY_READ_BYTES = 1 << 16
 MAX_CONNECTIONS = 16
 TEXT = "text/plain; charset=utf-8"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -35,9 +43,15 @@ _REASONS = {
     401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
+    411: "Length Required",
+    413: "Content Too Large",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    501: "Not Implemented",
     503: "Service Unavailable",
+    504: "Gateway Timeout",
 }
 
 
@@ -85,12 +99,37 @@ def check_exposure(address: ListenAddress, has_tokens: bool, insecure: bool) -> 
     return [f"metrics on {address.display()} are readable by anyone who reaches them (--insecure)"]
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request, read whole: route (the path without its query), lower-case headers, the body,
+    and who sent it (the token's name, else `http:<address>`)."""
+
+    method: str
+    route: str
+    headers: dict[str, str]
+    body: memoryview
+    owner: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass
 class Routes:
-    """What the listener answers: the metrics text and the daemon's readiness."""
+    """What the listener answers: the metrics text, the daemon's readiness and, optionally, a handler
+    of further routes (v2 REST) that answers None for a route it does not know."""
 
     metrics: Callable[[], bytes]
     ready: Callable[[], bool]
+    more: Callable[[Request], Awaitable[Reply | None]] | None = None
+    posts: Callable[[str], bool] = field(default=lambda route: False)  # routes that take a POST body
+    max_body_bytes: int = 0
+    body_budget: MemoryBudget | None = None
 
 
 class HttpEndpoint:
@@ -110,7 +149,7 @@ class HttpEndpoint:
             return
         self._connections += 1
         try:
-            writer.write(_response(*await self._answer(reader, writer)))
+            writer.write(_response(await self._answer(reader, writer)))
             await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError):
             pass  # the client went away, or was too slow to send its request or read the answer
@@ -120,46 +159,97 @@ class HttpEndpoint:
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT_S)
 
-    async def _answer(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[int, str, bytes]:
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Reply:
         try:
             method, path, headers = await asyncio.wait_for(_read_head(reader), HEAD_TIMEOUT_S)
         except BadRequest as exc:
-            return exc.status, TEXT, f"{exc}\n".encode()
-        if method != "GET":
-            return 405, TEXT, b"only GET is served\n"
+            return _text(exc.status, str(exc))
         route = path.partition("?")[0]
+        posts = self.routes.posts(route)
+        if method != ("POST" if posts else "GET"):
+            allowed = "POST" if posts else "GET"
+            return Reply(405, TEXT, f"only {allowed} is served here\n".encode(), (("Allow", allowed),))
         # Health stays open (as gRPC health does), so that load balancers and probes need no token.
         if route == "/v2/health/live":
-            return 200, TEXT, b""
+            return Reply(200, TEXT, b"")
         if route == "/v2/health/ready":
-            return (200, TEXT, b"") if self.routes.ready() else (503, TEXT, b"")
+            return Reply(200 if self.routes.ready() else 503, TEXT, b"")
         peer = writer.get_extra_info("peername")
         loopback = (
             isinstance(peer, tuple) and Peer("ipv6" if ":" in peer[0] else "ipv4", peer[0], peer[1]).is_local
         )
-        if not admits(self.access, loopback, bearer_token(list(headers.items()))):
-            return 401, TEXT, b"send the daemon's token: 'Authorization: Bearer <token>'\n"
+        token = bearer_token(list(headers.items()))
+        if not admits(self.access, loopback, token):
+            return Reply(
+                401,
+                TEXT,
+                b"send the daemon's token: 'Authorization: Bearer <token>'\n",
+                (("WWW-Authenticate", 'Bearer realm="rknn_server"'),),
+            )
         if route == "/metrics":
             try:
-                return 200, METRICS_CONTENT_TYPE, self.routes.metrics()
+                return Reply(200, METRICS_CONTENT_TYPE, self.routes.metrics())
             except Exception as exc:
                 log.error("metrics_failed", error=f"{type(exc).__name__}: {exc}")
-                return 500, TEXT, b"the daemon failed to collect its metrics; see its log\n"
-        return 404, TEXT, b"not found; this listener serves /metrics, /v2/health/live and /v2/health/ready\n"
+                return _text(500, "the daemon failed to collect its metrics; see its log")
+        if self.routes.more is not None:
+            try:
+                body = await self._body(reader, headers) if method == "POST" else memoryview(b"")
+            except BadRequest as exc:
+                return _text(exc.status, str(exc))
+            except ServiceError as exc:  # the memory budget
+                return _text(429, str(exc))
+            identity = self.access.tokens.identify(token) if token and self.access.tokens else None
+            owner = identity or f"http:{peer[0] if isinstance(peer, tuple) else 'unknown'}"
+            reply = await self.routes.more(Request(method, route, headers, body, owner))
+            if reply is not None:
+                return reply
+        return _text(404, "not found; this listener serves /metrics, /v2/health/live and /v2/health/ready")
+
+    async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> memoryview:
+        """The request body, of the Content-Length the head announced (bounded), within its deadline."""
+        if "transfer-encoding" in headers:
+            raise BadRequest(411, "chunked bodies are not accepted; send a Content-Length")
+        length_text = headers.get("content-length", "")
+        if not length_text.isdigit() or len(length_text) > 19:
+            raise BadRequest(411, "a POST needs a Content-Length header (a decimal byte count)")
+        length, limit = int(length_text), self.routes.max_body_bytes
+        if length > limit:
+            raise BadRequest(
+                413, f"the body is {length} bytes, over the limit of {limit} (--max-message-bytes)"
+            )
+        buffer = np.empty(length, np.uint8)
+        if self.routes.body_budget is not None:
+            self.routes.body_budget.hold([buffer], "an HTTP request body")
+        view = buffer.data.cast("B")
+        try:
+            await asyncio.wait_for(_read_into(reader, view), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise BadRequest(400, f"the body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+        return view
 
 
-def _response(status: int, content_type: str, body: bytes) -> bytes:
+async def _read_into(reader: asyncio.StreamReader, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        data = await reader.read(min(_BODY_READ_BYTES, len(view) - done))
+        if not data:
+            raise BadRequest(400, f"the body ended after {done} of its {len(view)} bytes")
+        view[done : done + len(data)] = data
+        done += len(data)
+
+
+def _text(status: int, text: str) -> Reply:
+    return Reply(status, TEXT, f"{text}\n".encode())
+
+
+def _response(reply: Reply) -> bytes:
     head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+        f"HTTP/1.1 {reply.status} {_REASONS[reply.status]}\r\nContent-Type: {reply.content_type}\r\n"
+        f"Content-Length: {len(reply.body)}\r\nConnection: close\r\n"
     )
-    if status == 401:
-        head += 'WWW-Authenticate: Bearer realm="rknn_server"\r\n'
-    if status == 405:
-        head += "Allow: GET\r\n"
-    return head.encode() + b"\r\n" + body
+    head += "".join(f"{name}: {value}\r\n" for name, value in reply.headers)
+    return head.encode() + b"\r\n" + reply.body
 
 
 async def _read_line(reader: asyncio.StreamReader) -> str:
@@ -193,4 +283,13 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, 
         headers[name.lower()] = value.strip()
 
 
-__all__ = ["HttpAccess", "HttpEndpoint", "Routes", "admits", "check_exposure", "parse_metrics_listen"]
+__all__ = [
+    "HttpAccess",
+    "HttpEndpoint",
+    "Reply",
+    "Request",
+    "Routes",
+    "admits",
+    "check_exposure",
+    "parse_metrics_listen",
+]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rknn_server.model_cache import ModelCache
+from rknn_server.reservations import ReservationBook
 
 # Run latencies from a tiny model on a fast NPU (~0.1 ms) to a large one on a slow CPU (~10 s).
 LATENCY_BUCKETS = (
@@ -55,6 +55,10 @@ class DaemonMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._models: set[str] = set()  # model labels in use; runs are observed on the event loop only
+        # The series of each (method, outcome) seen (names of the daemon's own methods and status
+        # codes, so few), and the byte series of each method that moved bytes.
+        self._rpc_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._byte_series: dict[str, tuple[Counter, Counter]] = {}
         r = self.registry
         self.rpcs = Counter(
             "rknn_rpc", "RPCs finished, by method and status code", ["method", "outcome"], registry=r
@@ -94,12 +98,22 @@ class DaemonMetrics:
         )
 
     def rpc_done(self, method: str, outcome: str, seconds: float, bytes_in: int, bytes_out: int) -> None:
-        self.rpcs.labels(method, outcome).inc()
-        self.rpc_seconds.labels(method, outcome).observe(seconds)
-        if bytes_in:
-            self.bytes_in.labels(method).inc(bytes_in)
-        if bytes_out:
-            self.bytes_out.labels(method).inc(bytes_out)
+        series = self._rpc_series.get((method, outcome))
+        if series is None:  # looking labels up costs more than counting: once per method and outcome
+            series = self._rpc_series[method, outcome] = (
+                self.rpcs.labels(method, outcome),
+                self.rpc_seconds.labels(method, outcome),
+            )
+        series[0].inc()
+        series[1].observe(seconds)
+        if bytes_in or bytes_out:
+            received, sent = self._byte_series.get(method) or self._byte_series.setdefault(
+                method, (self.bytes_in.labels(method), self.bytes_out.labels(method))
+            )
+            if bytes_in:
+                received.inc(bytes_in)
+            if bytes_out:
+                sent.inc(bytes_out)
 
     def model_run(self, digest: str, queue_s: float, compute_s: float) -> None:
         model = self._model_label(digest)
@@ -133,29 +147,28 @@ class StateCollector(Collector):
     def __init__(
         self,
         sessions: Callable[[], int],
-        reservation: Callable[[], Mapping[str, Any]],
+        reservations: ReservationBook,
         inflight: Callable[[], Mapping[str, int]],
         refused: Callable[[], Mapping[str, int]],
         cache: ModelCache,
     ) -> None:
         self._sessions = sessions
-        self._reservation = reservation
+        self._reservations = reservations
         self._inflight = inflight
         self._refused = refused
         self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("rknn_sessions_open", "Sessions (loaded models) open", value=self._sessions())
-        fields = self._reservation()
         yield GaugeMetricFamily(
             "rknn_reservation_held",
             "1 while a holder has reserved this device",
-            value=int("reservation" in fields),
+            value=int(self._reservations.current is not None),
         )
         yield GaugeMetricFamily(
             "rknn_reservation_waiters",
             "Clients queued for this device's reservation",
-            value=int(fields.get("reservation_waiters", 0)),
+            value=self._reservations.waiting,
         )
         inflight = GaugeMetricFamily(
             "rknn_inflight_calls", "Calls being served, by client identity", labels=["client"]

@@ -16,11 +16,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 import structlog
 
-from rknn_proto import rknn_pb2
 from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, InvalidInput, NotFound
 
@@ -47,6 +45,15 @@ class Reservation:
         return max(0.0, self.expires_at - time.monotonic())
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What a Reserve call got: the holder's token, its TTL and how long it waited in the queue."""
+
+    token: str
+    ttl_s: float
+    waited_s: float
+
+
 @dataclass
 class _Waiter:
     token: str
@@ -62,7 +69,7 @@ def _clamp_ttl(ttl_s: float) -> float:
 
 
 class ReservationBook:
-    """The device's reservation and its queue of waiters."""
+    """The device's reservation and its queue of waiters, in plain terms (the gRPC handlers translate)."""
 
     def __init__(self) -> None:
         self._current: Reservation | None = None
@@ -70,16 +77,15 @@ class ReservationBook:
 
     # -- queries -------------------------------------------------------------------------------
 
-    def info_fields(self) -> dict[str, Any]:
-        """GetInfo's reservation fields (never the token)."""
-        fields: dict[str, Any] = {"reservation_waiters": len(self._waiters)}
-        if self._current is not None:
-            fields["reservation"] = rknn_pb2.ReservationInfo(
-                holder=self._current.holder,
-                since_unix_s=self._current.since_unix_s,
-                expires_in_s=self._current.expires_in(),
-            )
-        return fields
+    @property
+    def current(self) -> Reservation | None:
+        """The reservation in force (its token is the holder's secret: never report it)."""
+        return self._current
+
+    @property
+    def waiting(self) -> int:
+        """Reserve calls queued behind the current holder."""
+        return len(self._waiters)
 
     def admit(self, token: str | None) -> None:
         """Let a new session open unless the device is reserved by someone else."""
@@ -100,32 +106,32 @@ class ReservationBook:
 
     # -- RPCs ----------------------------------------------------------------------------------
 
-    async def reserve(self, request: rknn_pb2.ReserveRequest) -> rknn_pb2.ReserveResponse:
-        holder = request.holder.strip() or "an unnamed holder"
-        ttl_s = _clamp_ttl(request.ttl_s)
-        token = self._new_token(request.token)
+    async def reserve(self, holder: str, ttl_s: float, token: str = "", wait_s: float = 0.0) -> Grant:
+        """Reserve the device for `holder` (TTL 0: the default), waiting up to wait_s s in the queue
+        (0: not at all); `token` is the holder's own, else a random one is made."""
+        holder = holder.strip() or "an unnamed holder"
+        ttl_s = _clamp_ttl(ttl_s)
+        token = self._new_token(token)
         start = time.monotonic()
         if self._current is None and not self._waiters:
             granted = self._grant(token, holder, ttl_s)
-        elif request.wait_s <= 0:
+        elif wait_s <= 0:
             assert self._current is not None
             raise FailedPrecondition(self._busy_text(self._current), reason=Reason.BOARD_RESERVED)
         else:
             granted = await self._queue(
-                _Waiter(token, holder, ttl_s, asyncio.get_running_loop().create_future()), request.wait_s
+                _Waiter(token, holder, ttl_s, asyncio.get_running_loop().create_future()), wait_s
             )
-        return rknn_pb2.ReserveResponse(
-            token=granted.token, ttl_s=granted.ttl_s, waited_s=time.monotonic() - start
-        )
+        return Grant(granted.token, granted.ttl_s, time.monotonic() - start)
 
-    def renew(self, request: rknn_pb2.RenewReservationRequest) -> rknn_pb2.RenewReservationResponse:
-        current = self._holding(request.token)
+    def renew(self, token: str) -> float:
+        """Restart the reservation's TTL; returns the seconds it now has left."""
+        current = self._holding(token)
         self._arm(current)
-        return rknn_pb2.RenewReservationResponse(expires_in_s=current.expires_in())
+        return current.expires_in()
 
-    def release(self, request: rknn_pb2.ReleaseReservationRequest) -> rknn_pb2.ReleaseReservationResponse:
-        self._end(self._holding(request.token), "released")
-        return rknn_pb2.ReleaseReservationResponse()
+    def release(self, token: str) -> None:
+        self._end(self._holding(token), "released")
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -204,7 +210,7 @@ class ReservationBook:
                 return
 
 
-__all__ = ["DEFAULT_TTL_S", "MAX_TTL_S", "MIN_TTL_S", "Reservation", "ReservationBook"]
+__all__ = ["DEFAULT_TTL_S", "MAX_TTL_S", "MIN_TTL_S", "Grant", "Reservation", "ReservationBook"]
 
 
 def _same_token(offered: str, held: str) -> bool:

@@ -91,6 +91,23 @@ def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: 
                 "rknn_server.pipeline",
             ),
         ),
+        # KServe v2's protocol-neutral half is shared by its gRPC and REST forms: it knows neither.
+        *(
+            (
+                f"server/kserve/{name}.py",
+                (
+                    "rknn_proto.kserve",
+                    "rknn_server.http_endpoint",
+                    "rknn_server.kserve.grpc_service",
+                    "rknn_server.kserve.rest",
+                    "rknn_server.service",
+                    "rknn_server.runtime.host",
+                    "rknn_server.runtime.rknnrt",
+                    "rknn_server.runtime.isolated",
+                ),
+            )
+            for name in ("models", "repository", "datatypes")
+        ),
     ],
 )
 def test_a_module_imports_only_what_its_room_allows(module: str, forbidden: tuple[str, ...]) -> None:
@@ -114,3 +131,74 @@ def test_a_board_install_pulls_in_nothing_pc_only() -> None:
     assert not names & PC_ONLY, names & PC_ONLY
     uvloop = next(req for req in board if req.startswith("uvloop"))
     assert "armv7l" in uvloop, "uvloop has no armv7 wheels: it must be optional there"
+
+
+# The client's one way to a daemon is `Device` (client/api.py): credentials, the protocol version and
+# the error mapping are applied there, so nothing else holds a stub or reaches into a Device's privates.
+DEVICE_MODULES = {"client/api.py", "client/transport/health.py"}
+DEVICE_PRIVATES = {"_stub", "_channel", "_call"}
+STUB_MODULES = ("rknn_proto.rknn_pb2_grpc", "grpc_health.v1.health_pb2_grpc")
+
+
+def _client_sources() -> dict[str, ast.Module]:
+    return {
+        str(path.relative_to(ROOT)): ast.parse(path.read_text())
+        for path in sorted((ROOT / "client").rglob("*.py"))
+        if not path.name.endswith(("_pb2.py", "_pb2_grpc.py"))
+    }
+
+
+def _stub_uses(tree: ast.Module) -> list[str]:
+    """Where a module imports a generated stub module or names a `*Stub` class."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            modules = []
+        found += [f"line {node.lineno}: imports {m}" for m in modules if m in STUB_MODULES]
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        if name.endswith("Stub"):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _foreign_privates(tree: ast.Module, names: set[str] | None = None) -> list[str]:
+    """Attribute accesses `x._name` on anything but `self`/`cls` (all private names, or only `names`)."""
+    return [
+        f"line {node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and (names is None or node.attr in names)
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    ]
+
+
+def test_only_the_device_module_talks_to_the_stub() -> None:
+    bad = {
+        module: [*_stub_uses(tree), *_foreign_privates(tree, DEVICE_PRIVATES)]
+        for module, tree in _client_sources().items()
+        if module not in DEVICE_MODULES
+    }
+    assert {module: found for module, found in bad.items() if found} == {}
+
+
+def test_the_compat_layer_uses_only_the_public_client_api() -> None:
+    bad: dict[str, list[str]] = {}
+    for module, tree in _client_sources().items():
+        if not module.startswith("client/compat/"):
+            continue
+        private_imports = [
+            f"line {node.lineno}: imports {alias.name} from {node.module}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "rknn_client.api"
+            for alias in node.names
+            if alias.name.startswith("_")
+        ]
+        if found := [*private_imports, *_foreign_privates(tree)]:
+            bad[module] = found
+    assert bad == {}

@@ -32,8 +32,9 @@ def test_every_dtype_travels_bit_exact(host_daemon: DaemonProcess, tmp_path: Pat
 
 @pytest.mark.parametrize(("mib", "rpc"), [(3, "Run"), (5, "Inference")])
 def test_small_frames_go_unary_and_large_ones_stream(
-    make_daemon: DaemonFactory, tmp_path: Path, mib: int, rpc: str
+    make_daemon: DaemonFactory, tmp_path: Path, mib: int, rpc: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("RKNN_SHM", "off")  # the wire's own choice (a local client would use shared memory)
     daemon = make_daemon()
     elements = mib * (1 << 20) // 4 + 17  # several chunks, the last one partial
     model = models.big_identity(tmp_path / "big.onnx", elements)

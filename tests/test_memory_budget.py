@@ -39,9 +39,9 @@ def test_a_size_that_is_not_one_says_what_is_expected(text: str) -> None:
 
 def test_the_flags_take_sizes_and_default_to_shares_of_the_ram(capsys: pytest.CaptureFixture[str]) -> None:
     args = serve_parser().parse_args(["--max-memory", "1GiB", "--max-session-memory", "256MiB"])
-    assert (args.max_memory, args.max_session_memory) == (1 << 30, 256 << 20)
+    assert (args.max_memory_bytes, args.max_session_memory_bytes) == (1 << 30, 256 << 20)
     defaults = serve_parser().parse_args([])
-    assert (defaults.max_memory, defaults.max_session_memory) == (
+    assert (defaults.max_memory_bytes, defaults.max_session_memory_bytes) == (
         MemoryLimits.for_machine().max_memory,
         MemoryLimits.for_machine().max_session_memory,
     )

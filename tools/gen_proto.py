@@ -1,8 +1,10 @@
 """Regenerate the committed gRPC/protobuf code under proto/, or check that it is fresh (--check).
 
-protoc is run with the virtual include path ``rknn_proto=proto`` so that the generated modules import
-each other as ``rknn_proto.x`` rather than by bare name; it then writes under OUT/rknn_proto/, so we
-generate into a temporary folder and copy the files over.
+Every .proto under proto/ is generated: `rknn.proto` (the rknn.v1 contract) and the ones in
+subfolders (`kserve/grpc_service.proto`, the open inference protocol). protoc is run with the virtual
+include path ``rknn_proto=proto`` so that the generated modules import each other as ``rknn_proto.x``
+rather than by bare name; it then writes under OUT/rknn_proto/, so we generate into a temporary folder
+and copy the files over, each beside its .proto.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 
 def generate(out: Path) -> list[Path]:
-    sources = sorted(PROTO_DIR.glob("*.proto"))
+    """Generate every .proto into `out`; the generated files, relative to `out/rknn_proto`."""
+    sources = sorted(p.relative_to(PROTO_DIR) for p in PROTO_DIR.rglob("*.proto"))
     bin_dir = Path(sys.executable).parent
     cmd = [
         sys.executable,
@@ -34,10 +37,19 @@ def generate(out: Path) -> list[Path]:
         f"--mypy_out={out}",
         f"--grpc_python_out={out}",
         f"--mypy_grpc_out={out}",
-        *[f"rknn_proto/{p.name}" for p in sources],
+        *[f"rknn_proto/{p.as_posix()}" for p in sources],
     ]
     subprocess.run(cmd, check=True)
-    return sorted((out / "rknn_proto").iterdir())
+    generated = out / "rknn_proto"
+    return sorted(p.relative_to(generated) for p in generated.rglob("*") if p.is_file())
+
+
+def committed() -> set[Path]:
+    return {
+        p.relative_to(PROTO_DIR)
+        for p in PROTO_DIR.rglob("*")
+        if p.is_file() and p.name.endswith(GENERATED_SUFFIXES)
+    }
 
 
 def main() -> int:
@@ -45,21 +57,19 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if the committed code is stale")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        generated = Path(tmp) / "rknn_proto"
         files = generate(Path(tmp))
         stale = []
-        for f in files:
-            target = PROTO_DIR / f.name
+        for name in files:
+            target = PROTO_DIR / name
             if args.check:
-                if not target.exists() or not filecmp.cmp(f, target, shallow=False):
-                    stale.append(f.name)
+                if not target.exists() or not filecmp.cmp(generated / name, target, shallow=False):
+                    stale.append(str(name))
             else:
-                shutil.copyfile(f, target)
-        committed = {p.name for p in PROTO_DIR.iterdir() if p.name.endswith(GENERATED_SUFFIXES)}
-        orphans = committed - {f.name for f in files}
+                shutil.copyfile(generated / name, target)
+        orphans = [str(p) for p in committed() - set(files)]
         if args.check and (stale or orphans):
-            print(
-                f"generated code is stale: {sorted(stale + list(orphans))}; run 'make proto'", file=sys.stderr
-            )
+            print(f"generated code is stale: {sorted(stale + orphans)}; run 'make proto'", file=sys.stderr)
             return 1
     if args.check:
         print("generated code is fresh")

@@ -14,20 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import adbutils
-import grpc
 
 from rknn_client import __version__
+from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
 from rknn_client.deploy.board import (
     INSTALL_DIR,
     DeployError,
+    DeployRefused,
     probe,
     refuse_unsupported,
     refuse_vendor_daemon,
     vendor_script_warning,
 )
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, build_bundle
-from rknn_client.negotiate import request_info
+from rknn_client.doctor import TOKEN_FIX
+from rknn_client.errors import AuthenticationFailed, RknnError
 from rknn_client.transport.adb import connect_adb_server, find_device, open_adb, require_ready
 from rknn_client.transport.base import TransportError
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
@@ -42,6 +44,7 @@ TOOLKIT_LAUNCHER = "/usr/bin/rknn_server"
 LAUNCHER_MARK = "rknn-server-oss launcher"
 _INSTALL_SECONDS = 900.0
 _START_SECONDS = 90.0
+_ANSWER_SECONDS = 5.0
 _STOP_SECONDS = 10
 
 
@@ -68,8 +71,12 @@ def deploy(
     socket_name: str = DEFAULT_ABSTRACT_SOCKET,
     builder: BundleBuilder = build_bundle,
     progress: Callable[[str], None] = lambda _: None,
+    token: str | None = None,
 ) -> DeployResult:
-    """Install (or upgrade to) this client's daemon version on the adb board `device_id` and start it."""
+    """Install (or upgrade to) this client's daemon version on the adb board `device_id` and start it.
+
+    The daemon is asked with the credentials every command uses (`token`, else RKNN_SERVER_TOKEN): a
+    running daemon that refuses them is left alone (DeployRefused) rather than replaced."""
     client = connect_adb_server(start=True)
     info = find_device(client, device_id)
     require_ready(info)
@@ -93,7 +100,7 @@ def deploy(
             f" (was {facts.installed_version})" if facts.installed_version else ""))  # fmt: skip
         launcher = _install_launcher(shell)
         (result.actions if launcher.startswith("installed") else result.notes).append(launcher)
-    elif facts.running_pid is not None and _answers(info.serial, socket_name, once=True):
+    elif facts.running_pid is not None and _answers(info.serial, socket_name, token, once=True):
         return result
     if facts.running_pid is not None:
         _stop(shell, facts.running_pid)
@@ -101,7 +108,7 @@ def deploy(
     progress("starting the daemon")
     pid = _start(shell, socket_name)
     result.actions.append(f"started the daemon (pid {pid}, log {LOG_FILE})")
-    if not _answers(info.serial, socket_name, once=False):
+    if not _answers(info.serial, socket_name, token, once=False):
         tail = shell.output(f"tail -n 20 {LOG_FILE}")
         raise DeployError(
             f"the daemon on {info.serial} did not answer GetInfo within {_START_SECONDS:.0f} s; its log ends:\n{tail}",
@@ -195,21 +202,22 @@ def _start(shell: BoardShell, socket_name: str) -> int:
     return int(output.strip().splitlines()[-1])
 
 
-def _answers(serial: str, socket_name: str, once: bool) -> bool:
-    """Whether the daemon answers GetInfo with this client's version through an adb forward."""
+def _answers(serial: str, socket_name: str, token: str | None, once: bool) -> bool:
+    """Whether the daemon answers GetInfo with this client's version through an adb forward; a
+    daemon refusing this client's credentials is an error, not a daemon to replace."""
     deadline = time.monotonic() + (0 if once else _START_SECONDS)
     while True:
         try:
-            endpoint = open_adb(serial, socket_name=socket_name)
-            try:
-                if (
-                    request_info(endpoint.grpc_target, 5.0, "rknn-client deploy").daemon_version
-                    == __version__
-                ):
+            with Device(open_adb(serial, socket_name=socket_name), token=token) as device:
+                if device.handshake(_ANSWER_SECONDS).daemon_version == __version__:
                     return True
-            finally:
-                endpoint.close()
-        except (TransportError, grpc.RpcError):
+        except AuthenticationFailed as error:
+            # Before anything changed on the board (`once`) it is left as it was.
+            refused = DeployRefused if once else DeployError
+            raise refused(
+                f"the daemon on {serial} refused this client's credentials: {error}", TOKEN_FIX
+            ) from None
+        except (TransportError, RknnError):
             pass
         if time.monotonic() >= deadline:
             return False

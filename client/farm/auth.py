@@ -1,16 +1,13 @@
-"""Per-device credentials from farm.toml, and the one place they are turned into call metadata.
+"""Per-device credentials from farm.toml.
 
-The daemon's token auth (`rknn_server --auth-token-file`) expects gRPC metadata
-`authorization: Bearer <token>`. `auth_metadata` is the hook that produces it for a farm device;
-once the client API takes a token itself (`connect(..., token=...)`), that is where to switch.
+The daemon's token auth (`rknn_server --auth-token-file`) wants the token on every call; `auth_token`
+reads it for a farm device and the client's `Device(token=...)` sends it, as for every other command.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-AUTHORIZATION_METADATA_KEY = "authorization"
 
 
 class AuthError(Exception):
@@ -38,8 +35,7 @@ class DeviceAuth:
         return text
 
 
-def auth_metadata(auth: DeviceAuth | None) -> tuple[tuple[str, str], ...]:
-    """The metadata that authenticates calls to a device (none when it has no auth entry)."""
-    if auth is None:
-        return ()
-    return ((AUTHORIZATION_METADATA_KEY, f"Bearer {auth.resolve()}"),)
+def auth_token(auth: DeviceAuth | None) -> str | None:
+    """The token that authenticates calls to a device (None when it has no auth entry: then the
+    client's usual RKNN_SERVER_TOKEN applies)."""
+    return None if auth is None else auth.resolve()

@@ -16,7 +16,6 @@ import contextlib
 import getpass
 import os
 import queue
-import secrets
 import socket
 import threading
 import time
@@ -27,15 +26,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import grpc
-
 from rknn_client.api import Device
-from rknn_client.errors import FailedPrecondition, NotFound, RknnError, from_rpc_error
+from rknn_client.errors import FailedPrecondition, NotFound, RknnError
 from rknn_client.farm.inventory import DeviceEntry, gather
 from rknn_client.farm.probe import DeviceStatus, open_device, probe
+from rknn_client.reservation import PendingReservation, Reservation
 from rknn_client.transport.base import TransportError
-from rknn_proto import rknn_pb2
-from rknn_proto.version import RESERVATION_METADATA_KEY
 
 # How long a Reserve call queues when the caller gives no timeout.
 WAIT_FOREVER_S = 7 * 24 * 3600.0
@@ -74,18 +70,17 @@ class Lease:
         self,
         entry: DeviceEntry,
         device: Device,
-        reply: rknn_pb2.ReserveResponse,
+        reservation: Reservation,
         holder: str,
         on_release: Callable[[Lease], None] = lambda _: None,
     ) -> None:
         self.entry = entry
         self.device = device
         self.holder = holder
-        self.ttl_s = reply.ttl_s
-        self.waited_s = reply.waited_s
-        self._token = reply.token
-        # From now on every call of this device proves the reservation.
-        device.metadata = (*device.metadata, (RESERVATION_METADATA_KEY, reply.token))
+        self.ttl_s = reservation.ttl_s
+        self.waited_s = reservation.waited_s
+        self._token = reservation.token
+        device.use_reservation(reservation.token)
         self.lost = ""
         self._on_release = on_release
         self._release_lock = threading.Lock()
@@ -95,12 +90,9 @@ class Lease:
 
     def _renew(self) -> None:
         period = max(0.1, self.ttl_s / 3)
-        request = rknn_pb2.RenewReservationRequest(token=self._token)
         while not self._stop.wait(period):
             try:
-                self.device._call(
-                    "RenewReservation", self.device._stub.RenewReservation, request, timeout=period
-                )
+                self.device.renew_reservation(self._token, timeout=period)
             except NotFound as exc:
                 self.lost = str(exc)
                 return
@@ -137,8 +129,7 @@ class _Attempt:
 
     entry: DeviceEntry
     device: Device
-    future: Any  # grpc future of ReserveResponse
-    token: str  # chosen here, so a grant whose answer is lost can still be released
+    pending: PendingReservation
 
 
 class Farm:
@@ -176,11 +167,9 @@ class Farm:
         for lease in leases:
             lease.release()
 
-    def _lease(
-        self, entry: DeviceEntry, device: Device, reply: rknn_pb2.ReserveResponse, holder: str
-    ) -> Lease:
+    def _lease(self, entry: DeviceEntry, device: Device, reservation: Reservation, holder: str) -> Lease:
         """A Lease this farm tracks; one granted after cancel() is given back at once."""
-        lease = Lease(entry, device, reply, holder, on_release=self._forget)
+        lease = Lease(entry, device, reservation, holder, on_release=self._forget)
         with self._lock:
             if not self._cancelled.is_set():
                 self._leases.add(lease)
@@ -296,14 +285,14 @@ class Farm:
                     continue
                 attempt = attempts.pop(finished)
                 try:
-                    reply = attempt.future.result()
-                except grpc.RpcError as exc:
+                    reservation = attempt.pending.result()
+                except RknnError as exc:
                     attempt.device.close()
-                    state[finished] = str(from_rpc_error(exc, f"Reserve on {finished}"))
-                    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    state[finished] = str(exc)
+                    if not isinstance(exc, FailedPrecondition):
                         next_probe[finished] = time.monotonic() + self.reprobe_s
                     continue
-                return self._lease(attempt.entry, attempt.device, reply, who)
+                return self._lease(attempt.entry, attempt.device, reservation, who)
         finally:
             with self._lock:
                 self._wakeups.discard(done)
@@ -318,18 +307,13 @@ class Farm:
         """Reserve a device that looked free, without queueing; None when someone was faster."""
         device = open_device(entry)
         try:
-            reply = device._call(
-                "Reserve",
-                device._stub.Reserve,
-                rknn_pb2.ReserveRequest(holder=holder, ttl_s=self.ttl_s, wait_s=0),
-                timeout=self.probe_timeout_s,
-            )
+            reservation = device.reserve(holder, self.ttl_s, timeout=self.probe_timeout_s)
         except BaseException as exc:
             device.close()
             if isinstance(exc, FailedPrecondition):
                 return None
             raise
-        return self._lease(entry, device, reply, holder)
+        return self._lease(entry, device, reservation, holder)
 
     def _queue(
         self, entry: DeviceEntry, holder: str, deadline: float | None, done: queue.Queue[str]
@@ -337,14 +321,15 @@ class Farm:
         """Queue a Reserve call on a device; its completion is announced on `done`."""
         device = open_device(entry)
         wait_s = WAIT_FOREVER_S if deadline is None else max(0.0, deadline - time.monotonic())
-        token = secrets.token_urlsafe(24)
-        future = device._stub.Reserve.future(
-            rknn_pb2.ReserveRequest(holder=holder, ttl_s=self.ttl_s, wait_s=wait_s, token=token),
-            metadata=device.metadata,
-            timeout=None if deadline is None else wait_s + 10,
-        )
-        future.add_done_callback(lambda _: done.put(entry.name))
-        return _Attempt(entry, device, future, token)
+        try:
+            pending = device.queue_reservation(
+                holder, self.ttl_s, wait_s, timeout=None if deadline is None else wait_s + 10
+            )
+        except BaseException:
+            device.close()
+            raise
+        pending.add_done_callback(lambda: done.put(entry.name))
+        return _Attempt(entry, device, pending)
 
     def _names(self) -> str:
         return ", ".join(e.name for e in self.entries) or "none"
@@ -357,8 +342,8 @@ class Farm:
 def _withdraw(attempt: _Attempt) -> None:
     """Leave a device's queue. The daemon may have granted the call just before the cancellation
     reached it (the answer is then lost), so release the token unless the call plainly failed."""
-    if attempt.future.cancel() or attempt.future.exception() is None:
-        _release(attempt.device, attempt.token)
+    if attempt.pending.withdraw():
+        _release(attempt.device, attempt.pending.token)
     attempt.device.close()
 
 
@@ -366,12 +351,7 @@ def _release(device: Device, token: str) -> None:
     """Give a reservation back; NOT_FOUND (never granted, or already gone) and an unreachable
     daemon are fine: the reservation does not exist or expires by itself."""
     with contextlib.suppress(RknnError):
-        device._call(
-            "ReleaseReservation",
-            device._stub.ReleaseReservation,
-            rknn_pb2.ReleaseReservationRequest(token=token),
-            timeout=10,
-        )
+        device.release_reservation(token, timeout=10)
 
 
 __all__ = [

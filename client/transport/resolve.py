@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rknn_client.transport.base import Endpoint, TransportError
+from rknn_client.transport.health import health_status
 from rknn_client.transport.private import start_private_daemon
 from rknn_client.transport.security import Credentials, open_channel
 from rknn_client.transport.tcp import is_tcp_address, tcp_endpoint
@@ -74,7 +74,7 @@ def _grpc_answers(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """Whether a gRPC server answers a health check at `endpoint` (any status but 'unreachable')."""
     channel = open_channel(endpoint, Credentials.resolve(), [])
     try:
-        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        health_status(channel, timeout)
     except grpc.RpcError as exc:
         return exc.code() not in _NO_ANSWER if isinstance(exc, grpc.Call) else False
     finally:

@@ -18,6 +18,7 @@ import structlog
 
 from rknn_proto.codec import TensorLimits
 from rknn_server import __version__
+from rknn_server.calls import Call, Recorder
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, ResourceExhausted, status_of
 from rknn_server.legacy import layouts, messages, wire
@@ -77,8 +78,10 @@ class LegacyConnection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         name: str,
+        recorder: Recorder,
     ) -> None:
         self.plane = plane
+        self.recorder = recorder
         self.layout = layout
         self.limits = limits
         self.reader = reader
@@ -87,6 +90,7 @@ class LegacyConnection:
         self.session: Session | None = None
         self.inputs: tuple[list[np.ndarray], list[InputFormat]] | None = None
         self.input_error: Exception | None = None
+        self.inputs_bytes = 0  # of the inputs received for the next run, counted in that run's record
         self.frames = itertools.count(1)
         self.last_run_us = 0.0
         self.finished = False
@@ -144,16 +148,24 @@ class LegacyConnection:
         command = header.command
         if command == Command.MULTI_INPUT:  # the client waits for no answer
             self._take_inputs(message)
+            self.inputs_bytes = len(message)
             return
-        received = time.perf_counter()
+        # Recorded like a gRPC call (calls.py): the metrics and one `rpc` event per answered request.
+        call = Call(f"legacy.{Command(command).name}", OWNER)
+        call.bytes_in, self.inputs_bytes = len(message) + self.inputs_bytes, 0
+        outcome = "OK"
         try:
             answer = await self._answer(header, message)
         except Exception as exc:
-            _, text = status_of(exc)
+            code, text = status_of(exc)
+            outcome = code.name
             log.warning("legacy_request_failed", place=self.name, command=Command(command).name, error=text)
             answer = self._crash(header.sequence, header.model_id, text)
-        await asyncio.sleep(MIN_TURNAROUND_S - (time.perf_counter() - received))
+        await asyncio.sleep(MIN_TURNAROUND_S - (time.perf_counter() - call.start))
         self.writer.write(wire.frame(answer))
+        call.session = self.session.id if self.session is not None else ""
+        call.bytes_out = len(answer)
+        self.recorder.done(call, outcome)
 
     async def _answer(self, header: Header, message: bytes) -> bytearray:
         command = header.command

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from rknn_server.calls import Recorder
 from rknn_server.data_plane import DataPlane
 from rknn_server.legacy.connection import LegacyConnection, LegacyLimits
 from rknn_server.legacy.layouts import Layout
@@ -69,6 +70,7 @@ class LegacyListener:
         self.plane = plane
         self.limits = limits
         self.layout = layout
+        self.recorder = Recorder(plane.metrics)
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -85,7 +87,9 @@ class LegacyListener:
         self._servers.append(server)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
-        connection = LegacyConnection(self.plane, self.layout, self.limits, reader, writer, name)
+        connection = LegacyConnection(
+            self.plane, self.layout, self.limits, reader, writer, name, self.recorder
+        )
         task = asyncio.ensure_future(connection.serve())
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from rknn_client import RKNN
+from rknn_client import RKNN, __version__
 from rknn_client.cli import main
+from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto.version import PROTOCOL_VERSION
 from tests.adb.conftest import FakeDaemonFactory, MakeBoard
 from tests.adb.fixtures import EmulatedBoard
+from tests.conftest import DaemonFactory
 
 
 def with_device_tree(board: EmulatedBoard, compatible: str, model: str) -> EmulatedBoard:
@@ -70,3 +75,37 @@ def test_list_devices_prints_the_toolkit_block(
     finally:
         rknn.release()
     assert f"all device(s) with adb mode:\n{board.serial}\n" in capsys.readouterr().out
+
+
+def test_doctor_and_devices_ask_with_the_token_option_or_variable_and_name_a_refusal(
+    adb_env: object,
+    make_daemon: DaemonFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    secret = "s3cret-board-commands"
+    token_file = tmp_path / "token"
+    token_file.write_text(secret + "\n")
+    token_file.chmod(0o600)
+    daemon = make_daemon("--auth-token-file", str(token_file))
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+
+    assert main(["doctor", "--device", daemon.url]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] gRPC handshake" in out and "UNAUTHENTICATED" in out and ENV_TOKEN in out
+    assert main(["devices", "--device", daemon.url, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["state"], row["daemon"]) == ("reachable", False) and "UNAUTHENTICATED" in row["refused"]
+    assert main(["devices", "--device", daemon.url]) == 0
+    table = capsys.readouterr().out
+    assert " refused " in table and f"fix: the daemon wants a bearer token: set {ENV_TOKEN}" in table
+
+    for given in (["--token", secret], []):  # the option, then the variable
+        if not given:
+            monkeypatch.setenv(ENV_TOKEN, secret)
+        assert main(["doctor", "--device", daemon.url, *given]) == 0
+        assert "[  OK] gRPC handshake" in capsys.readouterr().out
+        assert main(["devices", "--device", daemon.url, "--json", *given]) == 0
+        (row,) = json.loads(capsys.readouterr().out)
+        assert (row["daemon"], row["daemon_version"], row["refused"]) == (True, __version__, "")

@@ -20,15 +20,17 @@ import psutil
 import pytest
 
 from rknn_client import __version__
+from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
 from rknn_client.cli import main
 from rknn_client.deploy.board import BoardFacts, DeployRefused
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, download_command, only
 from rknn_client.deploy.install import INSTALL_DIR, PID_FILE, TOOLKIT_LAUNCHER, _install_launcher, deploy
-from rknn_client.negotiate import request_info
 from rknn_client.transport.adb import connect_adb_server, open_adb
+from rknn_client.transport.security import ENV_TOKEN
 from tests.adb.conftest import MakeBoard
 from tests.adb.fixtures import EmulatedBoard
+from tests.conftest import DaemonFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 # The checkout itself, not an installed copy: the board must get its daemon from the bundle only.
@@ -102,11 +104,8 @@ def test_deploy_installs_starts_verifies_and_then_only_verifies(
     assert any("start_rknn.sh" in note and "killall" in note for note in first.notes)
     pid = int(python_board.profile.local_path(PID_FILE).read_text())
     assert psutil.pid_exists(pid)
-    endpoint = open_adb(python_board.serial, socket_name=socket_name)
-    try:
-        assert request_info(endpoint.grpc_target, 10, "test").daemon_version == __version__
-    finally:
-        endpoint.close()
+    with Device(open_adb(python_board.serial, socket_name=socket_name)) as device:
+        assert device.handshake(10).daemon_version == __version__
 
     second = deploy(python_board.serial, socket_name=socket_name, builder=builder)
     assert second.actions == []
@@ -158,3 +157,39 @@ def test_the_download_targets_the_board_not_this_pc(tmp_path: Path) -> None:
     assert "manylinux_2_32_aarch64" not in platforms and "manylinux2014_aarch64" in platforms
     assert "--only-binary=:all:" in command and command[-1].endswith(".whl[server]")
     assert os.path.basename(command[-2]) == "pip"
+
+
+def test_deploy_asks_a_running_daemon_with_the_token_and_never_replaces_one_that_refuses(
+    make_board: MakeBoard,
+    make_daemon: DaemonFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """This version already installed and running with a token file: deploy only verifies it, with
+    --token or RKNN_SERVER_TOKEN; without the token it refuses and leaves the daemon running (it
+    used to take the refusal for a dead daemon, kill it and start one without a token)."""
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-deploy-token\n")
+    token_file.chmod(0o600)
+    socket_name = f"rknn-deploy-{uuid.uuid4().hex[:12]}"
+    daemon = make_daemon("--auth-token-file", str(token_file), "--listen", f"unix-abstract:{socket_name}")
+    board = make_board(commands={"uname": "echo aarch64", "python3": 'echo "3.11 glibc 2.36"'})
+    dist_info = f"{INSTALL_DIR}/lib/python3.11/site-packages/rknn_server_oss-{__version__}.dist-info"
+    board.profile.local_path(dist_info).mkdir(parents=True)
+    board.profile.local_path(PID_FILE).write_text(f"{daemon.process.pid}\n")
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+
+    with pytest.raises(DeployRefused) as refused:
+        deploy(board.serial, socket_name=socket_name)
+    assert "refused this client's credentials" in refused.value.problem
+    assert "UNAUTHENTICATED" in refused.value.problem and ENV_TOKEN in refused.value.fix
+    assert daemon.process.poll() is None, "deploy stopped a daemon it could not ask"
+
+    command = ["deploy", "--device", board.serial, "--socket", socket_name]
+    assert main([*command, "--token", "s3cret-deploy-token"]) == 0
+    assert "already installed and running" in capsys.readouterr().out
+    monkeypatch.setenv(ENV_TOKEN, "s3cret-deploy-token")
+    assert main(command) == 0
+    assert "already installed and running" in capsys.readouterr().out
+    assert daemon.process.poll() is None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rknn_client.farm.auth import DeviceAuth, auth_metadata
+from rknn_client.farm.auth import DeviceAuth, auth_token
 from rknn_client.farm.inventory import FarmConfigError, gather, load_farm_file, parse_address
 
 
@@ -38,9 +38,9 @@ auth = { token = "literal" }
     assert a.soc("rk3566") == "rk3588"  # a configured soc label wins over what the daemon reports
     assert b.labels == {"rack": "r2", "firmware": "160"}
     assert b.soc("rk3566") == "rk3566"
-    assert auth_metadata(a.auth) == (("authorization", "Bearer s3cret"),)
-    assert auth_metadata(b.auth) == (("authorization", "Bearer literal"),)
-    assert auth_metadata(None) == ()
+    assert auth_token(a.auth) == "s3cret"
+    assert auth_token(b.auth) == "literal"
+    assert auth_token(None) is None
 
 
 @pytest.mark.parametrize(

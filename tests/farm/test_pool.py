@@ -23,7 +23,7 @@ from grpc_health.v1.health import HealthServicer
 
 from demo.daemon_process import DaemonProcess, start_daemon
 from rknn_client.api import connect
-from rknn_client.errors import FailedPrecondition
+from rknn_client.errors import FailedPrecondition, VersionMismatch
 from rknn_client.farm import (
     AcquireTimeout,
     DeviceEntry,
@@ -33,9 +33,12 @@ from rknn_client.farm import (
     NoReachableDevice,
     parse_address,
 )
+from rknn_client.farm.auth import DeviceAuth
 from rknn_client.farm.probe import probe
+from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION
+from tests.conftest import DaemonFactory
 from tests.farm.conftest import SOCS
 
 
@@ -278,3 +281,35 @@ def test_a_waiter_queued_everywhere_keeps_one_device_and_frees_the_rest(boards: 
             "the other boards are free again",
         )
         assert probe(lease.entry).reserved_by == "waiter"
+
+
+def test_a_board_with_a_token_file_takes_the_farm_files_token_over_the_variable(
+    make_daemon: DaemonFactory, tmp_path: Path, cnn_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_file = tmp_path / "board.token"
+    token_file.write_text("s3cret-farm-board\n")
+    token_file.chmod(0o600)
+    board = make_daemon("--soc", "rk3588", "--auth-token-file", str(token_file), name="locked")
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    refused = probe(DeviceEntry("bare", board.url))
+    assert not refused.healthy and "UNAUTHENTICATED" in refused.error
+    # The farm file names this board's token; the variable holds another daemon's.
+    monkeypatch.setenv(ENV_TOKEN, "another-daemons-token")
+    keyed = DeviceEntry("keyed", board.url, auth=DeviceAuth(token_file=token_file))
+    assert probe(keyed).healthy
+    with Farm([keyed], holder="keyed-job").acquire(timeout=30) as device, device.load(cnn_model) as session:
+        assert session.outputs[0].shape == (1, 10)
+        assert probe(keyed).reserved_by == "keyed-job"
+
+
+def test_every_call_of_a_device_is_made_after_the_version_check(sick_peers: tuple[str, str]) -> None:
+    """A daemon needing newer clients is refused with the one VersionMismatch message whatever the
+    first call is (a Reserve used to reach it and come back as a bare UNIMPLEMENTED)."""
+    _, newer = sick_peers
+    for call in (
+        lambda device: device.reserve("job", 30.0),
+        lambda device: device.queue_reservation("job", 30.0, wait_s=1.0),
+        lambda device: device.release_reservation("no-such-token"),
+    ):
+        with connect(newer) as device, pytest.raises(VersionMismatch, match="needs clients >= "):
+            call(device)

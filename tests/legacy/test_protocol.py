@@ -3,6 +3,7 @@ input (wrong magic, sizes beyond limits, truncated frames, hang-ups mid-load and
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import time
@@ -286,3 +287,16 @@ def test_the_daemon_speaks_the_release_it_is_told(legacy_daemon: LegacyDaemonFac
     version = connected(daemon).call(VERSION)
     assert (version.command, len(version.data)) == (VERSION_ACK, 0x170)
     assert version.text().startswith("rknn_server: 2.3.2 (rknn-server-oss")
+
+
+def test_each_answered_request_is_recorded_like_a_grpc_call(daemon: LegacyDaemon, tmp_path: Path) -> None:
+    client = connected(daemon)
+    assert client.load(stub_model(tmp_path / "m.rknn")).command == LOAD_ACK
+    run_once(client, np.zeros(SHAPE, np.float32))
+    assert "inference without inputs" in client.run().text()
+    daemon.process.stop()
+    events = [json.loads(line) for line in daemon.process.log_text().splitlines() if line.startswith("{")]
+    runs = [e for e in events if e.get("event") == "rpc" and e["method"] == "legacy.RUN"]
+    assert [e["outcome"] for e in runs] == ["OK", "INVALID_ARGUMENT"]
+    assert runs[0]["bytes_in"] > 12 * 4 and runs[0]["bytes_out"] > 12 * 4 and runs[0]["session"]
+    assert [e["outcome"] for e in events if e.get("method") == "legacy.LOAD"] == ["OK"]

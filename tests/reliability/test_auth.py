@@ -67,6 +67,18 @@ def _rpcs(stub: rknn_pb2_grpc.RknnServerStub) -> dict[str, object]:
         "ReleaseReservation": lambda md: stub.ReleaseReservation(
             rknn_pb2.ReleaseReservationRequest(token="x"), metadata=md, timeout=30
         ),
+        "RegisterSharedMemory": lambda md: stub.RegisterSharedMemory(
+            rknn_pb2.RegisterSharedMemoryRequest(key="k", name="x"), metadata=md, timeout=30
+        ),
+        "UnregisterSharedMemory": lambda md: stub.UnregisterSharedMemory(
+            rknn_pb2.UnregisterSharedMemoryRequest(key="missing"), metadata=md, timeout=30
+        ),
+        "SharedMemoryStatus": lambda md: stub.SharedMemoryStatus(
+            rknn_pb2.SharedMemoryStatusRequest(key="missing"), metadata=md, timeout=30
+        ),
+        "RunShared": lambda md: stub.RunShared(
+            rknn_pb2.RunRequest(header=infer.header), metadata=md, timeout=30
+        ),
     }
 
 

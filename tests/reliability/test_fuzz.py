@@ -159,6 +159,15 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
             opened.append(reply.session_id)
             return reply
 
+        def shared_header(data: st.DataObject) -> rknn_pb2.InferenceHeader:
+            header = rknn_pb2.InferenceHeader(
+                session_id=data.draw(session_ids), inputs=data.draw(st.lists(metas, max_size=4))
+            )
+            for slots in (header.input_regions, header.output_regions):
+                for _ in range(data.draw(st.integers(0, 2))):
+                    slots.add(key=data.draw(TEXT), offset=data.draw(U32), byte_length=data.draw(U32))
+            return header
+
         rpcs: dict[str, Callable[[st.DataObject], Any]] = {
             "GetInfo": lambda d: stub.GetInfo(
                 rknn_pb2.GetInfoRequest(client_protocol_version=d.draw(U32), client_version=d.draw(TEXT)),
@@ -198,6 +207,19 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
             "ReleaseReservation": lambda d: stub.ReleaseReservation(
                 rknn_pb2.ReleaseReservationRequest(token=d.draw(TEXT)), timeout=30
             ),
+            "RegisterSharedMemory": lambda d: stub.RegisterSharedMemory(
+                rknn_pb2.RegisterSharedMemoryRequest(
+                    key=d.draw(TEXT), name=d.draw(TEXT), size=d.draw(U32), session_id=d.draw(session_ids)
+                ),
+                timeout=30,
+            ),
+            "UnregisterSharedMemory": lambda d: stub.UnregisterSharedMemory(
+                rknn_pb2.UnregisterSharedMemoryRequest(key=d.draw(TEXT)), timeout=30
+            ),
+            "SharedMemoryStatus": lambda d: stub.SharedMemoryStatus(
+                rknn_pb2.SharedMemoryStatusRequest(key=d.draw(TEXT)), timeout=30
+            ),
+            "RunShared": lambda d: stub.RunShared(rknn_pb2.RunRequest(header=shared_header(d)), timeout=30),
         }
         assert set(rpcs) == set(rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].methods_by_name)
         outcomes: dict[str, set[str]] = {name: set() for name in rpcs}

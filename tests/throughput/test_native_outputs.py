@@ -60,7 +60,10 @@ def test_output_attrs_report_the_quantization(host_daemon, qdq_detector):
         assert np.float32(info.scale) == inits[f"{head}_scale"]
 
 
-def test_native_outputs_send_a_quarter_of_the_bytes(make_daemon: DaemonFactory, qdq_detector, images):
+def test_native_outputs_send_a_quarter_of_the_bytes(
+    make_daemon: DaemonFactory, qdq_detector, images, monkeypatch
+):
+    monkeypatch.setenv("RKNN_SHM", "off")  # bytes on the wire (shared memory sends none)
     daemon = make_daemon()
     with (
         connect(daemon.url) as device,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_proto import codec, rknn_pb2
+from rknn_proto import codec
 from rknn_proto.reasons import Reason
 from rknn_server.data_plane import DataPlane, OpenRequest, SessionLimits
 from rknn_server.errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted
@@ -84,7 +84,7 @@ def test_a_failed_open_holds_no_slot_and_no_pin(tmp_path, executor, failure: str
             target, expected = "rk3566", FailedPrecondition
         else:
             book = ReservationBook()
-            await book.reserve(rknn_pb2.ReserveRequest(holder="bob", ttl_s=60))
+            await book.reserve("bob", 60)
             plane.admit = book.admit
             expected = FailedPrecondition
         with pytest.raises(expected) as caught:

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_proto import codec, rknn_pb2
+from rknn_proto import codec, framing, rknn_pb2
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.frames import Declared, IncomingFrame, TruncatedStream, check_inputs, take_arrays
+from rknn_server.frames import Declared, IncomingFrame, check_inputs, take_arrays
 from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import RuntimeOptions
 from rknn_server.sessions import Session
@@ -32,7 +32,7 @@ def test_a_nhwc_input_is_transposed_once_into_the_models_nchw() -> None:
     frame = IncomingFrame.start(header(x, layout="NHWC"), session(), codec.TensorLimits(), MemoryBudget(0))
     for chunk in codec.iter_chunks([x], chunk_bytes=64):
         frame.add(chunk)
-    frame.ensure_complete("the frame")
+    assert frame.complete
     (received,) = frame.inputs()
     np.testing.assert_array_equal(received, x.transpose(0, 3, 1, 2))
     assert frame.formats()[0].layout == "NCHW"
@@ -59,10 +59,14 @@ def test_the_memory_budget_refuses_a_frame_and_gets_its_bytes_back_when_a_frame_
     assert budget.used == x.nbytes
     with pytest.raises(ResourceExhausted, match="max_memory"):
         IncomingFrame.start(header(x), session(), codec.TensorLimits(), budget)
-    with pytest.raises(TruncatedStream), frame.dropped_on_error():
-        frame.ensure_complete("the frame")
     del frame
     gc.collect()
+    assert budget.used == 0
+    # A stream that ends inside a frame gives the frame's bytes back at once, not at a collection.
+    reader = framing.FrameReader(lambda h: IncomingFrame.start(h, session(), codec.TensorLimits(), budget))
+    half = rknn_pb2.InferenceRequest(chunk=next(codec.iter_chunks([x], chunk_bytes=x.nbytes // 2)))
+    with pytest.raises(framing.TruncatedFrame, match="the stream ended inside frame 1"):
+        list(framing.read_frames([rknn_pb2.InferenceRequest(header=header(x)), half], reader))
     assert budget.used == 0
 
 
@@ -85,3 +89,15 @@ def test_whole_arrays_go_through_the_same_intake() -> None:
         take_arrays([INPUT], [x[..., :2]], [Declared.of(x, "NHWC")])
     with pytest.raises(InvalidInput, match="the model has 1 input"):
         take_arrays([INPUT], [x, x], [Declared.of(x, "NHWC")] * 2)
+
+
+def test_a_whole_input_is_read_where_it_arrived_without_a_copy() -> None:
+    x = np.arange(48, dtype=np.float32).reshape(1, 3, 4, 4)
+    data = x.tobytes()
+    frame = framing.whole_frame(
+        IncomingFrame.start(header(x), session(), codec.TensorLimits(), MemoryBudget(0)), [data], 1
+    )
+    (received,) = frame.inputs()
+    np.testing.assert_array_equal(received, x)
+    assert received.base is not None and not received.flags.writeable  # a view of the message's bytes
+    assert memoryview(received).obj is not None and bytes(received.data) == data

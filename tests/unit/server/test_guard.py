@@ -9,7 +9,9 @@ import pytest
 
 from rknn_proto.reasons import REASON_METADATA_KEY
 from rknn_server.auth import AccessPolicy
-from rknn_server.guard import CallLimits, Guard
+from rknn_server.guard import Guard
+from rknn_server.limits import Limits
+from rknn_server.metrics import DaemonMetrics
 
 
 class Aborted(Exception):
@@ -28,7 +30,8 @@ class FakeContext:
 
 
 def guard(max_inflight: int, per_client: int) -> Guard:
-    return Guard(AccessPolicy(None, False, False), CallLimits(max_inflight, per_client, 0))
+    limits = Limits(max_inflight_requests=max_inflight, max_inflight_per_client=per_client)
+    return Guard(AccessPolicy(None, False, False), limits, DaemonMetrics())
 
 
 def test_one_client_at_its_cap_is_refused_and_others_still_get_in() -> None:

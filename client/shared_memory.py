@@ -1,0 +1,314 @@
+"""Shared-memory tensors when the daemon runs on this host: frames move through /dev/shm, not the wire.
+
+`Session.run` calls `run_frame` first; it answers None whenever shared memory cannot serve the
+frame, and the frame then travels over the wire as before. Shared memory is used when all of these
+hold, checked once per Device: it is not turned off (RKNN_SHM=off; =file keeps to /dev/shm files), the daemon's GetInfo says this
+caller may (`--shm on`, a loopback TCP caller whose user the kernel names), the daemon's kernel boot
+id is this machine's (a daemon behind a tunnel or in a VM has another), and the daemon opened the
+very file this process made (same device and inode: the same /dev/shm, not a look-alike).
+
+Each session gets one region sized for its inputs and outputs, registered for that session (the
+daemon closes it when the session goes). First choice: a memfd sealed against shrinking, which the
+daemon reopens through /proc/<pid>/fd (same PID namespace) and maps, reading inputs in place. Else
+(another PID namespace, RKNN_SHM=file): a 0600 file in /dev/shm, which the daemon reads and writes
+with pread/pwrite, unlinked right after registering so that no other process can open it by name and
+nothing is left in /dev/shm if either side dies. Inputs are copied into this process's mapping and
+outputs copied out of it (the region is reused by the next frame). A model with a dynamic output
+size keeps to the wire (its outputs' room is unknown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import mmap
+import os
+import secrets
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rknn_client.errors import NotFound, RknnError, SessionLost
+from rknn_proto import codec, rknn_pb2
+
+if TYPE_CHECKING:
+    from rknn_client.api import Device, Session
+
+ENV = "RKNN_SHM"
+SHM_DIR = Path("/dev/shm")
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+ALIGN = 64
+MIN_REGION_BYTES = 1 << 20
+_OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
+log = logging.getLogger("rknn_client.shared_memory")
+
+
+def enabled_by_env() -> bool:
+    """On unless RKNN_SHM says off/0/false/no."""
+    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _memfd_allowed() -> bool:
+    """RKNN_SHM=file keeps to /dev/shm files (e.g. to test a shared folder); memfd needs Linux."""
+    return hasattr(os, "memfd_create") and os.environ.get(ENV, "on").strip().lower() != "file"
+
+
+def local_boot_id() -> str:
+    try:
+        return BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _aligned(size: int) -> int:
+    return (size + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Region:
+    """Memory shared with the daemon, mapped here, registered on the daemon under `key`: a memfd
+    sealed against shrinking (`memfd=True`, which the daemon maps) or a file in /dev/shm."""
+
+    def __init__(self, size: int, memfd: bool) -> None:
+        self.key = "r-" + secrets.token_hex(8)
+        self.name = f"rknn-client-{os.getpid()}-{secrets.token_hex(8)}"
+        self.size = size
+        self.path: Path | None = None if memfd else SHM_DIR / self.name
+        if self.path is None:
+            fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        else:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            if self.path is None:
+                fcntl.fcntl(
+                    fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+                )
+            self.map = mmap.mmap(fd, size)
+            self.stat = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            self.unlink()
+            raise
+        # A memfd's descriptor stays open until the daemon has reopened it; a file's mapping keeps it.
+        self.fd = fd if self.path is None else -1
+        if self.path is not None:
+            os.close(fd)
+        self._finalizer = weakref.finalize(self, _discard, self.map, self.path)
+
+    def request(self, session_id: str) -> rknn_pb2.RegisterSharedMemoryRequest:
+        if self.path is None:
+            return rknn_pb2.RegisterSharedMemoryRequest(
+                key=self.key,
+                name=self.name,  # a label only: the memfd's own name
+                size=self.size,
+                session_id=session_id,
+                memfd=True,
+                pid=os.getpid(),
+                fd=self.fd,
+            )
+        return rknn_pb2.RegisterSharedMemoryRequest(
+            key=self.key, name=self.name, size=self.size, session_id=session_id
+        )
+
+    def unlink(self) -> None:
+        """Registered (or refused): no other process needs to find it any more."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        elif self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        self.unlink()
+        self._finalizer()
+
+
+def _discard(region_map: mmap.mmap, path: Path | None) -> None:
+    if path is not None:
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(BufferError):  # an array still views it: the mapping goes with that array
+        region_map.close()
+
+
+@dataclass
+class _Bound:
+    """A session's region and the session id it was registered for."""
+
+    session_id: str
+    region: Region
+
+
+_DEVICES: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()
+_SESSIONS: weakref.WeakKeyDictionary[Session, _Bound] = weakref.WeakKeyDictionary()
+_KINDS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: memfd works
+_LOCKS: weakref.WeakKeyDictionary[Session, threading.Lock] = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
+
+
+def usable(device: Device) -> bool:
+    """Whether frames to this device may go through shared memory (asked once per Device)."""
+    known = _DEVICES.get(device)
+    if known is None:
+        known = False
+        if enabled_by_env() and SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK):
+            try:
+                info = device.handshake().shared_memory
+            except RknnError:
+                info = rknn_pb2.SharedMemoryInfo()
+            known = info.allowed and bool(info.boot_id) and info.boot_id == local_boot_id()
+            if not known:
+                log.debug("shared memory not used with %s: %s", device.endpoint.description, info.reason)
+        _DEVICES[device] = known
+    return known
+
+
+def disable(device: Device) -> None:
+    """Keep this device's frames on the wire from now on (e.g. RKNN_SHM was not enough: tests)."""
+    _DEVICES[device] = False
+
+
+def _output_room(session: Session) -> list[int] | None:
+    """Each output's slot size: its static size, as float32 at least (a dequantized output's size)."""
+    if any(s.is_dynamic for s in session.outputs):
+        return None
+    return [int(np.prod(s.shape)) * max(s.dtype.itemsize, 4) for s in session.outputs]
+
+
+def _register(session: Session, size: int, memfd: bool) -> Region | None:
+    """A new region registered for the session, or None when the daemon cannot take this kind."""
+    region = Region(size, memfd)
+    try:
+        reply = session.device._call(
+            "RegisterSharedMemory", session.device._stub.RegisterSharedMemory, region.request(session.id)
+        )
+    except SessionLost:
+        region.close()
+        raise
+    except RknnError as exc:
+        region.close()
+        log.debug("shared memory (%s) refused: %s", "memfd" if memfd else "/dev/shm file", exc)
+        return None
+    finally:
+        region.unlink()
+    if (reply.device, reply.inode) != (region.stat.st_dev, region.stat.st_ino):
+        _unregister(session.device, _Bound(session.id, region))  # the daemon sees another /dev/shm
+        return None
+    return region
+
+
+def _region(session: Session, size: int) -> Region | None:
+    """The session's registered region, at least `size` bytes (made or grown here). A sealed memfd
+    (mapped by the daemon: no copies there) is tried first, then a /dev/shm file; the kind that
+    worked is kept for the device, and when neither did the device keeps to the wire."""
+    bound = _SESSIONS.get(session)
+    if bound is not None and bound.session_id == session.id and bound.region.size >= size:
+        return bound.region
+    if bound is not None:
+        _SESSIONS.pop(session, None)
+        _unregister(session.device, bound)
+    device = session.device
+    known = _KINDS.get(device)
+    kinds = [known] if known is not None else [True, False] if _memfd_allowed() else [False]
+    for memfd in kinds:
+        region = _register(session, max(MIN_REGION_BYTES, _aligned(size + size // 4)), memfd)
+        if region is not None:
+            _KINDS[device] = memfd
+            _SESSIONS[session] = _Bound(session.id, region)
+            return region
+    disable(device)
+    return None
+
+
+def _unregister(device: Device, bound: _Bound) -> None:
+    with contextlib.suppress(RknnError):  # gone with its session already
+        device._call(
+            "UnregisterSharedMemory",
+            device._stub.UnregisterSharedMemory,
+            rknn_pb2.UnregisterSharedMemoryRequest(key=bound.region.key),
+        )
+    bound.region.close()
+
+
+def _slots(sizes: Sequence[int], start: int, key: str) -> list[rknn_pb2.TensorRegion]:
+    slots, offset = [], start
+    for size in sizes:
+        slots.append(rknn_pb2.TensorRegion(key=key, offset=offset, byte_length=size))
+        offset += _aligned(size)
+    return slots
+
+
+def _lock(session: Session) -> threading.Lock:
+    with _GUARD:
+        lock = _LOCKS.get(session)
+        if lock is None:
+            lock = _LOCKS[session] = threading.Lock()
+        return lock
+
+
+def run_frame(
+    session: Session,
+    header: rknn_pb2.InferenceHeader,
+    wire: Sequence[np.ndarray],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[np.ndarray] | None:
+    """The frame's outputs through shared memory, or None when it must go over the wire. Frames of
+    one session from several threads take turns: they share its region (and the daemon runs one
+    frame of a session at a time anyway). `progress` hears the inputs placed, then the outputs taken."""
+    room = _output_room(session)
+    if room is None or not usable(session.device):
+        return None
+    with _lock(session):
+        return _run_frame(session, header, wire, room, progress or (lambda done, total: None))
+
+
+def _run_frame(
+    session: Session,
+    header: rknn_pb2.InferenceHeader,
+    wire: Sequence[np.ndarray],
+    room: list[int],
+    progress: Callable[[int, int], None],
+) -> list[np.ndarray] | None:
+    device = session.device
+    inputs_size = sum(_aligned(a.nbytes) for a in wire)
+    region = _region(session, inputs_size + sum(_aligned(r) for r in room))
+    if region is None:
+        return None
+    input_slots = _slots([a.nbytes for a in wire], 0, region.key)
+    output_slots = _slots(room, inputs_size, region.key)
+    for array, slot in zip(wire, input_slots, strict=True):
+        np.ndarray(array.shape, array.dtype, region.map, slot.offset)[...] = array
+    sent = sum(a.nbytes for a in wire)
+    progress(sent, sent)
+    shared = rknn_pb2.InferenceHeader()
+    shared.CopyFrom(header)
+    shared.input_regions.extend(input_slots)
+    shared.output_regions.extend(output_slots)
+    try:
+        reply = device._call("RunShared", device._stub.RunShared, rknn_pb2.RunRequest(header=shared))
+    except SessionLost:
+        raise
+    except NotFound:  # the region is gone (unregistered, reaped): the next frame registers another
+        bound = _SESSIONS.pop(session, None)
+        if bound is not None:
+            bound.region.close()
+        return None
+    session.last_run_time_us = reply.header.run_time_us
+    metas = reply.header.outputs
+    layouts = codec.check_metas(metas, _OUTPUT_LIMITS, "output")
+    outputs = []
+    for (dtype, shape), meta, slot in zip(layouts, metas, output_slots, strict=True):
+        if meta.byte_length > slot.byte_length:
+            raise RknnError(f"the daemon wrote {meta.byte_length} bytes into a slot of {slot.byte_length}")
+        outputs.append(np.ndarray(shape, dtype, region.map, slot.offset).copy())
+    total = sent + sum(m.byte_length for m in metas)
+    progress(total, total)
+    return session.real_outputs(outputs)
+
+
+__all__ = ["ENV", "disable", "enabled_by_env", "run_frame", "usable"]

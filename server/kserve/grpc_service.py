@@ -1,0 +1,173 @@
+"""KServe v2 over gRPC (`inference.GRPCInferenceService`), served on the rknn.v1 port behind the same
+guard (tokens, in-flight limits, the record and error mapping of every call): protobuf in, `V2Models`
+calls, protobuf out.
+
+Errors travel with v2 semantics: INVALID_ARGUMENT for a request that does not fit the model,
+NOT_FOUND for an unknown model or version, UNAVAILABLE for a model that is not ready; each RPC is
+counted and logged by the interceptor like rknn.v1's (method names `v2.<RPC>`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from rknn_proto.kserve import grpc_service_pb2 as pb
+from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
+from rknn_proto.version import MAX_MESSAGE_BYTES
+from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.guard import client_identity, current_call
+from rknn_server.kserve.models import InputTensor, ModelMetadata, TensorMetadata, V2Models
+
+REPLY_HEADROOM_BYTES = 64 << 10  # the reply's names, shapes and framing besides the output bytes
+
+# The InferTensorContents field that carries each datatype's elements.
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
+    """The request's inputs: every one from raw_input_contents (in order) or every one from contents."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input, in order, "
+            "or none and every input's contents"
+        )
+    tensors = []
+    for index, tensor in enumerate(request.inputs):
+        shape = tuple(tensor.shape)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input {tensor.name!r} has both contents and raw_input_contents; send one"
+                )
+            tensors.append(InputTensor(tensor.name, tensor.datatype, shape, raw=raw[index]))
+            continue
+        field = CONTENTS_FIELD.get(tensor.datatype)
+        if field is None and tensor.datatype == "FP16":
+            raise InvalidInput(
+                f"input {tensor.name!r}: FP16 has no contents field; send it in raw_input_contents"
+            )
+        values: Sequence[object] = getattr(tensor.contents, field) if field else ()
+        tensors.append(InputTensor(tensor.name, tensor.datatype, shape, values=values))
+    return tensors
+
+
+def _tensor_metadata(items: Sequence[TensorMetadata]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    return [
+        pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape)
+        for t in items
+    ]
+
+
+def metadata_response(meta: ModelMetadata) -> pb.ModelMetadataResponse:
+    return pb.ModelMetadataResponse(
+        name=meta.name,
+        versions=list(meta.versions),
+        platform=meta.platform,
+        inputs=_tensor_metadata(meta.inputs),
+        outputs=_tensor_metadata(meta.outputs),
+    )
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, models: V2Models, ready: Callable[[], bool]) -> None:
+        self.models = models
+        self.ready = ready
+
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.ready())
+
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.models.ready(request.name, request.version))
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        name, version, extensions = self.models.server_metadata()
+        return pb.ServerMetadataResponse(name=name, version=version, extensions=list(extensions))
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        return metadata_response(await self.models.metadata(request.name, request.version, client_identity()))
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        call = current_call()
+        call.bytes_in = sum(len(raw) for raw in request.raw_input_contents)
+        model, outputs = await self.models.infer(
+            request.model_name,
+            request.model_version,
+            client_identity(),
+            decode_inputs(request),
+            [o.name for o in request.outputs],
+        )
+        call.bytes_out = sum(o.array.nbytes for o in outputs)
+        if call.bytes_out > MAX_MESSAGE_BYTES - REPLY_HEADROOM_BYTES:
+            raise ResourceExhausted(
+                f"the outputs are {call.bytes_out} bytes, over the {MAX_MESSAGE_BYTES} bytes of one gRPC "
+                "reply; ask for fewer outputs, or use rknn.v1's streaming Inference"
+            )
+        raw = [o.array.tobytes() for o in outputs]
+        return pb.ModelInferResponse(
+            model_name=model.name,
+            model_version=request.model_version or "1",
+            id=request.id,
+            outputs=[
+                pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.shape)
+                for o in outputs
+            ],
+            raw_output_contents=raw,
+        )
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=e.name, version=e.version, state=e.state, reason=e.reason
+                )
+                for e in self.models.index(request.ready)
+            ]
+        )
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        await self.models.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self.models.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+
+__all__ = ["SERVICE_NAME", "InferenceService", "decode_inputs", "metadata_response"]

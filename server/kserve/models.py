@@ -1,0 +1,456 @@
+"""The protocol-neutral half of KServe v2: models by name and version, their sessions, the tensor intake.
+
+Both transports (grpc_service.py, rest.py) decode their messages into `InputTensor`s and call here.
+A model is a folder of the model repository (its name) or a model uploaded through rknn.v1 (its
+digest is its name); every model has the one version "1". Runs go through the data plane like
+rknn.v1's: each caller gets a session per model, opened on first use and kept in a small LRU cache
+(bounded; the data plane's idle reaper may still close one, which is then opened again), closed when
+its model is unloaded. Inputs are checked once (names, datatypes, shapes, byte counts, the tensor
+limits) and then go through the same frame intake as rknn.v1 (`frames.take_arrays`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import structlog
+
+from rknn_proto import codec, rknn_pb2
+from rknn_proto.manifest import valid_digest
+from rknn_server import __version__
+from rknn_server.data_plane import DataPlane, OpenRequest
+from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
+from rknn_server.frames import PERMUTATIONS, Declared, take_arrays, wire_outputs
+from rknn_server.kserve.datatypes import datatype_of, dtype_of
+from rknn_server.kserve.repository import ModelConfig, ModelRepository, TensorConfig
+from rknn_server.runtime.base import TensorSpec
+from rknn_server.sessions import Session
+
+log = structlog.get_logger("rknn_server.kserve")
+
+VERSION = "1"  # every model has this one version
+SERVER_NAME = "rknn_server"
+EXTENSIONS = ("model_repository", "binary_tensor_data")
+REPOSITORY_OWNER = "model-repository"  # who opens a model once when it is loaded, to check it
+_PLATFORMS = {".onnx": "onnxruntime_onnx", ".rknn": "rknn"}
+
+
+class ModelUnavailable(ServiceError):
+    """A model that exists but is not ready (its load failed, or it was unloaded)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One input as a client sent it: its bytes (raw contents) or its elements (typed contents, JSON)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    raw: bytes | None = None
+    values: Sequence[object] | np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+
+
+@dataclass(frozen=True)
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1: any size
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...]
+    outputs: tuple[TensorMetadata, ...]
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    name: str
+    version: str
+    state: str  # READY | UNAVAILABLE
+    reason: str = ""
+
+
+@dataclass
+class Model:
+    """A model as v2 clients address it; `inputs`/`outputs` are known once it was opened."""
+
+    name: str
+    digest: str
+    platform: str
+    config: ModelConfig = field(default_factory=ModelConfig)
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+
+    def input_names(self) -> list[str]:
+        return _names(self.inputs, self.config.inputs)
+
+    def output_names(self) -> list[str]:
+        return _names(self.outputs, self.config.outputs)
+
+    def input_layout(self, index: int) -> str:
+        """The layout clients send input `index` in (the config's, else the model's)."""
+        configured = self.config.inputs[index].layout if self.config.inputs else ""
+        return configured or self.inputs[index].layout
+
+    def learn(self, session: Session) -> None:
+        """Take the tensors of the opened model; the config must name as many as it has."""
+        inputs, outputs = tuple(session.runtime.inputs), tuple(session.runtime.outputs)
+        for key, configured, specs in (
+            ("inputs", self.config.inputs, inputs),
+            ("outputs", self.config.outputs, outputs),
+        ):
+            if configured and len(configured) != len(specs):
+                raise ModelUnavailable(
+                    f"model {self.name!r}: config.toml describes {len(configured)} {key}, the model has "
+                    f"{len(specs)} ({', '.join(s.name for s in specs)})"
+                )
+        self.inputs, self.outputs = inputs, outputs
+
+
+def _names(specs: Sequence[TensorSpec], configured: Sequence[TensorConfig]) -> list[str]:
+    return [
+        (c.name if c.name else s.name)
+        for s, c in zip(specs, configured or [TensorConfig()] * len(specs), strict=True)
+    ]
+
+
+def _output_dtype(spec: TensorSpec) -> np.dtype:
+    """What an output travels as: quantized integers are dequantized to float32 (as rknn.v1 does)."""
+    return np.dtype("<f4") if spec.quant.kind != "none" and spec.dtype.kind in "iu" else spec.dtype
+
+
+def _client_shape(spec: TensorSpec, layout: str) -> tuple[int, ...]:
+    shape = tuple(d if d > 0 else -1 for d in spec.shape)
+    permutation = PERMUTATIONS.get((spec.layout, layout)) if len(shape) == 4 else None
+    return tuple(shape[i] for i in permutation) if permutation else shape
+
+
+class SessionCache:
+    """One session per (model digest, caller), the least recently used closed beyond `capacity`."""
+
+    def __init__(self, plane: DataPlane, capacity: int) -> None:
+        self.plane = plane
+        self.capacity = max(1, capacity)
+        self._ids: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._opening: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def _cached(self, key: tuple[str, str]) -> Session | None:
+        session_id = self._ids.get(key)
+        if session_id is None:
+            return None
+        try:
+            session = self.plane.session(session_id, key[1], usable=False)
+        except ServiceError:  # the idle reaper closed it
+            del self._ids[key]
+            return None
+        self._ids.move_to_end(key)
+        return session
+
+    async def get(self, digest: str, owner: str) -> tuple[Session, bool]:
+        """The caller's session of the model, and whether it was opened now."""
+        key = (digest, owner)
+        session = self._cached(key)
+        if session is not None and not session.broken:
+            return session, False
+        lock = self._opening.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                session = self._cached(key)
+                if session is not None and session.broken:
+                    await self._close(key)
+                elif session is not None:
+                    return session, False
+                while len(self._ids) >= self.capacity:
+                    await self._close(next(iter(self._ids)))
+                session = await self.plane.open(OpenRequest(digest=digest, owner=owner))
+                self._ids[key] = session.id
+                return session, True
+        finally:
+            if not lock.locked():
+                self._opening.pop(key, None)
+
+    async def _close(self, key: tuple[str, str]) -> None:
+        session_id = self._ids.pop(key, None)
+        if session_id is not None:
+            with contextlib.suppress(ServiceError):  # already closed by the reaper
+                await self.plane.close(session_id, key[1])
+
+    async def drop(self, digest: str) -> int:
+        """Close every cached session of a model; how many there were."""
+        keys = [key for key in self._ids if key[0] == digest]
+        for key in keys:
+            await self._close(key)
+        return len(keys)
+
+
+class V2Models:
+    """The models v2 clients see, and what they can do with them."""
+
+    def __init__(
+        self, plane: DataPlane, repository: ModelRepository | None, max_cached_sessions: int
+    ) -> None:
+        self.plane = plane
+        self.repository = repository
+        self.sessions = SessionCache(plane, max_cached_sessions)
+        self._loaded: dict[str, Model] = {}  # repository models that are ready
+        self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
+        self._uploaded: OrderedDict[str, Model] = OrderedDict()  # digest models seen, bounded
+
+    # -- Lookup --------------------------------------------------------------------------------
+
+    def resolve(self, name: str, version: str = "") -> Model:
+        """The model `name` (and `version`, "" or "1"); NOT_FOUND or UNAVAILABLE with the reason."""
+        model = self._loaded.get(name)
+        if model is None:
+            if name in self._unavailable:
+                raise ModelUnavailable(f"model {name!r} is not ready: {self._unavailable[name]}")
+            model = self._uploaded_model(name)
+        if version not in ("", VERSION):
+            raise NotFound(f"model {name!r} has no version {version[:32]!r}; its only version is {VERSION!r}")
+        return model
+
+    def _uploaded_model(self, name: str) -> Model:
+        if not (valid_digest(name) and self.plane.cache.has(name)):
+            known = ", ".join(sorted(self._loaded)[:10]) or "none"
+            raise NotFound(
+                f"unknown model {name[:80]!r}; the repository's ready models are: {known}, and a model uploaded "
+                "through rknn.v1 is addressed by its digest (64 hex characters)"
+            )
+        model = self._uploaded.get(name)
+        if model is None:
+            suffix = "." + self.plane.cache.main_file(name).name.rpartition(".")[2]
+            model = Model(name, name, _PLATFORMS.get(suffix, self.plane.backend.name))
+            self._uploaded[name] = model
+            while len(self._uploaded) > 256:
+                self._uploaded.popitem(last=False)
+        self._uploaded.move_to_end(name)
+        return model
+
+    def ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.resolve(name, version)
+        except ServiceError:
+            return False
+        return True
+
+    def index(self, ready_only: bool) -> list[IndexEntry]:
+        """Every repository folder with its state, then the uploaded models (ready: they are cached)."""
+        names = set(self._loaded) | set(self._unavailable)
+        if self.repository is not None:
+            names |= set(self.repository.names())
+        entries = [
+            IndexEntry(name, VERSION, "READY")
+            if name in self._loaded
+            else IndexEntry(name, VERSION, "UNAVAILABLE", self._unavailable.get(name, "not loaded"))
+            for name in sorted(names)
+        ]
+        entries += [IndexEntry(digest, VERSION, "READY") for digest in self.plane.cache.cached_digests()]
+        return [e for e in entries if e.state == "READY" or not ready_only]
+
+    # -- Load and unload -------------------------------------------------------------------------
+
+    async def load(self, name: str) -> Model:
+        """(Re)load a repository model: read its folder, bring it into the cache, open it once to check it."""
+        if self.repository is None:
+            if valid_digest(name):
+                return self.resolve(name)
+            raise NotFound("this daemon has no model repository (--model-repository)")
+        repository = self.repository
+        try:
+            folder = repository.read(name)
+            digest = await self.plane.blocking(repository.import_into, folder, self.plane.cache)
+            suffix = "." + folder.files[0].rpartition(".")[2]
+            model = Model(name, digest, _PLATFORMS.get(suffix, self.plane.backend.name), folder.config)
+            probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER))
+            try:
+                model.learn(probe)
+            finally:
+                await self.plane.close(probe.id, REPOSITORY_OWNER)
+        except NotFound:
+            raise
+        except Exception as exc:
+            self._unload(name, status_of(exc)[1])
+            await self._drop_old(name)
+            log.warning("model_load_failed", model=name, error=f"{type(exc).__name__}: {exc}")
+            raise
+        old = self._loaded.get(name)
+        self._unavailable.pop(name, None)
+        self._loaded[name] = model
+        if old is not None and old.digest != digest:
+            await self.sessions.drop(old.digest)
+        log.info("model_loaded", model=name, digest=digest[:12])
+        return model
+
+    async def load_all(self) -> None:
+        """Load every repository model (start-up); a model that fails is UNAVAILABLE, with the reason."""
+        for name in self.repository.names() if self.repository else []:
+            with contextlib.suppress(Exception):  # logged, and kept as the model's state
+                await self.load(name)
+
+    async def unload(self, name: str) -> None:
+        if name not in self._loaded and name not in self._unavailable:
+            if valid_digest(name) and self.plane.cache.has(name):
+                await self.sessions.drop(name)
+                return
+            self.resolve(name)  # raises NOT_FOUND with the known names
+        await self._drop_old(name)
+        self._unload(name, "unloaded")
+
+    async def _drop_old(self, name: str) -> None:
+        old = self._loaded.get(name)
+        if old is not None:
+            await self.sessions.drop(old.digest)
+
+    def _unload(self, name: str, reason: str) -> None:
+        self._loaded.pop(name, None)
+        self._unavailable[name] = reason
+
+    # -- Metadata and inference ----------------------------------------------------------------
+
+    async def _session(self, model: Model, owner: str) -> Session:
+        if not self.plane.cache.has(model.digest) and model.name in self._loaded:
+            await self.load(model.name)  # evicted from the cache: bring it in again
+        session, opened = await self.sessions.get(model.digest, owner)
+        if opened or not model.inputs:
+            model.learn(session)
+        return session
+
+    async def metadata(self, name: str, version: str, owner: str) -> ModelMetadata:
+        model = self.resolve(name, version)
+        if not model.inputs:
+            await self._session(model, owner)
+        inputs = tuple(
+            TensorMetadata(n, datatype_of(s.dtype), _client_shape(s, model.input_layout(i)))
+            for i, (n, s) in enumerate(zip(model.input_names(), model.inputs, strict=True))
+        )
+        outputs = tuple(
+            TensorMetadata(n, datatype_of(_output_dtype(s)), _client_shape(s, s.layout))
+            for n, s in zip(model.output_names(), model.outputs, strict=True)
+        )
+        return ModelMetadata(model.name, (VERSION,), model.platform, inputs, outputs)
+
+    async def infer(
+        self, name: str, version: str, owner: str, inputs: Sequence[InputTensor], requested: Sequence[str]
+    ) -> tuple[Model, list[OutputTensor]]:
+        """Run one request; the outputs named in `requested` (all when empty), in the model's order."""
+        model = self.resolve(name, version)
+        session = await self._session(model, owner)
+        arrays, declared = self._intake(model, inputs)
+        ready, formats = take_arrays(model.inputs, arrays, declared)
+        names = model.output_names()
+        unknown = sorted(set(requested) - set(names))
+        if unknown:
+            raise InvalidInput(
+                f"model {model.name!r} has no output(s) {unknown[:5]}; its outputs: {', '.join(names)}"
+            )
+        ran = await self.plane.run(session, ready, formats)
+        _, wire = wire_outputs(ran.outputs, model.outputs, native=False)
+        return model, [
+            OutputTensor(n, datatype_of(a.dtype), tuple(a.shape), a)
+            for n, a in zip(names, wire, strict=True)
+            if not requested or n in requested
+        ]
+
+    def _intake(self, model: Model, inputs: Sequence[InputTensor]) -> tuple[list[np.ndarray], list[Declared]]:
+        """The request's inputs in the model's order as arrays, checked against names, limits and sizes."""
+        limits = self.plane.tensor_limits
+        names = model.input_names()
+        if len(inputs) > limits.max_tensors:
+            raise InvalidInput(f"{len(inputs)} inputs sent; the model {model.name!r} has {len(names)}")
+        by_name: dict[str, InputTensor] = {}
+        for tensor in inputs:
+            if tensor.name not in names:
+                raise InvalidInput(
+                    f"model {model.name!r} has no input {tensor.name[:80]!r}; its inputs: {', '.join(names)}"
+                )
+            if tensor.name in by_name:
+                raise InvalidInput(f"input {tensor.name!r} is sent twice")
+            by_name[tensor.name] = tensor
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise InvalidInput(
+                f"input(s) {', '.join(missing)} missing; model {model.name!r} takes {', '.join(names)}"
+            )
+        arrays, declared = [], []
+        for index, name in enumerate(names):
+            tensor = by_name[name]
+            array = to_array(tensor, limits)
+            arrays.append(array)
+            declared.append(Declared(array.dtype, tuple(array.shape), model.input_layout(index)))
+        return arrays, declared
+
+    def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
+        return SERVER_NAME, __version__, EXTENSIONS
+
+
+def to_array(tensor: InputTensor, limits: codec.TensorLimits) -> np.ndarray:
+    """An input's array, after its datatype, its shape (the tensor limits) and its byte count are checked."""
+    what = f"input {tensor.name!r}"
+    dtype = dtype_of(tensor.datatype, what)
+    shape = tuple(int(d) for d in tensor.shape)
+    count = math.prod(shape) if all(d >= 0 for d in shape) else 0
+    codec.check_meta(
+        rknn_pb2.TensorMeta(
+            dtype=codec.dtype_to_wire(dtype), shape=shape, byte_length=count * dtype.itemsize
+        ),
+        limits,
+        what,
+    )
+    if tensor.raw is not None:
+        if len(tensor.raw) != count * dtype.itemsize:
+            raise InvalidInput(
+                f"{what}: {len(tensor.raw)} bytes of raw contents for shape {list(shape)} of {tensor.datatype}; "
+                f"expected {count * dtype.itemsize} bytes"
+            )
+        return np.frombuffer(tensor.raw, dtype).reshape(shape)
+    values = tensor.values if tensor.values is not None else ()
+    if len(values) != count:
+        raise InvalidInput(
+            f"{what}: {len(values)} elements for shape {list(shape)}; expected {count} "
+            "(no contents at all: send them in contents or raw_input_contents)"
+        )
+    try:
+        given = np.asarray(values)
+        array = given.astype(dtype)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInput(f"{what}: its elements are not {tensor.datatype} values") from None
+    if given.dtype.kind not in "biuf" or (dtype.kind != "f" and not np.array_equal(array, given)):
+        raise InvalidInput(
+            f"{what}: its elements are not {tensor.datatype} values (out of range or wrong type)"
+        )
+    return array.reshape(shape)
+
+
+__all__ = [
+    "IndexEntry",
+    "InputTensor",
+    "Model",
+    "ModelMetadata",
+    "ModelUnavailable",
+    "OutputTensor",
+    "SessionCache",
+    "TensorMetadata",
+    "V2Models",
+    "to_array",
+]

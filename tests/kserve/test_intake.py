@@ -1,0 +1,128 @@
+"""In-process: the v2 datatype map, the tensor intake's checks, and the repository's rules for its
+folders and config.toml (hostile content gets a clear error, never a server path)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rknn_proto.codec import CodecError, LimitExceeded, TensorLimits
+from rknn_server.errors import InvalidInput, NotFound
+from rknn_server.kserve.datatypes import V2_DTYPES, datatype_of, dtype_of
+from rknn_server.kserve.models import InputTensor, to_array
+from rknn_server.kserve.repository import ModelRepository, RepositoryError, TensorConfig, parse_config
+
+LIMITS = TensorLimits(max_tensor_bytes=1 << 20, max_rank=4)
+
+
+def test_every_v2_datatype_maps_both_ways() -> None:
+    assert sorted(V2_DTYPES) == sorted(
+        ["BOOL", "UINT8", "UINT16", "UINT32", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
+    )
+    for name, dtype in V2_DTYPES.items():
+        assert datatype_of(dtype) == name
+    assert datatype_of(np.dtype(">f4")) == "FP32"
+
+
+@pytest.mark.parametrize(
+    ("datatype", "says"), [("BYTES", "string"), ("BF16", "bfloat16"), ("FLOAT", "not a v2 datatype")]
+)
+def test_unsupported_datatypes_are_refused_clearly(datatype: str, says: str) -> None:
+    with pytest.raises(InvalidInput, match=says) as caught:
+        dtype_of(datatype, "input 'x'")
+    assert "FP32" in str(caught.value)  # names the ones that work
+
+
+def test_raw_contents_must_match_the_shape() -> None:
+    data = np.arange(6, dtype=np.float32)
+    found = to_array(InputTensor("x", "FP32", (2, 3), raw=data.tobytes()), LIMITS)
+    assert found.shape == (2, 3) and found.tobytes() == data.tobytes()
+    with pytest.raises(
+        InvalidInput, match="28 bytes of raw contents for shape \\[2, 3\\] of FP32; expected 24"
+    ):
+        to_array(InputTensor("x", "FP32", (2, 3), raw=data.tobytes() + b"\0" * 4), LIMITS)
+    with pytest.raises(InvalidInput, match="expected 24"):
+        to_array(InputTensor("x", "FP32", (2, 3), raw=b""), LIMITS)
+
+
+def test_shapes_are_checked_against_the_limits_before_anything_is_allocated() -> None:
+    with pytest.raises(CodecError, match="negative"):
+        to_array(InputTensor("x", "FP32", (2, -3), raw=b""), LIMITS)
+    with pytest.raises(LimitExceeded, match="max_tensor_rank=4"):
+        to_array(InputTensor("x", "FP32", (1, 1, 1, 1, 1), raw=b"\0" * 4), LIMITS)
+    with pytest.raises(LimitExceeded, match="max_tensor_bytes"):
+        to_array(InputTensor("x", "FP32", (1 << 40,), raw=b""), LIMITS)
+
+
+def test_typed_contents_must_fit_the_datatype() -> None:
+    assert to_array(InputTensor("x", "INT8", (3,), values=[-128, 0, 127]), LIMITS).dtype == np.int8
+    assert to_array(InputTensor("x", "BOOL", (2,), values=[True, False]), LIMITS).tolist() == [True, False]
+    with pytest.raises(InvalidInput, match="out of range"):
+        to_array(InputTensor("x", "INT8", (2,), values=[1, 300]), LIMITS)
+    with pytest.raises(InvalidInput, match="out of range"):
+        to_array(InputTensor("x", "INT32", (2,), values=[1.5, 2.0]), LIMITS)
+    with pytest.raises(InvalidInput, match="2 elements for shape \\[3\\]; expected 3"):
+        to_array(InputTensor("x", "FP32", (3,), values=[1.0, 2.0]), LIMITS)
+    with pytest.raises(InvalidInput, match="not FP32 values"):
+        to_array(InputTensor("x", "FP32", (1,), values=np.asarray(["a"])), LIMITS)
+
+
+def test_a_config_is_validated() -> None:
+    config = parse_config(
+        "m", 'file = "a.onnx"\n[[inputs]]\nname = "image"\nlayout = "nhwc"\n[[outputs]]\nname = "p"\n'
+    )
+    assert config.file == "a.onnx" and config.inputs == (TensorConfig("image", "NHWC"),)
+    assert config.outputs == (TensorConfig("p"),)
+    bad = {
+        "input = []\n": "unknown key\\(s\\) \\['input'\\]; expected file, inputs, outputs",
+        '[[inputs]]\nname = "a"\nshape = [1]\n': "unknown key\\(s\\) \\['shape'\\]",
+        '[[inputs]]\nlayout = "NCWH"\n': "layout 'NCWH'; expected one of NCHW, NHWC",
+        '[[outputs]]\nname = "a"\n[[outputs]]\nname = "a"\n': "repeats a name",
+        '[[inputs]]\nname = "a b"\n': "name 'a b' is not allowed",
+        "inputs = 3\n": "array of tables",
+        'file = "../x.onnx"\n': "plain file name",
+        "= broken": "not valid TOML",
+    }
+    for text, message in bad.items():
+        with pytest.raises(RepositoryError, match=message) as caught:
+            parse_config("m", text)
+        assert "model 'm'" in str(caught.value)
+
+
+def repository(root: Path) -> ModelRepository:
+    return ModelRepository(root, (".onnx",), max_model_bytes=1000)
+
+
+def test_model_folders_hold_plain_files_only(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "good").mkdir(parents=True)
+    (root / "good" / "model.onnx").write_bytes(b"x")
+    (root / "linked").mkdir()
+    (root / "linked" / "model.onnx").symlink_to("/etc/passwd")
+    (root / "nested").mkdir()
+    (root / "nested" / "1").mkdir()
+    (root / "two").mkdir()
+    (root / "two" / "a.onnx").write_bytes(b"x")
+    (root / "two" / "b.onnx").write_bytes(b"x")
+    (root / "big").mkdir()
+    (root / "big" / "model.onnx").write_bytes(b"x" * 1001)
+    (root / ("a" * 64)).mkdir()  # would shadow an uploaded model's digest
+    os.symlink(root / "good", root / "alias")  # a linked folder is no model
+    found = repository(root)
+    assert found.names() == ["big", "good", "linked", "nested", "two"]
+    assert found.read("good").files == ("model.onnx",)
+    for name, message in {
+        "linked": "'model.onnx' is a symbolic link",
+        "nested": "'1' is a subfolder",
+        "two": "found 2 \\(a.onnx, b.onnx\\)",
+        "big": "1001 bytes, over the limit max_model_bytes=1000",
+    }.items():
+        with pytest.raises(RepositoryError, match=message) as caught:
+            found.read(name)
+        assert str(root) not in str(caught.value)
+    for name in ("alias", "a" * 64, "..", "nothing"):
+        with pytest.raises(NotFound):
+            found.read(name)

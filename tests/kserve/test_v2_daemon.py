@@ -1,0 +1,135 @@
+"""The v2 protocol's place in the daemon: its auth on both ports, a model repository refused at start
+when a folder is bad, and the bounded per-caller session cache."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from demo.daemon_process import clean_environ
+from rknn_client import connect
+from tests.kserve.conftest import V2Daemon, start_v2_daemon
+from tests.metrics.conftest import get, start_metrics_daemon
+from tests.rknnrt.fake_sysfs import rk3588_board
+from tests.rknnrt_cases import image_model, rknnrt_args
+
+TOKEN = "kserve-token-0123456789abcdef"
+IMAGE = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+
+
+def test_v2_calls_need_the_token_on_both_ports(tmp_path: Path, triton_python: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"triton:{TOKEN}\n")
+    tokens.chmod(0o600)
+    daemon = start_v2_daemon(tmp_path, triton_python, "--auth-token-file", str(tokens))
+    try:
+        np.savez(tmp_path / "in.npz", input=IMAGE)
+        infer = {
+            "op": "infer",
+            "model": "cnn",
+            "inputs": str(tmp_path / "in.npz"),
+            "out": str(tmp_path / "out.npz"),
+        }
+        answers = daemon.drive(
+            {"op": "live"},
+            {"op": "metadata", "model": "cnn"},
+            {**infer, "protocol": "grpc"},
+            {**infer, "protocol": "grpc", "token": "not-the-token-0123456789"},
+            {"op": "metadata", "model": "cnn", "protocol": "http-json"},
+            {**infer, "protocol": "http-binary"},
+            {**infer, "protocol": "grpc", "token": TOKEN},
+            {**infer, "protocol": "http-binary", "token": TOKEN},
+            {"op": "metadata", "model": "cnn", "protocol": "http-json", "token": TOKEN},
+        )
+        refused, good = answers[:6], answers[6:]
+        assert [a.get("status") for a in refused] == ["StatusCode.UNAUTHENTICATED"] * 4 + ["401"] * 2, refused
+        assert all("ok" in a for a in good), good
+        base = daemon.running.base
+        assert get(f"{base}/v2")[0] == 401 and get(f"{base}/v2", token=TOKEN)[0] == 200
+        assert get(f"{base}/v2/health/ready")[0] == 200  # health stays open for probes
+    finally:
+        daemon.running.daemon.stop()
+
+
+def serve_briefly(tmp_path: Path, repository: Path, by_env: bool = False) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "rknn_server", "--runtime", "host", "--listen", "tcp://127.0.0.1:0"]
+    args += ["--model-cache", str(tmp_path / "cache")]
+    env = clean_environ()
+    if by_env:
+        env["RKNN_SERVER_MODEL_REPOSITORY"] = str(repository)
+    else:
+        args += ["--model-repository", str(repository)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False, env=env)
+
+
+def test_a_bad_model_folder_stops_the_start(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    (repository / "resnet").mkdir(parents=True)
+    (repository / "resnet" / "model.onnx").write_bytes(b"x")
+    (repository / "resnet" / "config.toml").write_text('[[inputs]]\nname = "x"\ndims = [1]\n')
+    done = serve_briefly(tmp_path, repository)
+    assert done.returncode == 2
+    assert "model 'resnet': config.toml: [[inputs]] 0 has unknown key(s) ['dims']" in done.stderr
+
+    (repository / "resnet" / "config.toml").unlink()
+    (repository / "resnet" / "weights.bin").symlink_to("/etc/passwd")
+    done = serve_briefly(tmp_path, repository, by_env=True)
+    assert done.returncode == 2 and "'weights.bin' is a symbolic link" in done.stderr
+
+    done = serve_briefly(tmp_path, tmp_path / "missing")
+    assert done.returncode == 2 and "is not a folder" in done.stderr
+
+
+def test_sessions_are_cached_per_caller_bounded_and_closed_on_unload(
+    tmp_path: Path, triton_python: Path
+) -> None:
+    # Two sessions at most: v2 keeps one per caller and model, evicting the least recently used.
+    daemon = start_v2_daemon(tmp_path, triton_python, "--max-sessions", "2")
+    try:
+        pair = {"a": np.ones((1, 4), np.float32), "b": np.ones((1, 4), np.float32)}
+        for model, arrays in [
+            ("cnn", {"input": IMAGE}),
+            ("spare", pair),
+            ("nhwc", {"input": IMAGE.transpose(0, 2, 3, 1)}),
+        ] * 2:
+            daemon.infer(model, "grpc", arrays)
+        with connect(daemon.running.daemon.url) as device:
+            assert device.info(refresh=True).open_sessions == 1
+            # The rknn.v1 path still gets its session beside the cached one.
+            with device.load(tmp_path / "repository" / "cnn" / "model.onnx") as session:
+                session.run([IMAGE])
+            assert daemon.one({"op": "unload", "model": "nhwc"}) == {"ok": True}
+            assert device.info(refresh=True).open_sessions == 0
+    finally:
+        daemon.running.daemon.stop()
+
+
+def test_an_rknn_model_on_the_rknnrt_runtime(tmp_path: Path, triton_python: Path, stub_lib: Path) -> None:
+    """A repository .rknn on librknnrt (the stub): uint8 NHWC in, the int8 output dequantized as rknn.v1 does."""
+    repository = tmp_path / "repository"
+    (repository / "score").mkdir(parents=True)
+    image_model(repository / "score" / "image.rknn")
+    board = rk3588_board(tmp_path / "board")
+    running = start_metrics_daemon(
+        tmp_path, "--model-repository", str(repository), *rknnrt_args(stub_lib, board)
+    )
+    daemon = V2Daemon(running, triton_python, tmp_path)
+    try:
+        meta = daemon.one({"op": "metadata", "model": "score", "protocol": "http-json"})["ok"]
+        assert meta["platform"] == "rknn"
+        assert [(t["datatype"], t["shape"]) for t in meta["inputs"]] == [("UINT8", [1, 16, 16, 3])]
+        assert [t["datatype"] for t in meta["outputs"]] == ["FP32"]
+        image = np.random.default_rng(4).integers(0, 255, (1, 16, 16, 3), dtype=np.uint8)
+        with (
+            connect(running.daemon.url) as device,
+            device.load(repository / "score" / "image.rknn") as session,
+        ):
+            expected = session.run([image])[0]
+        for protocol in ("grpc", "http-binary"):
+            found = daemon.infer("score", protocol, {"image": image})["score"]
+            assert found.dtype == expected.dtype == np.float32 and found.tobytes() == expected.tobytes()
+    finally:
+        running.daemon.stop()

@@ -1,0 +1,214 @@
+"""The one frame reader and writer: frames round-trip whatever the chunking, and a stream that breaks
+the framing rules is refused with an error that says what arrived and what was expected."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+
+import numpy as np
+import pytest
+
+from rknn_proto import codec, framing, rknn_pb2
+
+LIMITS = codec.TensorLimits()
+
+
+def arrays() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [
+        rng.standard_normal((2, 3, 5)).astype(np.float32),
+        np.zeros((0, 4), np.int8),  # an empty tensor sends no chunk
+        np.arange(11, dtype=np.uint16),
+    ]
+
+
+def header(*items: np.ndarray, frame_id: int = 0) -> rknn_pb2.OutputsHeader:
+    return rknn_pb2.OutputsHeader(outputs=[codec.meta_of(a) for a in items], frame_id=frame_id)
+
+
+class Outputs(codec.TensorAssembler):
+    """A frame as a client assembles it: the header kept beside the bytes."""
+
+    def __init__(self, head: rknn_pb2.OutputsHeader, limits: codec.TensorLimits = LIMITS) -> None:
+        super().__init__(head.outputs, limits, "output")
+        self.header = head
+        self.dropped = False
+
+    def drop(self) -> None:
+        self.dropped = True
+        super().drop()
+
+
+def reader() -> framing.FrameReader[rknn_pb2.OutputsHeader, Outputs]:
+    return framing.FrameReader(Outputs, describe_header="OutputsHeader")
+
+
+def chunked(
+    head: rknn_pb2.OutputsHeader, items: list[np.ndarray], size: int
+) -> list[rknn_pb2.InferenceResponse]:
+    """A frame's messages with chunks of `size` bytes (the writer picks its own size)."""
+    return [rknn_pb2.InferenceResponse(header=head)] + [
+        rknn_pb2.InferenceResponse(chunk=c) for c in codec.iter_chunks(items, chunk_bytes=size)
+    ]
+
+
+def assert_frame(frame: Outputs, items: list[np.ndarray]) -> None:
+    for got, want in zip(frame.arrays(), items, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_frames_written_then_read_come_back_equal_and_in_order() -> None:
+    first, second = arrays(), [a[::-1].copy() for a in arrays()]
+    stream = [
+        *framing.frame_messages(rknn_pb2.InferenceResponse, header(*first, frame_id=1), first),
+        *framing.frame_messages(rknn_pb2.InferenceResponse, header(*second, frame_id=2), second),
+    ]
+    frames = list(framing.read_frames(stream, reader()))
+    assert [f.header.frame_id for f in frames] == [1, 2]
+    assert_frame(frames[0], first)
+    assert_frame(frames[1], second)
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 120, 1 << 20])
+def test_any_chunk_boundary_assembles_the_same_bytes(size: int) -> None:
+    items = arrays()
+    r = reader()
+    (frame,) = framing.read_frames(chunked(header(*items), items, size), r)
+    assert_frame(frame, items)
+    assert r.bytes == sum(a.nbytes for a in items)
+
+
+def test_a_frame_of_empty_tensors_is_complete_at_its_header() -> None:
+    empty = [np.zeros((0,), np.float32)]
+    (frame,) = framing.read_frames([rknn_pb2.InferenceResponse(header=header(*empty))], reader())
+    assert frame.arrays()[0].shape == (0,)
+
+
+def test_the_async_reader_reads_what_the_sync_one_does() -> None:
+    items = arrays()
+
+    async def messages(
+        stream: Iterable[rknn_pb2.InferenceResponse],
+    ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
+        for message in stream:
+            yield message
+
+    async def main() -> list[Outputs]:
+        stream = chunked(header(*items, frame_id=5), items, 9) * 2
+        return [f async for f in framing.aread_frames(messages(stream), reader())]
+
+    frames = asyncio.run(main())
+    assert [f.header.frame_id for f in frames] == [5, 5]
+    for frame in frames:
+        assert_frame(frame, items)
+
+
+def test_a_stream_ending_inside_a_frame_is_refused_and_its_buffers_dropped() -> None:
+    items = arrays()
+    messages = chunked(header(*items), items, 16)[:-1]
+    r = reader()
+    frames = framing.read_frames(messages, r)
+    with pytest.raises(
+        framing.TruncatedFrame, match=r"the stream ended inside frame 1 \(.*output 2: 16 of 22 bytes\)"
+    ):
+        list(frames)
+    assert r.bytes == sum(a.nbytes for a in items) - 6
+
+
+@pytest.mark.parametrize(
+    ("stream", "fragment"),
+    [
+        (
+            [rknn_pb2.InferenceResponse(chunk=rknn_pb2.TensorChunk(data=b"x"))],
+            "a TensorChunk arrived before any OutputsHeader",
+        ),
+        ([rknn_pb2.InferenceResponse()], "part None arrived; expected a OutputsHeader or a chunk"),
+        (
+            [rknn_pb2.InferenceResponse(header=header(np.zeros(4, np.uint8)))] * 2,
+            r"frame 1 is incomplete \(output 0: 0 of 4 bytes\) but the OutputsHeader of the next arrived",
+        ),
+        (
+            [
+                rknn_pb2.InferenceResponse(header=header(np.zeros(4, np.uint8))),
+                rknn_pb2.InferenceResponse(chunk=rknn_pb2.TensorChunk(offset=2, data=b"ab")),
+            ],
+            "at offset 2; expected offset 0",
+        ),
+        (
+            [
+                rknn_pb2.InferenceResponse(header=header(np.zeros(4, np.uint8), np.zeros(4, np.uint8))),
+                rknn_pb2.InferenceResponse(chunk=rknn_pb2.TensorChunk(tensor_index=1, data=b"ab")),
+            ],
+            "chunk for output 1 arrived out of order; expected a chunk of output 0",
+        ),
+        (
+            [
+                rknn_pb2.InferenceResponse(header=header(np.zeros(4, np.uint8))),
+                rknn_pb2.InferenceResponse(chunk=rknn_pb2.TensorChunk(data=b"abcdef")),
+            ],
+            "received 6 bytes; its meta declared 4",
+        ),
+    ],
+)
+def test_a_stream_that_breaks_the_framing_is_refused_saying_why(stream, fragment: str) -> None:
+    r = reader()
+    with pytest.raises(codec.CodecError, match=fragment):
+        list(framing.read_frames(stream, r))
+
+
+def test_a_header_over_the_limits_is_refused_before_any_buffer() -> None:
+    huge = rknn_pb2.TensorMeta(
+        dtype=rknn_pb2.DATA_TYPE_FLOAT32, shape=[1 << 20, 1 << 20], byte_length=4 << 40
+    )
+    r = framing.FrameReader(lambda h: Outputs(h, codec.TensorLimits(max_tensor_bytes=1 << 20)))
+    with pytest.raises(codec.LimitExceeded, match="max_tensor_bytes"):
+        list(
+            framing.read_frames(
+                [rknn_pb2.InferenceResponse(header=rknn_pb2.OutputsHeader(outputs=[huge]))], r
+            )
+        )
+
+
+def test_a_frame_that_fails_mid_stream_is_dropped() -> None:
+    made: list[Outputs] = []
+
+    def start(head: rknn_pb2.OutputsHeader) -> Outputs:
+        made.append(Outputs(head))
+        return made[-1]
+
+    stream = [
+        rknn_pb2.InferenceResponse(header=header(np.zeros(4, np.uint8))),
+        rknn_pb2.InferenceResponse(chunk=rknn_pb2.TensorChunk(offset=1, data=b"a")),
+    ]
+    with pytest.raises(codec.CodecError):
+        list(framing.read_frames(stream, framing.FrameReader(start)))
+    assert made[0].dropped
+
+
+def test_a_whole_frame_takes_each_tensor_at_once_and_checks_the_count_and_sizes() -> None:
+    items = arrays()
+    head = header(*items)
+    frame = framing.whole_frame(Outputs(head), [a.tobytes() for a in items], len(items), "output")
+    assert_frame(frame, items)
+    with pytest.raises(framing.FrameError, match="2 output byte strings were sent for 3 declared output"):
+        framing.whole_frame(Outputs(head), [b"", b""], len(items), "output")
+    short = Outputs(head)
+    with pytest.raises(framing.TruncatedFrame, match="output 2: 20 of 22 bytes"):
+        framing.whole_frame(short, [a.tobytes() for a in items[:2]] + [b"\0" * 20], 3, "output")
+    assert short.dropped
+    with pytest.raises(codec.CodecError, match="received 23 bytes; its meta declared 22"):
+        framing.whole_frame(Outputs(head), [a.tobytes() for a in items[:2]] + [b"\0" * 23], 3, "output")
+
+
+def test_a_run_request_written_by_hand_is_protobufs_own_bytes() -> None:
+    items = arrays()
+    head = rknn_pb2.InferenceHeader(session_id="s" * 32, inputs=[codec.meta_of(a) for a in items], frame_id=3)
+    written = framing.run_request_bytes(head, items)
+    assert (
+        written == rknn_pb2.RunRequest(header=head, inputs=[a.tobytes() for a in items]).SerializeToString()
+    )
+    big = np.zeros(300, np.float32)  # a length that takes a two-byte varint
+    parsed = rknn_pb2.RunRequest.FromString(framing.run_request_bytes(head, [big]))
+    assert parsed.header == head and parsed.inputs[0] == big.tobytes()

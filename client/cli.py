@@ -3,6 +3,7 @@
 rknn-client info [--device ID] [--json]
 rknn-client run MODEL --input a.npy|b.npz|img.jpg [--input ...] [--output-dir DIR]
 rknn-client perf MODEL [--runs N] [--warmup N] [--input FILE] [--no-perf-debug] [--json]
+rknn-client perf MODEL --concurrency N | --concurrency-range A:B[:S] | --request-rate-range A:B[:S] [--json|--csv]
 rknn-client mem MODEL [--json]
 rknn-client devices [--json] | doctor [--device ID] [--json] | deploy --device ID   (rknn_client.board_commands)
 rknn-client accuracy MODEL --input IMG [IMG...] --dataset dataset.txt --output-dir DIR [--mean M,M,M] [--json]
@@ -36,6 +37,9 @@ from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import RknnError, advice
 from rknn_client.farm.cli import add_farm_commands
 from rknn_client.input_files import InputFileError, check_input_files, image_size, read_input_files
+from rknn_client.load.command import add_load_options, load_values, run_sweep
+from rknn_client.load.drivers import Frame
+from rknn_client.load.output import csv_text, sweep_json, sweep_text
 from rknn_client.progress import byte_bar
 from rknn_client.report import memory_text, perf_text, readable_size
 from rknn_client.timing import measure, sample_inputs
@@ -44,6 +48,7 @@ from rknn_client.transport.base import TransportError
 
 # A transfer shorter than this shows no bar (only a few MB and up take that long).
 TRANSFER_BAR_DELAY_S = 0.5
+DEFAULT_PERF_RUNS = 20
 INPUT_HELP = ".npy, .npz or image (jpg/png/bmp: RGB, NHWC, resized to the model input), one per input"
 
 
@@ -130,20 +135,30 @@ def cmd_run(device: Device, args: argparse.Namespace) -> int:
     return 0
 
 
+def _perf_frame(session: Session, args: argparse.Namespace) -> Frame:
+    """What perf sends: the --input files, else zeros of each input's shape."""
+    if args.input:
+        prepared = _inputs(session, args.input)
+        return Frame(prepared.arrays, prepared.layouts, prepared.pass_through)
+    arrays = sample_inputs(session)
+    return Frame(arrays, [s.layout for s in session.inputs], [False] * len(arrays))
+
+
 def cmd_perf(device: Device, args: argparse.Namespace) -> int:
     """Time many runs on a session without per-layer profiling (a runtime collecting per-layer times
     runs slower), then take the per-layer table (and frequencies) from a profiling session's EvalPerf;
-    with --no-perf-debug, the timing session's EvalPerf gives the frequencies."""
+    with --no-perf-debug, the timing session's EvalPerf gives the frequencies. With a load-test
+    option, a sweep instead (rknn_client.load)."""
     check_input_files(args.input or [])
     digest = _upload(device, args)
+    if load_values(args) is not None:
+        return _perf_load(device, args, digest)
     with _open(device, args, digest) as session:
-        if args.input:
-            prepared = _inputs(session, args.input)
-            arrays, layouts, through = prepared.arrays, prepared.layouts, prepared.pass_through
-        else:
-            arrays = sample_inputs(session)
-            layouts, through = [s.layout for s in session.inputs], [False] * len(arrays)
-        latency = measure(session, arrays, layouts, through, warmup=args.warmup, runs=args.runs)
+        frame = _perf_frame(session, args)
+        runs = DEFAULT_PERF_RUNS if args.runs is None else args.runs
+        latency = measure(
+            session, frame.arrays, frame.layouts, frame.pass_through, warmup=args.warmup, runs=runs
+        )
         if args.no_perf_debug:
             report = session.perf(fix_freq=not args.no_fix_freq)
     if not args.no_perf_debug:
@@ -156,6 +171,22 @@ def cmd_perf(device: Device, args: argparse.Namespace) -> int:
     else:
         print(perf_text(report, latency), end="")
     return 0
+
+
+def _perf_load(device: Device, args: argparse.Namespace, digest: str) -> int:
+    sweep = run_sweep(
+        args, device.info(), lambda: _open(device, args, digest), lambda s: _perf_frame(s, args)
+    )
+    if args.json:
+        _emit_json(sweep_json(sweep))
+    elif args.csv:
+        print(csv_text(sweep.steps), end="")
+    elif sweep.steps:
+        print(sweep_text(sweep), end="")
+    if sweep.error:
+        print(f"rknn-client: {sweep.error}", file=sys.stderr)
+        return 1
+    return 130 if sweep.interrupted else 0
 
 
 def cmd_mem(device: Device, args: argparse.Namespace) -> int:
@@ -253,12 +284,13 @@ def parser() -> argparse.ArgumentParser:
         "latency over many runs and the per-layer table, in the toolkit's format",
         model=True,
     )
-    perf.add_argument("--runs", type=int, default=20, help="timed runs (default: %(default)s)")
+    perf.add_argument("--runs", type=int, help=f"timed runs (default: {DEFAULT_PERF_RUNS})")
     perf.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: %(default)s)")
     perf.add_argument("--input", action="append", help=INPUT_HELP + " (default: zeros)")
     perf.add_argument("--no-perf-debug", action="store_true", help="total time only (no per-layer table)")
     perf.add_argument("--no-fix-freq", action="store_true", help="do not pin CPU/NPU/DDR frequencies")
     add_json_option(perf)
+    add_load_options(perf)
     mem = add("mem", cmd_mem, "memory used by a model, in the toolkit's format", model=True)
     add_json_option(mem)
     add_board_commands(sub)

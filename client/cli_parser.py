@@ -56,10 +56,15 @@ def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """parse_args, except that arguments nobody knows are reported by the subcommand they followed."""
+    """parse_args, except that arguments nobody knows are reported by the subcommand they followed,
+    and a command's `check_options` default (args -> what is wrong, or None) judges how its options combine."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    check = getattr(args, "check_options", None)
+    problem = check(args) if check is not None else None
+    if problem:
+        chosen_parser(parser, args).error(problem)
     return args
 
 

@@ -23,7 +23,7 @@ _RANK_HEAD = (
 _FREQ_ORDER = ("CPU", "NPU", "DDR")
 
 
-def _table(rows: list[list[str]]) -> list[str]:
+def table_lines(rows: list[list[str]]) -> list[str]:
     """Rows of cells joined by ` | ` as the toolkit does, each column padded to its widest cell (scripts
     that split on `|` and strip keep working)."""
     widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(max(map(len, rows)))]
@@ -63,7 +63,7 @@ def layer_table(report: EvalPerfResponse) -> str:
             r.name,
         ]
         rows.append(cells)
-    lines = ["Network Layer Information Table", *_table(rows), ""]
+    lines = ["Network Layer Information Table", *table_lines(rows), ""]
     lines.append(f"Total Operator Elapsed Per Frame Time(us): {_us(report.total_operator_time_us)}")
     # Runtimes that do not measure memory traffic report 0: a figure nobody measured is left out.
     if report.total_rw_kb > 0:
@@ -95,7 +95,7 @@ def ranking_table(report: EvalPerfResponse) -> str:
                 f"{op_total / total * 100:.2f}%",
             ]
         )
-    return "\n".join(["Operator Time Consuming Ranking Table", *_table(rows)])
+    return "\n".join(["Operator Time Consuming Ranking Table", *table_lines(rows)])
 
 
 def perf_text(report: EvalPerfResponse, latency: Latency | None = None) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.daemon_process import DaemonProcess
+from rknn_server.testing import DaemonProcess
 from tests.conftest import DaemonFactory
 from tests.metrics.conftest import MetricsDaemon, samples, scrape, start_metrics_daemon
 

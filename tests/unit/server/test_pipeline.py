@@ -35,6 +35,17 @@ def frame(session_id: str, x: np.ndarray, frame_id: int = 0) -> list[rknn_pb2.In
     return list(framing.frame_messages(rknn_pb2.InferenceRequest, head, [x]))
 
 
+async def all_given_back(plane: DataPlane, timeout_s: float = 10.0) -> None:
+    """Wait until every frame buffer's memory budget is given back. A buffer is freed when its last
+    reference goes, and the executor's worker drops the arguments of a run only after the caller
+    has its result: the release may trail the call by a moment, never by much."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while plane.frame_memory.used and loop.time() < deadline:
+        await asyncio.sleep(0.005)
+    assert plane.frame_memory.used == 0
+
+
 async def stream(messages: Iterable[rknn_pb2.InferenceRequest]) -> AsyncIterator[rknn_pb2.InferenceRequest]:
     for message in messages:
         yield message
@@ -85,7 +96,7 @@ def test_inference_refuses_a_second_frame_and_an_empty_stream(tmp_path, executor
         with pytest.raises(InvalidInput, match="empty; expected an InferenceHeader"):
             [m async for m in pipeline.one(stream([]), Traffic())]
         assert not runtime.running.is_set()  # nothing was computed
-        assert plane.frame_memory.used == 0
+        await all_given_back(plane)
 
     asyncio.run(main())
 
@@ -114,7 +125,7 @@ def test_a_stream_ending_inside_a_frame_answers_the_earlier_ones_then_fails(tmp_
             async for message in pipeline.stream(stream(messages), Traffic()):
                 got.append(message)
         assert [i for i, _ in outputs(got)] == [1]
-        assert plane.frame_memory.used == 0
+        await all_given_back(plane)
 
     asyncio.run(main())
 
@@ -131,7 +142,7 @@ def test_unary_run_goes_through_the_same_intake(tmp_path, executor) -> None:
             await pipeline.unary(frame(sid, wrong)[0].header, [wrong.tobytes()], Traffic())
         with pytest.raises(framing.TruncatedFrame, match="input 0: 100 of 192 bytes"):
             await pipeline.unary(head, [x.tobytes()[:100]], Traffic())
-        assert plane.frame_memory.used == 0
+        await all_given_back(plane)
 
     asyncio.run(main())
 

@@ -33,9 +33,9 @@ from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
+from rknn_client.upload_stream import UPLOAD_METHOD, upload_chunk_bytes, upload_requests
 from rknn_proto import codec, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import (
-    CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_METADATA_KEY,
@@ -216,6 +216,10 @@ class Device:
             ],
         )
         self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
+        # UploadModel's requests arrive serialized already (rknn_client.upload_stream).
+        self._upload_call = self._channel.stream_unary(
+            UPLOAD_METHOD, response_deserializer=rknn_pb2.UploadModelResponse.FromString
+        )
         self._info: DeviceInfo | None = None
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
@@ -311,25 +315,16 @@ class Device:
         offsets = list(prepared.held_bytes)
         done = sum(offsets)
 
-        def requests() -> Iterator[rknn_pb2.UploadModelRequest]:
+        def sent(size: int) -> None:
             nonlocal done
-            yield rknn_pb2.UploadModelRequest(
-                header=rknn_pb2.UploadHeader(manifest=wire_manifest, start_offsets=offsets)
-            )
-            for index, (f, start) in enumerate(zip(wire_manifest.files, offsets, strict=True)):
-                with by_name[f.name].open("rb") as fh:
-                    fh.seek(start)
-                    offset = start
-                    while block := fh.read(CHUNK_BYTES):
-                        yield rknn_pb2.UploadModelRequest(
-                            chunk=rknn_pb2.UploadChunk(file_index=index, offset=offset, data=block)
-                        )
-                        offset += len(block)
-                        done += len(block)
-                        if progress:
-                            progress(done, total)
+            done += size
+            if progress:
+                progress(done, total)
 
-        reply = self._stub.UploadModel(requests(), metadata=self.metadata, timeout=self.timeout_s)
+        header = rknn_pb2.UploadHeader(manifest=wire_manifest, start_offsets=offsets)
+        paths_in_order = [by_name[f.name] for f in wire_manifest.files]
+        stream = upload_requests(header, paths_in_order, upload_chunk_bytes(self.info().limits), sent)
+        reply = self._upload_call(stream, metadata=self.metadata, timeout=self.timeout_s)
         return UploadResult(reply.digest, reply.received_bytes, cached=False)
 
     def load(

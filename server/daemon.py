@@ -40,6 +40,7 @@ from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
 from rknn_server.telemetry import BoardTelemetry
+from rknn_server.upload_wire import add_upload_handler
 
 log = structlog.get_logger("rknn_server")
 SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
@@ -264,6 +265,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
+    add_upload_handler(server, service)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     from grpc_reflection.v1alpha import reflection

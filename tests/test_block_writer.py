@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 
 from rknn_server import block_writer
-from rknn_server.block_writer import ALIGN, AlignedBuffer, BlockWriter
+from rknn_server.block_writer import ALIGN, BlockWriter, WriteQueue
 
 
 def _write(path: Path, blocks: list[list[bytes]], start: int = 0) -> None:
-    writer = BlockWriter(path, start, AlignedBuffer())
+    queue = WriteQueue()
+    writer = BlockWriter(path, start, queue)
     try:
         for parts in blocks:
             writer.write(parts)
     finally:
         writer.close()
+        queue.close()
 
 
 def test_aligned_blocks_then_an_unaligned_tail_land_in_order(tmp_path: Path) -> None:

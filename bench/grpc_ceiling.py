@@ -1,8 +1,13 @@
 """What Python gRPC itself costs here, with a server that does nothing: the ceiling any daemon
 built on it can reach, measured in the same run as the daemon's figures.
 
-- a client stream of 512 MiB in 1 MiB messages to a no-op grpc.aio server (uvloop), vs a raw socket;
-- one unary call carrying a MobileNetV2-size input (602,112 bytes), and the same bytes as a stream.
+The no-op server runs in a process of its own (uvloop, as the daemon), with the daemon's HTTP/2
+options on both sides, and answers three methods:
+- Drain: a client stream of raw byte messages, dropped (an upload's ceiling);
+- Echo: each message of a bidirectional stream sent back as it arrives (a round trip's ceiling);
+- Call: one unary call (a MobileNetV2-size input in, a small reply out).
+`measure_ceiling` gives the general figures; `NoOpServer` lets a benchmark measure its ceiling
+alternately with the daemon, side by side.
 """
 
 from __future__ import annotations
@@ -12,22 +17,35 @@ import multiprocessing
 import os
 import statistics
 import time
+from collections.abc import AsyncIterator, Iterator
+from types import TracebackType
 from typing import Any
 
 import grpc
 
 from bench.raw_socket import transfer_seconds
+from rknn_proto.version import HTTP2_OPTIONS, MAX_MESSAGE_BYTES
 
 STREAM_BYTES = 512 << 20
 STREAM_CHUNK = 1 << 20
 CALL_BYTES = 3 * 224 * 224 * 4
 CALLS = 300
+_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    *HTTP2_OPTIONS,
+]
 
 
-async def _drain(requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+async def _drain(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
     async for _ in requests:
         pass
     return b""
+
+
+async def _echo(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async for message in requests:
+        yield message
 
 
 async def _echo_small(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -35,9 +53,10 @@ async def _echo_small(request: bytes, context: grpc.aio.ServicerContext) -> byte
 
 
 async def _serve(port: Any) -> None:
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    server = grpc.aio.server(options=_OPTIONS)
     handlers = {
         "Drain": grpc.stream_unary_rpc_method_handler(_drain),
+        "Echo": grpc.stream_stream_rpc_method_handler(_echo),
         "Call": grpc.unary_unary_rpc_method_handler(_echo_small),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ceiling.NoOp", handlers),))
@@ -55,37 +74,68 @@ def _server_main(port: Any) -> None:
         asyncio.run(_serve(port))
 
 
-def measure_ceiling() -> dict[str, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    port = ctx.Value("i", 0)
-    server = ctx.Process(target=_server_main, args=(port,), daemon=True)
-    server.start()
-    try:
+def _messages(nbytes: int, chunk: int) -> Iterator[bytes]:
+    """`nbytes` in messages of `chunk` bytes (one block, sent again and again: nothing to read)."""
+    block = os.urandom(chunk)
+    for _ in range(nbytes // chunk):
+        yield block
+    if nbytes % chunk:
+        yield block[: nbytes % chunk]
+
+
+class NoOpServer:
+    """The no-op server in a process of its own and a channel to it, for `with`."""
+
+    def __enter__(self) -> NoOpServer:
+        ctx = multiprocessing.get_context("spawn")
+        port = ctx.Value("i", 0)
+        self._process = ctx.Process(target=_server_main, args=(port,), daemon=True)
+        self._process.start()
         while not port.value:
+            if not self._process.is_alive():
+                raise RuntimeError("the no-op gRPC server did not start")
             time.sleep(0.05)
-        block = os.urandom(STREAM_CHUNK)
-        with grpc.insecure_channel(
-            f"127.0.0.1:{port.value}", options=[("grpc.max_send_message_length", 64 << 20)]
-        ) as ch:
-            drain = ch.stream_unary("/ceiling.NoOp/Drain")
-            call = ch.unary_unary("/ceiling.NoOp/Call")
-            streams = []
-            for _ in range(3):
-                start = time.perf_counter()
-                drain(iter([block] * (STREAM_BYTES // STREAM_CHUNK)))
-                streams.append(time.perf_counter() - start)
-            payload = os.urandom(CALL_BYTES)
-            for _ in range(20):
-                call(payload)
-            calls = []
-            for _ in range(CALLS):
-                start = time.perf_counter()
-                call(payload)
-                calls.append(time.perf_counter() - start)
-        raw = min(transfer_seconds(os.urandom(STREAM_BYTES), echo=False) for _ in range(3))
-    finally:
-        server.kill()
-        server.join()
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{port.value}", options=_OPTIONS)
+        self.drain = self._channel.stream_unary("/ceiling.NoOp/Drain")
+        self.echo = self._channel.stream_stream("/ceiling.NoOp/Echo")
+        self.call = self._channel.unary_unary("/ceiling.NoOp/Call")
+        self.stream_seconds(8 * STREAM_CHUNK, STREAM_CHUNK)  # connected and warm
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._channel.close()
+        self._process.kill()
+        self._process.join()
+
+    def stream_seconds(self, nbytes: int, chunk: int) -> float:
+        """Seconds to stream `nbytes` to the server in `chunk`-byte messages."""
+        start = time.perf_counter()
+        self.drain(_messages(nbytes, chunk))
+        return time.perf_counter() - start
+
+    def echo_seconds(self, nbytes: int, chunk: int) -> float:
+        """Seconds to send `nbytes` in `chunk`-byte messages and receive them all back."""
+        start = time.perf_counter()
+        received = sum(len(m) for m in self.echo(_messages(nbytes, chunk)))
+        elapsed = time.perf_counter() - start
+        assert received == nbytes, (received, nbytes)
+        return elapsed
+
+
+def measure_ceiling() -> dict[str, Any]:
+    with NoOpServer() as server:
+        streams = [server.stream_seconds(STREAM_BYTES, STREAM_CHUNK) for _ in range(3)]
+        payload = os.urandom(CALL_BYTES)
+        for _ in range(20):
+            server.call(payload)
+        calls = []
+        for _ in range(CALLS):
+            start = time.perf_counter()
+            server.call(payload)
+            calls.append(time.perf_counter() - start)
+    raw = min(transfer_seconds(os.urandom(STREAM_BYTES), echo=False) for _ in range(3))
     best = min(streams)
     return {
         "no_op_stream_mb_s": STREAM_BYTES / best / 1e6,

@@ -216,10 +216,6 @@ class Device:
             ],
         )
         self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
-        # UploadModel's requests arrive serialized already (rknn_client.upload_stream).
-        self._upload_call = self._channel.stream_unary(
-            UPLOAD_METHOD, response_deserializer=rknn_pb2.UploadModelResponse.FromString
-        )
         self._info: DeviceInfo | None = None
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
@@ -324,7 +320,10 @@ class Device:
         header = rknn_pb2.UploadHeader(manifest=wire_manifest, start_offsets=offsets)
         paths_in_order = [by_name[f.name] for f in wire_manifest.files]
         stream = upload_requests(header, paths_in_order, upload_chunk_bytes(self.info().limits), sent)
-        reply = self._upload_call(stream, metadata=self.metadata, timeout=self.timeout_s)
+        call = self._channel.stream_unary(  # no serializer: the requests are bytes already
+            UPLOAD_METHOD, None, rknn_pb2.UploadModelResponse.FromString
+        )
+        reply = call(stream, metadata=self.metadata, timeout=self.timeout_s)
         return UploadResult(reply.digest, reply.received_bytes, cached=False)
 
     def load(

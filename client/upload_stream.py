@@ -10,19 +10,20 @@ from the generated descriptors; the daemon parses it as any other message.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from rknn_proto import rknn_pb2
 from rknn_proto.version import CHUNK_BYTES
 
-# The method the stream goes to, its request serializer being none: the requests are bytes already.
-UPLOAD_METHOD = "/{}/{}".format(*rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].methods_by_name["UploadModel"].full_name.rsplit(".", 1))
-# Chunks this large when the daemon takes them: fewer messages cost the daemon less per byte.
-UPLOAD_CHUNK_BYTES = int(os.environ.get("UPX_CHUNK", 4 << 20))
+_SERVICE = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"]
+# The method the stream is sent to, with no request serializer: its requests are bytes already.
+UPLOAD_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['UploadModel'].name}"
+# Chunks this large where the daemon takes them: measured here against 1 and 2 MiB, the fewest CPU
+# seconds per GiB on both sides (fewer messages, fewer HTTP/2 frames, fewer executor hops).
+UPLOAD_CHUNK_BYTES = 4 << 20
 # Room in a message for what is not the chunk's bytes.
-_FRAMING_BYTES = 64 << 10
+_FRAMING_BYTES = 1 << 10
 
 _WIRE_VARINT, _WIRE_LEN = 0, 2
 _CHUNK = rknn_pb2.UploadChunk.DESCRIPTOR.fields_by_name
@@ -60,14 +61,13 @@ def chunk_request(file_index: int, offset: int, data: bytes) -> bytes:
     return b"".join((_CHUNK_TAG, _varint(len(chunk) + len(data)), chunk, data))
 
 
-def upload_chunk_bytes(limits: Mapping[str, int]) -> int:
-    """The chunk size to send a daemon with these limits (GetInfo's; zero where one is not told)."""
-    size = UPLOAD_CHUNK_BYTES
-    if limits.get("max_chunk_bytes"):
-        size = min(size, limits["max_chunk_bytes"])
+def upload_chunk_bytes(limits: Mapping[str, float]) -> int:
+    """The chunk size for a daemon with these limits (GetInfo's; 0 or absent: not told, as by a
+    daemon older than the limit, which takes the protocol's `CHUNK_BYTES`)."""
+    size = min(UPLOAD_CHUNK_BYTES, int(limits.get("max_chunk_bytes", 0)) or CHUNK_BYTES)
     if limits.get("max_message_bytes"):
-        size = min(size, limits["max_message_bytes"] - _FRAMING_BYTES)
-    return max(size, CHUNK_BYTES) if not limits.get("max_chunk_bytes") else max(size, 1)
+        size = min(size, int(limits["max_message_bytes"]) - _FRAMING_BYTES)
+    return max(size, 1)
 
 
 def upload_requests(

@@ -15,6 +15,7 @@ meanwhile. At most `DEPTH` writes are in flight, each holding its own buffer.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -89,11 +90,11 @@ class WriteQueue:
 
     def drain(self) -> None:
         """Wait for every write in flight; raises the first error after all are done."""
-        error: BaseException | None = None
+        error: Exception | None = None
         for slot in self._slots:
             try:
                 slot.wait()
-            except BaseException as exc:  # noqa: BLE001 - raised below, once nothing is in flight
+            except Exception as exc:  # raised below, once nothing is in flight
                 error = error or exc
         if error is not None:
             raise error
@@ -102,10 +103,8 @@ class WriteQueue:
         """Wait for the writes in flight (their errors are dropped: the caller gave up on them) and
         release the thread and the buffers."""
         for slot in self._slots:
-            try:
+            with contextlib.suppress(OSError):
                 slot.wait()
-            except OSError:
-                pass
             slot.release()
         if self._thread is not None:
             self._thread.shutdown()

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
-from rknn_proto.version import MAX_MESSAGE_BYTES
+from rknn_proto.version import HTTP2_OPTIONS, MAX_MESSAGE_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.data_plane import DataPlane, SessionLimits
@@ -262,6 +262,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
+            *HTTP2_OPTIONS,
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)

@@ -11,7 +11,7 @@ is accepted, and what each field means, stays exactly what protobuf makes of it.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import grpc
 
@@ -93,9 +93,9 @@ def upload_chunk(message: rknn_pb2.UploadModelRequest | Chunk) -> Chunk | None:
 
 
 def add_upload_handler(server: grpc.aio.Server, servicer: Any) -> None:
-    """Serve UploadModel with `parse_upload_request` (registered after the generated handlers, whose
-    UploadModel it replaces)."""
-    server.add_registered_method_handlers(
+    """Serve UploadModel with `parse_upload_request`: called after the generated handlers are added,
+    it replaces theirs (the method the generated code registers with, missing from grpc's stubs)."""
+    cast(Any, server).add_registered_method_handlers(
         _SERVICE.full_name,
         {
             "UploadModel": grpc.stream_unary_rpc_method_handler(

@@ -48,7 +48,7 @@ class Claim:
 class Block:
     """Accepted chunks not yet on disk, in order: (file index, bytes)."""
 
-    parts: list[tuple[int, bytes]] = field(default_factory=list)
+    parts: list[tuple[int, bytes | memoryview]] = field(default_factory=list)
     size: int = 0
 
 
@@ -95,7 +95,7 @@ class Upload:
                 hasher.update(block)
                 remaining -= len(block)
 
-    def accept(self, file_index: int, offset: int, data: bytes) -> Block | None:
+    def accept(self, file_index: int, offset: int, data: bytes | memoryview) -> Block | None:
         """Check a chunk and gather it; returns a full block for `store` (cheap: no disk, no hash)."""
         files = self.manifest.files
         if not 0 <= file_index < len(files):

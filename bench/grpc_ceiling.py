@@ -4,7 +4,8 @@ built on it can reach, measured in the same run as the daemon's figures.
 The no-op server runs in a process of its own (uvloop, as the daemon), with the daemon's HTTP/2
 options on both sides, and answers three methods:
 - Drain: a client stream of raw byte messages, dropped (an upload's ceiling);
-- Echo: each message of a bidirectional stream sent back as it arrives (a round trip's ceiling);
+- Bounce: a bidirectional stream whose messages are all sent back once the last has arrived (a
+  round trip's ceiling: a model's outputs follow its whole inputs);
 - Call: one unary call (a MobileNetV2-size input in, a small reply out).
 `measure_ceiling` gives the general figures; `NoOpServer` lets a benchmark measure its ceiling
 alternately with the daemon, side by side.
@@ -43,8 +44,9 @@ async def _drain(requests: AsyncIterator[bytes], context: grpc.aio.ServicerConte
     return b""
 
 
-async def _echo(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-    async for message in requests:
+async def _bounce(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    received = [message async for message in requests]
+    for message in received:
         yield message
 
 
@@ -56,7 +58,7 @@ async def _serve(port: Any) -> None:
     server = grpc.aio.server(options=_OPTIONS)
     handlers = {
         "Drain": grpc.stream_unary_rpc_method_handler(_drain),
-        "Echo": grpc.stream_stream_rpc_method_handler(_echo),
+        "Bounce": grpc.stream_stream_rpc_method_handler(_bounce),
         "Call": grpc.unary_unary_rpc_method_handler(_echo_small),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ceiling.NoOp", handlers),))
@@ -97,7 +99,7 @@ class NoOpServer:
             time.sleep(0.05)
         self._channel = grpc.insecure_channel(f"127.0.0.1:{port.value}", options=_OPTIONS)
         self.drain = self._channel.stream_unary("/ceiling.NoOp/Drain")
-        self.echo = self._channel.stream_stream("/ceiling.NoOp/Echo")
+        self.bounce = self._channel.stream_stream("/ceiling.NoOp/Bounce")
         self.call = self._channel.unary_unary("/ceiling.NoOp/Call")
         self.stream_seconds(8 * STREAM_CHUNK, STREAM_CHUNK)  # connected and warm
         return self
@@ -115,10 +117,11 @@ class NoOpServer:
         self.drain(_messages(nbytes, chunk))
         return time.perf_counter() - start
 
-    def echo_seconds(self, nbytes: int, chunk: int) -> float:
-        """Seconds to send `nbytes` in `chunk`-byte messages and receive them all back."""
+    def bounce_seconds(self, nbytes: int, chunk: int) -> float:
+        """Seconds to send `nbytes` in `chunk`-byte messages and receive them all back once the last
+        has arrived (as a model's outputs follow its whole inputs)."""
         start = time.perf_counter()
-        received = sum(len(m) for m in self.echo(_messages(nbytes, chunk)))
+        received = sum(len(m) for m in self.bounce(_messages(nbytes, chunk)))
         elapsed = time.perf_counter() - start
         assert received == nbytes, (received, nbytes)
         return elapsed

@@ -99,6 +99,15 @@ KEEPALIVE_OPTIONS = [
     ("grpc.max_connection_idle_ms", 30 * 60_000),
 ]
 
+# What a client may send ahead of the daemon reading it: a fixed 8 MiB per stream. gRPC's default
+# grows the window from its bandwidth probes; on a loaded machine the daemon's peak RSS then grew by
+# 90-190 MiB over four 1 GiB uploads, and by 50-70 MiB with this, at the same throughput (measured
+# here; the 64 MiB round trip's time did not change).
+RECEIVE_WINDOW_OPTIONS = [
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 8 << 20),
+]
+
 
 async def _reap(plane: DataPlane, period: float) -> None:
     while True:
@@ -263,6 +272,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
             *HTTP2_OPTIONS,
+            *RECEIVE_WINDOW_OPTIONS,
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)

@@ -1,8 +1,10 @@
 """`make bench`: ratios measured in one run, written to bench-results/results.json and printed.
 
 - remote vs in-process inference latency (p50) for MobileNetV2, same ONNX Runtime threads;
-- a 64 MiB tensor round trip through the daemon vs a raw loopback socket carrying the same bytes;
-- a 1 GiB model upload vs the no-op gRPC stream, and the daemon's RSS growth while it streams in;
+- a 64 MiB tensor round trip through the daemon vs a raw loopback socket carrying the same bytes and
+  vs the no-op gRPC server bouncing them back (bench/grpc_ceiling.py), alternately;
+- a 1 GiB model upload into a cold cache vs the no-op gRPC stream of the same bytes in the same
+  chunks, alternately, and the daemon's RSS growth while it streams in;
   a re-run's client-side time before the cache hit (its digests remembered);
 - the daemon's CPU per MobileNetV2 frame (/proc/PID/stat), also pinned to one core (a board's);
 - the same daemon through an adb forward vs direct TCP: latency p50 and the 64 MiB round trip.
@@ -13,6 +15,8 @@
   quantized_algorithm; skipped, saying why, without a toolkit (`rknn-client toolkit install`).
 The machine is shared and noisy: each figure is the median of several runs, and only the ratios
 of figures taken side by side in this one run mean anything.
+`python -m bench.run --only NAME` (repeatable) measures only those rows, into
+bench-results/results-only.json.
 """
 
 from __future__ import annotations

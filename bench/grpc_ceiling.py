@@ -1,27 +1,34 @@
 """What Python gRPC itself costs here, with a server that does nothing: the ceiling any daemon
 built on it can reach, measured in the same run as the daemon's figures.
 
-- a client stream of 512 MiB in 1 MiB messages to a no-op grpc.aio server (uvloop), vs a raw socket;
-- one unary call carrying a MobileNetV2-size input (602,112 bytes), and the same bytes as a stream;
-- a shared-memory frame's floors (measure_doorbell): a no-op unary call of a few hundred bytes, and
-  one such message answered on an open bidirectional stream.
+The no-op server runs in a process of its own (uvloop, as the daemon), with the daemon's HTTP/2
+options on both sides, and answers three methods:
+- Drain: a client stream of raw byte messages, dropped (an upload's ceiling);
+- Bounce: a bidirectional stream whose messages are all sent back once the last has arrived (a
+  round trip's ceiling: a model's outputs follow its whole inputs);
+- Call: one unary call (a MobileNetV2-size input in, a small reply out);
+- Echo and Doorbell: a shared-memory frame's floors (`measure_doorbell`): a no-op unary call of a few
+  hundred bytes, and one such message answered on an open bidirectional stream.
+`measure_ceiling` gives the general figures; `NoOpServer` lets a benchmark measure its ceiling
+alternately with the daemon, side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing
 import os
 import queue
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from types import TracebackType
 from typing import Any
 
 import grpc
 
 from bench.raw_socket import transfer_seconds
+from rknn_proto.version import HTTP2_OPTIONS, MAX_MESSAGE_BYTES
 
 STREAM_BYTES = 512 << 20
 STREAM_CHUNK = 1 << 20
@@ -30,12 +37,23 @@ CALLS = 300
 # A shared-memory frame's request (a header naming slots) and reply (output metas): a few hundred bytes.
 DOORBELL_BYTES = 300
 DOORBELL_REPLY_BYTES = 120
+_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    *HTTP2_OPTIONS,
+]
 
 
-async def _drain(requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+async def _drain(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
     async for _ in requests:
         pass
     return b""
+
+
+async def _bounce(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    received = [message async for message in requests]
+    for message in received:
+        yield message
 
 
 async def _echo_small(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -46,15 +64,16 @@ async def _doorbell_unary(request: bytes, context: grpc.aio.ServicerContext) -> 
     return request[:DOORBELL_REPLY_BYTES]
 
 
-async def _doorbell(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+async def _doorbell(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
     async for request in requests:
         yield request[:DOORBELL_REPLY_BYTES]
 
 
 async def _serve(port: Any) -> None:
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    server = grpc.aio.server(options=_OPTIONS)
     handlers = {
         "Drain": grpc.stream_unary_rpc_method_handler(_drain),
+        "Bounce": grpc.stream_stream_rpc_method_handler(_bounce),
         "Call": grpc.unary_unary_rpc_method_handler(_echo_small),
         "Echo": grpc.unary_unary_rpc_method_handler(_doorbell_unary),
         "Doorbell": grpc.stream_stream_rpc_method_handler(_doorbell),
@@ -74,20 +93,57 @@ def _server_main(port: Any) -> None:
         asyncio.run(_serve(port))
 
 
-@contextlib.contextmanager
-def _no_op_server() -> Iterator[int]:
-    """A no-op grpc.aio server (uvloop where installed) in a process of its own; yields its port."""
-    ctx = multiprocessing.get_context("spawn")
-    port = ctx.Value("i", 0)
-    server = ctx.Process(target=_server_main, args=(port,), daemon=True)
-    server.start()
-    try:
+def _messages(nbytes: int, chunk: int) -> Iterator[bytes]:
+    """`nbytes` in messages of `chunk` bytes (one block, sent again and again: nothing to read)."""
+    block = os.urandom(chunk)
+    for _ in range(nbytes // chunk):
+        yield block
+    if nbytes % chunk:
+        yield block[: nbytes % chunk]
+
+
+class NoOpServer:
+    """The no-op server in a process of its own and a channel to it, for `with`."""
+
+    def __enter__(self) -> NoOpServer:
+        ctx = multiprocessing.get_context("spawn")
+        port = ctx.Value("i", 0)
+        self._process = ctx.Process(target=_server_main, args=(port,), daemon=True)
+        self._process.start()
         while not port.value:
+            if not self._process.is_alive():
+                raise RuntimeError("the no-op gRPC server did not start")
             time.sleep(0.05)
-        yield port.value
-    finally:
-        server.kill()
-        server.join()
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{port.value}", options=_OPTIONS)
+        self.drain = self._channel.stream_unary("/ceiling.NoOp/Drain")
+        self.bounce = self._channel.stream_stream("/ceiling.NoOp/Bounce")
+        self.call = self._channel.unary_unary("/ceiling.NoOp/Call")
+        self.echo = self._channel.unary_unary("/ceiling.NoOp/Echo")
+        self.doorbell = self._channel.stream_stream("/ceiling.NoOp/Doorbell")
+        self.stream_seconds(8 * STREAM_CHUNK, STREAM_CHUNK)  # connected and warm
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._channel.close()
+        self._process.kill()
+        self._process.join()
+
+    def stream_seconds(self, nbytes: int, chunk: int) -> float:
+        """Seconds to stream `nbytes` to the server in `chunk`-byte messages."""
+        start = time.perf_counter()
+        self.drain(_messages(nbytes, chunk))
+        return time.perf_counter() - start
+
+    def bounce_seconds(self, nbytes: int, chunk: int) -> float:
+        """Seconds to send `nbytes` in `chunk`-byte messages and receive them all back once the last
+        has arrived (as a model's outputs follow its whole inputs)."""
+        start = time.perf_counter()
+        received = sum(len(m) for m in self.bounce(_messages(nbytes, chunk)))
+        elapsed = time.perf_counter() - start
+        assert received == nbytes, (received, nbytes)
+        return elapsed
 
 
 def measure_doorbell(calls: int = CALLS, rounds: int = 3) -> dict[str, Any]:
@@ -96,17 +152,16 @@ def measure_doorbell(calls: int = CALLS, rounds: int = 3) -> dict[str, Any]:
     payload = b"\1" * DOORBELL_BYTES
     unary_p50: list[float] = []
     stream_p50: list[float] = []
-    with _no_op_server() as port, grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        call = ch.unary_unary("/ceiling.NoOp/Echo")
+    with NoOpServer() as server:
         bell: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        answers = ch.stream_stream("/ceiling.NoOp/Doorbell")(iter(bell.get, None))
+        answers = server.doorbell(iter(bell.get, None))
 
         def ring() -> None:
             bell.put(payload)
             next(answers)
 
         for _ in range(rounds):
-            for fn, into in ((lambda: call(payload), unary_p50), (ring, stream_p50)):
+            for fn, into in ((lambda: server.echo(payload), unary_p50), (ring, stream_p50)):
                 for _ in range(20):
                     fn()
                 times = []
@@ -123,27 +178,17 @@ def measure_doorbell(calls: int = CALLS, rounds: int = 3) -> dict[str, Any]:
 
 
 def measure_ceiling() -> dict[str, Any]:
-    with _no_op_server() as port:
-        block = os.urandom(STREAM_CHUNK)
-        with grpc.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]
-        ) as ch:
-            drain = ch.stream_unary("/ceiling.NoOp/Drain")
-            call = ch.unary_unary("/ceiling.NoOp/Call")
-            streams = []
-            for _ in range(3):
-                start = time.perf_counter()
-                drain(iter([block] * (STREAM_BYTES // STREAM_CHUNK)))
-                streams.append(time.perf_counter() - start)
-            payload = os.urandom(CALL_BYTES)
-            for _ in range(20):
-                call(payload)
-            calls = []
-            for _ in range(CALLS):
-                start = time.perf_counter()
-                call(payload)
-                calls.append(time.perf_counter() - start)
-        raw = min(transfer_seconds(os.urandom(STREAM_BYTES), echo=False) for _ in range(3))
+    with NoOpServer() as server:
+        streams = [server.stream_seconds(STREAM_BYTES, STREAM_CHUNK) for _ in range(3)]
+        payload = os.urandom(CALL_BYTES)
+        for _ in range(20):
+            server.call(payload)
+        calls = []
+        for _ in range(CALLS):
+            start = time.perf_counter()
+            server.call(payload)
+            calls.append(time.perf_counter() - start)
+    raw = min(transfer_seconds(os.urandom(STREAM_BYTES), echo=False) for _ in range(3))
     best = min(streams)
     return {
         "no_op_stream_mb_s": STREAM_BYTES / best / 1e6,

@@ -35,10 +35,10 @@ from rknn_client.transport.base import Endpoint
 from rknn_client.transport.health import SERVING, health_status
 from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
+from rknn_client.upload_stream import UPLOAD_METHOD, upload_chunk_bytes, upload_requests
 from rknn_proto import codec, convert, framing, manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump, reply_bytes_bound
 from rknn_proto.version import (
-    CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_RUN_REPLY_BYTES,
     PROTOCOL_VERSION,
@@ -345,25 +345,19 @@ class Device:
         offsets = list(prepared.held_bytes)
         done = sum(offsets)
 
-        def requests() -> Iterator[rknn_pb2.UploadModelRequest]:
+        def sent(size: int) -> None:
             nonlocal done
-            yield rknn_pb2.UploadModelRequest(
-                header=rknn_pb2.UploadHeader(manifest=wire_manifest, start_offsets=offsets)
-            )
-            for index, (f, start) in enumerate(zip(wire_manifest.files, offsets, strict=True)):
-                with by_name[f.name].open("rb") as fh:
-                    fh.seek(start)
-                    offset = start
-                    while block := fh.read(CHUNK_BYTES):
-                        yield rknn_pb2.UploadModelRequest(
-                            chunk=rknn_pb2.UploadChunk(file_index=index, offset=offset, data=block)
-                        )
-                        offset += len(block)
-                        done += len(block)
-                        if progress:
-                            progress(done, total)
+            done += size
+            if progress:
+                progress(done, total)
 
-        reply = self._stub.UploadModel(requests(), metadata=self.metadata, timeout=self.timeout_s)
+        header = rknn_pb2.UploadHeader(manifest=wire_manifest, start_offsets=offsets)
+        paths_in_order = [by_name[f.name] for f in wire_manifest.files]
+        stream = upload_requests(header, paths_in_order, upload_chunk_bytes(self.info().limits), sent)
+        call = self._channel.stream_unary(  # no serializer: the requests are bytes already
+            UPLOAD_METHOD, None, rknn_pb2.UploadModelResponse.FromString
+        )
+        reply = call(stream, metadata=self.metadata, timeout=self.timeout_s)
         return UploadResult(reply.digest, reply.received_bytes, cached=False)
 
     def load(

@@ -28,3 +28,7 @@ MAX_MESSAGE_BYTES = 8 << 20
 # Largest unary Run reply the daemon sends and the client (which trusts its daemon) accepts: one
 # protobuf message's hard limit, so a Run whose outputs were computed is never refused for their size.
 MAX_RUN_REPLY_BYTES = (2 << 30) - 1
+# HTTP/2 frames up to the protocol's largest size (16 MiB - 1) where gRPC announces 16 KiB: a 4 MiB
+# chunk is read as one frame instead of 256 (measured here: about a tenth less daemon CPU per
+# uploaded GiB). Both sides' channel options.
+HTTP2_OPTIONS = (("grpc.http2.max_frame_size", (16 << 20) - 1),)

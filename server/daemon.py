@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.kserve import grpc_service_pb2_grpc as v2_grpc
 from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
-from rknn_proto.version import MAX_RUN_REPLY_BYTES
+from rknn_proto.version import HTTP2_OPTIONS, MAX_RUN_REPLY_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.data_plane import DataPlane
@@ -47,6 +47,7 @@ from rknn_server.runtime.select import select_backend
 from rknn_server.service import RknnService, ServiceConfig
 from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.telemetry import BoardTelemetry
+from rknn_server.upload_wire import add_upload_handler
 
 log = structlog.get_logger("rknn_server")
 SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
@@ -96,6 +97,15 @@ KEEPALIVE_OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.max_connection_idle_ms", 30 * 60_000),
+]
+
+# What a client may send ahead of the daemon reading it: a fixed 8 MiB per stream. gRPC's default
+# grows the window from its bandwidth probes; on a loaded machine the daemon's peak RSS then grew by
+# 90-190 MiB over four 1 GiB uploads, and by 50-70 MiB with this, at the same throughput (measured
+# here; the 64 MiB round trip's time did not change).
+RECEIVE_WINDOW_OPTIONS = [
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 8 << 20),
 ]
 
 
@@ -230,10 +240,13 @@ def _grpc_server(
             ("grpc.max_send_message_length", MAX_RUN_REPLY_BYTES),
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
+            *HTTP2_OPTIONS,
+            *RECEIVE_WINDOW_OPTIONS,
         ],
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(v2_service, server)
+    add_upload_handler(server, service)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     from grpc_reflection.v1alpha import reflection

@@ -31,6 +31,7 @@ from rknn_server.reservations import ReservationBook
 from rknn_server.sessions import Session
 from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.shm_run import run_shared
+from rknn_server.upload_wire import Chunk, upload_chunk
 from rknn_server.uploads import Upload
 
 T = TypeVar("T")
@@ -127,7 +128,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     ) -> rknn_pb2.UploadModelResponse:
         call = current_call()
         first = await _first(request_iterator, "an UploadHeader")
-        if first.WhichOneof("part") != "header":
+        if isinstance(first, Chunk) or first.WhichOneof("part") != "header":
             raise InvalidInput("the first UploadModel message must be an UploadHeader")
         header = first.header
         loop = asyncio.get_running_loop()
@@ -147,13 +148,12 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         try:
             # One block is hashed and written in the executor while the next one is received.
             async for message in request_iterator:
-                if message.WhichOneof("part") != "chunk":
+                chunk = upload_chunk(message)
+                if chunk is None:
                     raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
-                chunk = message.chunk
-                data = chunk.data
-                check_chunk(len(data), self.plane.tensor_limits)
-                block = upload.accept(chunk.file_index, chunk.offset, data)
-                call.bytes_in += len(data)
+                check_chunk(len(chunk.data), self.plane.tensor_limits)
+                block = upload.accept(*chunk)
+                call.bytes_in += len(chunk.data)
                 if block is not None:
                     await asyncio.shield(step)
                     step = loop.run_in_executor(self.plane.executor, upload.store, block)

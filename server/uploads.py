@@ -2,8 +2,9 @@
 written in one call while the next chunks arrive.
 
 The event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes to the
-executor (`store`), which hashes it and appends it to the partial file in one call, so that
-receiving, hashing and writing overlap instead of taking turns, and every byte is hashed once. A file
+executor (`store`), which queues its write to the partial file (one call, in the upload's write
+thread) and hashes it meanwhile, so that receiving, hashing and writing overlap instead of taking
+turns, and every byte is hashed once. A file
 is created by its first bytes, never from the header; resuming re-hashes the bytes already held; a
 full disk discards this upload's bytes and says so.
 """
@@ -14,12 +15,13 @@ import contextlib
 import errno
 import hashlib
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rknn_proto import rknn_pb2
-from rknn_server.block_writer import AlignedBuffer, BlockWriter
+from rknn_server.block_writer import BlockWriter, WriteQueue
 from rknn_server.errors import DataLoss, InvalidInput, ResourceExhausted
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ class Claim:
 class Block:
     """Accepted chunks not yet on disk, in order: (file index, bytes)."""
 
-    parts: list[tuple[int, bytes]] = field(default_factory=list)
+    parts: list[tuple[int, bytes | memoryview]] = field(default_factory=list)
     size: int = 0
 
 
@@ -76,7 +78,7 @@ class Upload:
         self._written = list(self._accepted)
         self._block = Block()
         self._writers: dict[int, BlockWriter] = {}  # files in progress only: a complete one is closed
-        self._buffer = AlignedBuffer()
+        self._queue = WriteQueue()
         self._discarded = False  # the partial files are gone: nothing more is stored
         self.received_bytes = 0
 
@@ -93,7 +95,7 @@ class Upload:
                 hasher.update(block)
                 remaining -= len(block)
 
-    def accept(self, file_index: int, offset: int, data: bytes) -> Block | None:
+    def accept(self, file_index: int, offset: int, data: bytes | memoryview) -> Block | None:
         """Check a chunk and gather it; returns a full block for `store` (cheap: no disk, no hash)."""
         files = self.manifest.files
         if not 0 <= file_index < len(files):
@@ -122,10 +124,11 @@ class Upload:
         return block
 
     def store(self, block: Block) -> None:
-        """Hash a block and append it to its partial files, one system call per file it touches."""
+        """Queue a block's writes to its partial files (one system call per file it touches) and hash
+        it while they run."""
         if self._discarded:
             return
-        try:
+        with self._disk_errors():
             i = 0
             while i < len(block.parts):
                 file_index = block.parts[i][0]
@@ -134,16 +137,22 @@ class Upload:
                     run.append(block.parts[i][1])
                     i += 1
                 hasher = self._hashers[file_index]
-                for data in run:
+                for data in self._writer(file_index).write(run):
                     hasher.update(data)
-                self._writer(file_index).write(run)
                 size = sum(len(d) for d in run)
                 self._written[file_index] += size
                 self._claim.on_disk += size
                 if self._written[file_index] == self.manifest.files[file_index].size:
                     self._writers.pop(file_index).close()
+
+    @contextlib.contextmanager
+    def _disk_errors(self) -> Iterator[None]:
+        """A failed write discards the upload: what reached the disk may no longer match the hash, so
+        it is never resumed from. A full disk says so."""
+        try:
+            yield
         except OSError as exc:
-            self._discard()  # what reached the disk may no longer match the hash: never resume from it
+            self._discard()
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise ResourceExhausted(
@@ -156,7 +165,7 @@ class Upload:
         if writer is None:
             self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             path = self._dir / self.manifest.files[file_index].name
-            writer = self._writers[file_index] = BlockWriter(path, self._written[file_index], self._buffer)
+            writer = self._writers[file_index] = BlockWriter(path, self._written[file_index], self._queue)
         return writer
 
     def write(self, file_index: int, offset: int, data: bytes) -> None:
@@ -169,7 +178,8 @@ class Upload:
         """Store what is gathered, verify every file and move the model into the store; returns its
         main file."""
         self.store(self.take())
-        self._close_handles()
+        with self._disk_errors():
+            self._close_handles(raise_errors=True)
         for f, written, hasher in zip(self.manifest.files, self._written, self._hashers, strict=True):
             if written != f.size:
                 raise InvalidInput(
@@ -190,15 +200,19 @@ class Upload:
         shutil.rmtree(self._dir, ignore_errors=True)
         self._claim.on_disk = 0
 
-    def _close_handles(self) -> None:
+    def _close_handles(self, raise_errors: bool = False) -> None:
+        """Close the files in progress once their writes are done; a write error is raised only
+        with `raise_errors` (otherwise the upload is ending anyway)."""
         writers = list(self._writers.values())
         self._writers.clear()
-        self._buffer.release()
-        for writer in writers:
-            try:
-                writer.close()
-            except OSError:
-                continue
+        try:
+            if raise_errors:
+                self._queue.drain()
+        finally:
+            for writer in writers:
+                with contextlib.suppress(OSError):
+                    writer.close()
+            self._queue.close()
 
     def close(self) -> None:
         """End the upload (whatever happened) and release its claim on the model; the chunks

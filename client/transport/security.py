@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from rknn_client.transport.base import Endpoint, TransportError
+from rknn_proto.version import HTTP2_OPTIONS
 
 ENV_TOKEN = "RKNN_SERVER_TOKEN"
 ENV_TLS_CA = "RKNN_SERVER_TLS_CA"
@@ -98,7 +99,9 @@ class _BearerToken(
 def open_channel(
     endpoint: Endpoint, credentials: Credentials, options: Sequence[tuple[str, Any]]
 ) -> grpc.Channel:
-    """A channel to the endpoint with TLS (TCP endpoints, when configured) and the token attached."""
+    """A channel to the endpoint with TLS (TCP endpoints, when configured) and the token attached;
+    `options` come after the transport's own (`HTTP2_OPTIONS`)."""
+    options = [*HTTP2_OPTIONS, *options]
     if credentials.uses_tls() and endpoint.kind == "tcp":
         channel = grpc.secure_channel(
             endpoint.grpc_target, credentials.channel_credentials(), options=options

@@ -9,13 +9,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+import rknn_client.api
 from rknn_client.errors import ResourceExhausted
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN, StartDaemon, cnn_input, device, info, weighty_model
 
 
 def test_limits_are_reported_and_enforced_per_client(
-    daemons: StartDaemon, token_file: Path, cnn: Path, tmp_path: Path
+    daemons: StartDaemon, token_file: Path, cnn: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     daemon = daemons(
         "--auth-token-file", str(token_file), "--max-sessions", "3",
@@ -37,8 +38,12 @@ def test_limits_are_reported_and_enforced_per_client(
         third = bob.load(cnn)
         with pytest.raises(ResourceExhausted, match="max_sessions=3"):
             bob.load(cnn)
-        with pytest.raises(ResourceExhausted, match="max_chunk_bytes=65536"):
-            bob.upload(weighty_model(tmp_path / "weighty.onnx", 1))  # sent in 1 MiB chunks
+        weighty = weighty_model(tmp_path / "weighty.onnx", 1)
+        with monkeypatch.context() as older:  # a client that sends 1 MiB chunks whatever the limit
+            older.setattr(rknn_client.api, "upload_chunk_bytes", lambda limits: 1 << 20)
+            with pytest.raises(ResourceExhausted, match="max_chunk_bytes=65536"):
+                bob.upload(weighty)
+        assert not bob.upload(weighty).cached  # this client follows the daemon's limit
         assert third.run([cnn_input()])[0].shape == (1, 10)
         for session in kept:
             assert session.run([cnn_input()])[0].shape == (1, 10)

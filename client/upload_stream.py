@@ -1,0 +1,90 @@
+"""The UploadModel request stream: a model's files read chunk by chunk and framed as wire bytes.
+
+Building an `UploadChunk` message per chunk and serializing it copies every byte twice more after
+reading it (three times when the sub-message is passed to the constructor, which deep-copies it):
+measured here at 0.4-1.0 CPU-seconds per GiB, against 0.1-0.3 for reading the chunk and putting
+the few bytes of framing in front of it, which is what this does. The framing is protobuf's own
+encoding of `UploadModelRequest{chunk: UploadChunk{file_index, offset, data}}`, field numbers taken
+from the generated descriptors; the daemon parses it as any other message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from rknn_proto import rknn_pb2
+from rknn_proto.version import CHUNK_BYTES
+
+_SERVICE = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"]
+# The method the stream is sent to, with no request serializer: its requests are bytes already.
+UPLOAD_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['UploadModel'].name}"
+# Chunks this large where the daemon takes them: measured here against 1 and 2 MiB, the fewest CPU
+# seconds per GiB on both sides (fewer messages, fewer HTTP/2 frames, fewer executor hops).
+UPLOAD_CHUNK_BYTES = 4 << 20
+# Room in a message for what is not the chunk's bytes.
+_FRAMING_BYTES = 1 << 10
+
+_WIRE_VARINT, _WIRE_LEN = 0, 2
+_CHUNK = rknn_pb2.UploadChunk.DESCRIPTOR.fields_by_name
+
+
+def _tag(number: int, wire_type: int) -> bytes:
+    return _varint(number << 3 | wire_type)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_CHUNK_TAG = _tag(rknn_pb2.UploadModelRequest.DESCRIPTOR.fields_by_name["chunk"].number, _WIRE_LEN)
+_FILE_INDEX_TAG = _tag(_CHUNK["file_index"].number, _WIRE_VARINT)
+_OFFSET_TAG = _tag(_CHUNK["offset"].number, _WIRE_VARINT)
+_DATA_TAG = _tag(_CHUNK["data"].number, _WIRE_LEN)
+
+
+def chunk_request(file_index: int, offset: int, data: bytes) -> bytes:
+    """The serialized `UploadModelRequest` carrying one chunk, as protobuf would write it (fields
+    equal to zero left out); `data` is copied once, into the result."""
+    chunk = b"".join(
+        (
+            _FILE_INDEX_TAG + _varint(file_index) if file_index else b"",
+            _OFFSET_TAG + _varint(offset) if offset else b"",
+            _DATA_TAG + _varint(len(data)) if data else b"",
+        )
+    )
+    return b"".join((_CHUNK_TAG, _varint(len(chunk) + len(data)), chunk, data))
+
+
+def upload_chunk_bytes(limits: Mapping[str, float]) -> int:
+    """The chunk size for a daemon with these limits (GetInfo's; 0 or absent: not told, as by a
+    daemon older than the limit, which takes the protocol's `CHUNK_BYTES`)."""
+    size = min(UPLOAD_CHUNK_BYTES, int(limits.get("max_chunk_bytes", 0)) or CHUNK_BYTES)
+    if limits.get("max_message_bytes"):
+        size = min(size, int(limits["max_message_bytes"]) - _FRAMING_BYTES)
+    return max(size, 1)
+
+
+def upload_requests(
+    header: rknn_pb2.UploadHeader,
+    paths: Sequence[Path],
+    chunk_bytes: int,
+    sent: Callable[[int], None] | None = None,
+) -> Iterator[bytes]:
+    """The whole request stream, serialized: the header, then each file from its start offset in
+    chunks of `chunk_bytes`; `sent` hears each chunk's size once gRPC has taken it."""
+    yield rknn_pb2.UploadModelRequest(header=header).SerializeToString()
+    for index, (path, start) in enumerate(zip(paths, header.start_offsets, strict=True)):
+        with path.open("rb", buffering=0) as fh:
+            fh.seek(start)
+            offset = start
+            while block := fh.read(chunk_bytes):
+                yield chunk_request(index, offset, block)
+                offset += len(block)
+                if sent is not None:
+                    sent(len(block))

@@ -55,7 +55,8 @@ def _server_main(port: Any) -> None:
         asyncio.run(_serve(port))
 
 
-def measure_ceiling() -> dict[str, Any]:
+def measure_ceiling(streams: bool = True) -> dict[str, Any]:
+    """The figures above; with streams=False the unary call's alone (bench.percall)."""
     ctx = multiprocessing.get_context("spawn")
     port = ctx.Value("i", 0)
     server = ctx.Process(target=_server_main, args=(port,), daemon=True)
@@ -69,11 +70,11 @@ def measure_ceiling() -> dict[str, Any]:
         ) as ch:
             drain = ch.stream_unary("/ceiling.NoOp/Drain")
             call = ch.unary_unary("/ceiling.NoOp/Call")
-            streams = []
-            for _ in range(3):
+            stream_s = []
+            for _ in range(3 if streams else 0):
                 start = time.perf_counter()
                 drain(iter([block] * (STREAM_BYTES // STREAM_CHUNK)))
-                streams.append(time.perf_counter() - start)
+                stream_s.append(time.perf_counter() - start)
             payload = os.urandom(CALL_BYTES)
             for _ in range(20):
                 call(payload)
@@ -82,15 +83,18 @@ def measure_ceiling() -> dict[str, Any]:
                 start = time.perf_counter()
                 call(payload)
                 calls.append(time.perf_counter() - start)
-        raw = min(transfer_seconds(os.urandom(STREAM_BYTES), echo=False) for _ in range(3))
+        raw = min(transfer_seconds(os.urandom(STREAM_BYTES), echo=False) for _ in range(3)) if streams else 0
     finally:
         server.kill()
         server.join()
-    best = min(streams)
+    call = {"no_op_unary_call_with_602112_bytes_p50_ms": statistics.median(calls) * 1e3}
+    if not streams:
+        return call
+    best = min(stream_s)
     return {
         "no_op_stream_mb_s": STREAM_BYTES / best / 1e6,
         "raw_socket_mb_s": STREAM_BYTES / raw / 1e6,
         "no_op_stream_vs_raw_socket": raw / best,
-        "no_op_unary_call_with_602112_bytes_p50_ms": statistics.median(calls) * 1e3,
+        **call,
         "meaning": "no server built on Python gRPC can beat these on this machine",
     }

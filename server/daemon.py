@@ -44,7 +44,7 @@ from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.base import Backend
 from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
-from rknn_server.service import RknnService, ServiceConfig
+from rknn_server.service import CODECS, RknnService, ServiceConfig
 from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
@@ -331,7 +331,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         warnings=tuple(warnings),
         instance_id=secrets.token_hex(8),
     )
-    guard = Guard(security.access, limits, metrics)
+    guard = Guard(security.access, limits, metrics, CODECS)
     metrics.watch(
         StateCollector(
             plane.registry.__len__, reservations, lambda: guard.per_client, lambda: guard.refused, plane.cache

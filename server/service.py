@@ -10,9 +10,10 @@ its call on `current_call()`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import grpc
@@ -25,7 +26,7 @@ from rknn_server.calls import Call
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput
 from rknn_server.frames import QUANT_CODES, check_chunk
-from rknn_server.guard import client_identity, current_call
+from rknn_server.guard import Codecs, client_identity, current_call
 from rknn_server.limits import Limits
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
@@ -67,6 +68,24 @@ def tensor_attr(spec: TensorSpec) -> rknn_pb2.TensorAttr:
         fl=spec.quant.fl,
         size_bytes=nbytes,
     )
+
+
+def _serialized(reply: bytes) -> bytes:
+    """A reply its handler already serialized."""
+    return reply
+
+
+# The methods whose handlers take and give wire bytes rather than protobuf objects (the guard
+# registers them so): Run's inputs are read in place and its outputs written once, where protobuf
+# would copy each twice each way. Method path -> (request deserializer, response serializer).
+CODECS: Mapping[str, Codecs] = MappingProxyType(
+    {
+        f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}/Run": (
+            framing.parse_run_request,
+            _serialized,
+        )
+    }
+)
 
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
@@ -220,15 +239,15 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             async for response in responses:
                 yield response
 
-    async def Run(
-        self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
-    ) -> rknn_pb2.RunResponse:
+    async def Run(  # type: ignore[override]  # its messages are read and written by framing (CODECS)
+        self, request: framing.UnaryFrame[rknn_pb2.InferenceHeader], context: grpc.aio.ServicerContext
+    ) -> bytes:
         traffic = Traffic()
         try:
-            done = await self.pipeline.unary(request.header, request.inputs, traffic)
+            done = await self.pipeline.unary(request.header, framing.in_place(request.tensors), traffic)
         finally:
             _account(current_call(), traffic)
-        return rknn_pb2.RunResponse(header=done.header, outputs=[a.tobytes() for a in done.wire])
+        return framing.run_response_bytes(done.header, done.wire)
 
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterable
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
 
 from rknn_proto import codec, framing, rknn_pb2
 
@@ -212,3 +213,73 @@ def test_a_run_request_written_by_hand_is_protobufs_own_bytes() -> None:
     big = np.zeros(300, np.float32)  # a length that takes a two-byte varint
     parsed = rknn_pb2.RunRequest.FromString(framing.run_request_bytes(head, [big]))
     assert parsed.header == head and parsed.inputs[0] == big.tobytes()
+
+
+def test_a_run_response_written_by_hand_is_protobufs_own_bytes() -> None:
+    items = [*arrays(), np.zeros(300, np.float32)]  # the last: a length that takes a two-byte varint
+    head = header(*items, frame_id=7)
+    head.run_time_us = 1234
+    written = framing.run_response_bytes(head, items)
+    assert (
+        written == rknn_pb2.RunResponse(header=head, outputs=[a.tobytes() for a in items]).SerializeToString()
+    )
+
+
+def _field(number: int, wire_type: int, payload: bytes) -> bytes:
+    return bytes([(number << 3) | wire_type]) + payload
+
+
+@pytest.mark.parametrize("parse", [framing.parse_run_request, framing.parse_run_response])
+def test_a_unary_frame_is_read_as_protobuf_reads_it(parse) -> None:  # type: ignore[no-untyped-def]
+    """Written by protobuf, with what its parser accepts beyond the plain layout: the header in two
+    parts (merged), unknown fields of every wire type between the tensors (skipped)."""
+    message_type = rknn_pb2.RunRequest if parse is framing.parse_run_request else rknn_pb2.RunResponse
+    items = arrays()
+    first = message_type(
+        header={"frame_id": 9}, **{message_type.DESCRIPTOR.fields[1].name: [items[0].tobytes()]}
+    )
+    second = message_type(
+        header={"session_id": "a"} if message_type is rknn_pb2.RunRequest else {"run_time_us": 5}
+    )
+    unknown = (
+        _field(10, 0, b"\x96\x01")  # varint
+        + _field(11, 1, b"\0" * 8)  # 64-bit
+        + _field(12, 5, b"\0" * 4)  # 32-bit
+        + _field(13, 2, b"\x03abc")  # length-delimited
+    )
+    third = message_type(**{message_type.DESCRIPTOR.fields[1].name: [a.tobytes() for a in items[1:]]})
+    data = first.SerializeToString() + unknown + second.SerializeToString() + third.SerializeToString()
+    expected = message_type.FromString(data)
+    frame = parse(data)
+    assert frame.header == expected.header and frame.header.frame_id == 9
+    tensors = getattr(expected, message_type.DESCRIPTOR.fields[1].name)
+    assert [bytes(t) for t in frame.tensors] == list(tensors) == [a.tobytes() for a in items]
+    assert all(isinstance(t, memoryview) for t in frame.tensors)  # views into the message, not copies
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b"\x12\x05abc", "declares 5 bytes; 3 remain"),  # a tensor longer than the message
+        (b"\x12\xff", "truncated or overlong varint"),  # a length cut short
+        (b"\x1d\0\0", "truncated"),  # a 32-bit field cut short
+        (b"\x00\x01", "field number of 0"),
+        (b"\x13", "wire type 3"),  # a group
+        (b"\x0a\x02\xff\xff", "parsing"),  # a header that is not an InferenceHeader
+    ],
+)
+def test_a_malformed_unary_frame_is_refused_as_protobuf_refuses_it(data: bytes, fragment: str) -> None:
+    with pytest.raises(DecodeError):
+        rknn_pb2.RunRequest.FromString(data)
+    with pytest.raises(DecodeError, match=fragment):
+        framing.parse_run_request(data)
+
+
+def test_a_tensor_is_used_in_place_only_where_any_dtype_may_read_it() -> None:
+    buffer = np.zeros(64 + framing.ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % framing.ALIGNMENT
+    message = memoryview(buffer)
+    aligned, unaligned = message[start : start + 16], message[start + 1 : start + 17]
+    kept, copied = framing.in_place([aligned, unaligned])
+    assert kept is aligned
+    assert isinstance(copied, bytes) and copied == unaligned.tobytes()

@@ -158,11 +158,16 @@ def whole_frame(assembly: A, tensors: Sequence[Bytes], declared: int, what: str 
     return assembly
 
 
-# RunRequest and RunResponse share one layout: the header as field 1, each tensor's bytes as field 2.
+# RunRequest and RunResponse share one layout: the header as field 1, each tensor's bytes as field 2,
+# filler as field 3.
 _HEADER_FIELD = rknn_pb2.RunRequest.HEADER_FIELD_NUMBER
 _TENSORS_FIELD = rknn_pb2.RunRequest.INPUTS_FIELD_NUMBER
+_PADDING_FIELD = rknn_pb2.RunRequest.PADDING_FIELD_NUMBER
 _LENGTH_DELIMITED = 2
 _TENSOR_TAG = bytes([(_TENSORS_FIELD << 3) | _LENGTH_DELIMITED])
+_PADDING_TAG = bytes([(_PADDING_FIELD << 3) | _LENGTH_DELIMITED])
+# Where a received tensor may be used in place: any dtype's alignment (a bytes object's data is 16-aligned).
+ALIGNMENT = 16
 
 
 def _varint(value: int) -> bytes:
@@ -174,26 +179,54 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _unary_bytes(message: Any, arrays: Sequence[np.ndarray]) -> bytes:
+def _padding(at: int) -> bytes:
+    """A filler field that, written at offset `at`, ends at the next multiple of ALIGNMENT (its tag
+    and one-byte length take 2 bytes, so a gap of one byte takes a whole ALIGNMENT more)."""
+    gap = -at % ALIGNMENT
+    if gap == 0:
+        return b""
+    size = gap - 2 if gap >= 2 else gap + ALIGNMENT - 2
+    return _PADDING_TAG + _varint(size) + bytes(size)
+
+
+def _unary_bytes(message: Any, arrays: Sequence[np.ndarray], align: bool) -> bytes:
     """`message` (its header set) serialized with the arrays' bytes appended as field 2, each copied
     once, straight from its buffer (protobuf would copy it three times: `tobytes()`, into the
-    message, into its serialization). Field order does not change what a parser reads."""
-    parts: list[bytes | memoryview] = [message.SerializeToString()]
+    message, into its serialization). Field order does not change what a parser reads. With
+    `align`, a filler field before each tensor starts its bytes at a multiple of ALIGNMENT."""
+    head = message.SerializeToString()
+    parts: list[bytes | memoryview] = [head]
+    at = len(head)
     for array in arrays:
-        parts += (_TENSOR_TAG, _varint(array.nbytes), array.reshape(-1).view(np.uint8).data)
+        length = _varint(array.nbytes)
+        if align and array.nbytes:
+            filler = _padding(at + len(_TENSOR_TAG) + len(length))
+            parts.append(filler)
+            at += len(filler)
+        parts += (_TENSOR_TAG, length, array.reshape(-1).view(np.uint8).data)
+        at += len(_TENSOR_TAG) + len(length) + array.nbytes
     return b"".join(parts)
 
 
 def run_request_bytes(header: rknn_pb2.InferenceHeader, arrays: Sequence[np.ndarray]) -> bytes:
-    """A serialized RunRequest of wire-ready arrays (see _unary_bytes): the same bytes as
-    `RunRequest(header, [a.tobytes()...]).SerializeToString()`; send it on a call whose request
-    serializer passes bytes through."""
-    return _unary_bytes(rknn_pb2.RunRequest(header=header), arrays)
+    """A serialized RunRequest of wire-ready arrays (see _unary_bytes), each input aligned for the
+    daemon to run it where it lies; send it on a call whose request serializer passes bytes through."""
+    return _unary_bytes(rknn_pb2.RunRequest(header=header), arrays, align=True)
 
 
 def run_response_bytes(header: rknn_pb2.OutputsHeader, arrays: Sequence[np.ndarray]) -> bytes:
-    """A serialized RunResponse of wire-ready arrays, as run_request_bytes (the daemon's Run reply)."""
-    return _unary_bytes(rknn_pb2.RunResponse(header=header), arrays)
+    """A serialized RunResponse of wire-ready arrays (the daemon's Run reply): the same bytes as
+    `RunResponse(header, [a.tobytes()...]).SerializeToString()` (the client copies its outputs)."""
+    return _unary_bytes(rknn_pb2.RunResponse(header=header), arrays, align=False)
+
+
+def in_place(tensors: Sequence[memoryview]) -> list[Bytes]:
+    """Each tensor where it lies in the received message when its address suits any dtype, else
+    one copy of it (runtimes read their inputs as typed arrays)."""
+    return [
+        view if np.frombuffer(view, np.uint8).ctypes.data % ALIGNMENT == 0 else view.tobytes()
+        for view in tensors
+    ]
 
 
 class UnaryFrame(Generic[H]):
@@ -205,19 +238,6 @@ class UnaryFrame(Generic[H]):
     def __init__(self, header: H, tensors: list[memoryview]) -> None:
         self.header = header
         self.tensors = tensors
-
-
-# Where a received tensor may be used in place: any dtype's alignment (a bytes object's data is 16-aligned).
-ALIGNMENT = 16
-
-
-def in_place(tensors: Sequence[memoryview]) -> list[Bytes]:
-    """Each tensor where it lies in the received message when its address suits any dtype, else
-    one copy of it (runtimes read their inputs as typed arrays)."""
-    return [
-        view if np.frombuffer(view, np.uint8).ctypes.data % ALIGNMENT == 0 else view.tobytes()
-        for view in tensors
-    ]
 
 
 def _read_varint(data: memoryview, at: int) -> tuple[int, int]:

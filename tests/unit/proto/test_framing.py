@@ -203,16 +203,26 @@ def test_a_whole_frame_takes_each_tensor_at_once_and_checks_the_count_and_sizes(
         framing.whole_frame(Outputs(head), [a.tobytes() for a in items[:2]] + [b"\0" * 23], 3, "output")
 
 
-def test_a_run_request_written_by_hand_is_protobufs_own_bytes() -> None:
-    items = arrays()
-    head = rknn_pb2.InferenceHeader(session_id="s" * 32, inputs=[codec.meta_of(a) for a in items], frame_id=3)
-    written = framing.run_request_bytes(head, items)
-    assert (
-        written == rknn_pb2.RunRequest(header=head, inputs=[a.tobytes() for a in items]).SerializeToString()
+@pytest.mark.parametrize("session_id", ["", "s", "s" * 32, "s" * 45])  # headers of every length mod 16
+def test_a_run_request_written_by_hand_is_what_protobuf_reads_with_each_input_aligned(
+    session_id: str,
+) -> None:
+    items = [*arrays(), np.zeros(300, np.float32), np.ones(7, np.int8)]  # 300: a two-byte varint length
+    head = rknn_pb2.InferenceHeader(
+        session_id=session_id, inputs=[codec.meta_of(a) for a in items], frame_id=3
     )
-    big = np.zeros(300, np.float32)  # a length that takes a two-byte varint
-    parsed = rknn_pb2.RunRequest.FromString(framing.run_request_bytes(head, [big]))
-    assert parsed.header == head and parsed.inputs[0] == big.tobytes()
+    written = framing.run_request_bytes(head, items)
+    parsed = rknn_pb2.RunRequest.FromString(written)
+    assert parsed.header == head and list(parsed.inputs) == [a.tobytes() for a in items]
+    # Only filler beside protobuf's own serialization of the same request:
+    plain = rknn_pb2.RunRequest(header=head, inputs=[a.tobytes() for a in items]).SerializeToString()
+    parsed.ClearField("padding")
+    assert parsed.SerializeToString() == plain
+    message = np.frombuffer(written, np.uint8)
+    base = message.ctypes.data
+    for a, view in zip(items, framing.parse_run_request(written).tensors, strict=True):
+        offset = np.frombuffer(view, np.uint8).ctypes.data - base if a.nbytes else 0
+        assert offset % framing.ALIGNMENT == 0, (a.dtype, a.shape, offset)
 
 
 def test_a_run_response_written_by_hand_is_protobufs_own_bytes() -> None:

@@ -165,9 +165,9 @@ class Guard(grpc.aio.ServerInterceptor):
         """Check the caller, count the call in and make it the current call (for limits and logs)."""
         metadata = context.invocation_metadata() or ()
         try:
-            client = self.access.admit(
-                context.peer() or "", bearer_token(tuple(metadata)), _certificate_subject(context)
-            )
+            # The certificate is read only where certificates name callers (auth_context builds a dict).
+            subject = _certificate_subject(context) if self.access.client_certificates else ""
+            client = self.access.admit(context.peer() or "", bearer_token(tuple(metadata)), subject)
         except Unauthenticated as exc:
             self.refused[grpc.StatusCode.UNAUTHENTICATED.name] += 1
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))

@@ -253,49 +253,65 @@ def _read_varint(data: memoryview, at: int) -> tuple[int, int]:
         shift += 7
 
 
-_FIXED_SIZES = {1: 8, 5: 4}  # wire types of fixed width: 64-bit, 32-bit
+# The fields a message as this contract's senders write it has at most: its header, then a filler
+# and a tensor per input. Beyond them, or any other field, protobuf's own parser reads the message
+# (a hostile message of millions of tiny fields must not hold the event loop in a Python loop).
+MAX_PLAIN_FIELDS = 1 + 2 * 1024
 
 
-def parse_unary_frame(data: bytes, header: H) -> UnaryFrame[H]:
-    """Parse a RunRequest (header an empty InferenceHeader) or RunResponse (an OutputsHeader) as
-    protobuf would: repeated header fields merge, unknown fields are skipped; raises DecodeError
-    (as protobuf's FromString) on a malformed message."""
+class _Unusual(Exception):
+    """A message outside the plain layout: protobuf's parser decides what it means."""
+
+
+def _plain_frame(data: bytes, header: Any) -> list[memoryview]:
+    """The tensors of a message of the plain layout (fields 1, 2 and 3, each length-delimited), the
+    header merged into `header`; raises _Unusual for anything else, DecodeError if it is cut short."""
     view = memoryview(data)
     tensors: list[memoryview] = []
-    at, end = 0, len(view)
+    at, end, fields = 0, len(view), 0
     while at < end:
         key, at = _read_varint(view, at)
-        field, wire_type = key >> 3, key & 7
-        if field == 0:
-            raise DecodeError("a field number of 0")
-        if wire_type == _LENGTH_DELIMITED:
-            length, at = _read_varint(view, at)
-            if at + length > end:
-                raise DecodeError(f"field {field} declares {length} bytes; {end - at} remain")
-            if field == _TENSORS_FIELD:
-                tensors.append(view[at : at + length])
-            elif field == _HEADER_FIELD:
-                header.MergeFromString(view[at : at + length])  # type: ignore[attr-defined]
-            at += length
-        elif wire_type == 0:
-            _, at = _read_varint(view, at)
-        elif wire_type in _FIXED_SIZES:
-            at += _FIXED_SIZES[wire_type]
-            if at > end:
-                raise DecodeError(f"field {field} is truncated")
-        else:  # groups (3, 4: long deprecated, never in this contract) and invalid wire types
-            raise DecodeError(f"field {field} has wire type {wire_type}, which this message never carries")
-    return UnaryFrame(header, tensors)
+        fields += 1
+        if (
+            key & 7 != _LENGTH_DELIMITED
+            or not _HEADER_FIELD <= key >> 3 <= _PADDING_FIELD
+            or fields > MAX_PLAIN_FIELDS
+        ):
+            raise _Unusual
+        length, at = _read_varint(view, at)
+        if at + length > end:
+            raise DecodeError(f"field {key >> 3} declares {length} bytes; {end - at} remain")
+        if key >> 3 == _TENSORS_FIELD:
+            tensors.append(view[at : at + length])
+        elif key >> 3 == _HEADER_FIELD:
+            header.MergeFromString(view[at : at + length])  # repeated parts merge, as protobuf's
+        at += length
+    return tensors
+
+
+def parse_unary_frame(data: bytes, message_type: Any, header: H) -> UnaryFrame[H]:
+    """Parse a RunRequest or RunResponse (`message_type`; `header` an empty one of its header type)
+    as protobuf would, its tensors as views into `data`. A message outside the plain layout (unknown
+    fields, too many fields) is read by protobuf itself, its tensors then copies; raises DecodeError
+    on a malformed message, as protobuf's FromString."""
+    try:
+        return UnaryFrame(header, _plain_frame(data, header))
+    except _Unusual:
+        pass
+    message = message_type.FromString(data)
+    header.CopyFrom(message.header)  # type: ignore[attr-defined]
+    tensors = getattr(message, message_type.DESCRIPTOR.fields_by_number[_TENSORS_FIELD].name)
+    return UnaryFrame(header, [memoryview(t) for t in tensors])
 
 
 def parse_run_request(data: bytes) -> UnaryFrame[rknn_pb2.InferenceHeader]:
     """The daemon's Run request deserializer."""
-    return parse_unary_frame(data, rknn_pb2.InferenceHeader())
+    return parse_unary_frame(data, rknn_pb2.RunRequest, rknn_pb2.InferenceHeader())
 
 
 def parse_run_response(data: bytes) -> UnaryFrame[rknn_pb2.OutputsHeader]:
     """The client's Run reply deserializer."""
-    return parse_unary_frame(data, rknn_pb2.OutputsHeader())
+    return parse_unary_frame(data, rknn_pb2.RunResponse, rknn_pb2.OutputsHeader())
 
 
 def frame_messages(

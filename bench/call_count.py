@@ -37,6 +37,7 @@ class CallCounter:
         self.client_thread = client_thread
         self.counts: Counter[str] = Counter()
         self.modules: Counter[str] = Counter()  # path calls by package (rknn_*, grpc, structlog, ...)
+        self.functions: Counter[str] = Counter()  # path calls by side, file and function
         self._inside: dict[int, int] = {}  # thread -> depth inside the backend's run
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -53,8 +54,10 @@ class CallCounter:
         if depth:
             self.counts["inside the backend's run"] += 1
         else:
-            self.counts["client" if thread == self.client_thread else "daemon"] += 1
+            side = "client" if thread == self.client_thread else "daemon"
+            self.counts[side] += 1
             self.modules[_package(code.co_filename)] += 1
+            self.functions[f"{side} {Path(code.co_filename).name}:{code.co_name}"] += 1
         if is_run:
             self._inside[thread] = depth + 1
 
@@ -75,7 +78,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def client(url: str, model: Path, runs: int, counter: CallCounter, result: dict[str, Any]) -> None:
+def client(url: str, model: Path, runs: int, top: int, counter: CallCounter, result: dict[str, Any]) -> None:
     from rknn_client import connect
     from rknn_client.compat.rknn import RKNN
 
@@ -106,6 +109,7 @@ def client(url: str, model: Path, runs: int, counter: CallCounter, result: dict[
         rknn.release()
         result["counts"] = {k: v / runs for k, v in counter.counts.items()}
         result["modules"] = {k: v / runs for k, v in counter.modules.most_common(8)}
+        result["functions"] = {k: v / runs for k, v in counter.functions.most_common(top)}
     except BaseException as exc:
         result["error"] = exc
     finally:
@@ -115,6 +119,7 @@ def client(url: str, model: Path, runs: int, counter: CallCounter, result: dict[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--top", type=int, default=0, help="also list the N functions called most")
     args = parser.parse_args()
     os.environ["RKNN_CLIENT_TOOLKIT"] = "host"
 
@@ -132,7 +137,9 @@ def main() -> int:
         result: dict[str, Any] = {}
         threading.setprofile(counter)
         worker = threading.Thread(
-            target=client, args=(f"tcp://127.0.0.1:{port}", model, args.runs, counter, result), daemon=True
+            target=client,
+            args=(f"tcp://127.0.0.1:{port}", model, args.runs, args.top, counter, result),
+            daemon=True,
         )
         worker.start()
         sys.setprofile(counter)
@@ -154,6 +161,10 @@ def main() -> int:
     print("of which, by package:")
     for name, count in result["modules"].items():
         print(f"  {name:26s} {count:8.1f}")
+    if args.top:
+        print(f"the {args.top} functions called most:")
+        for name, count in result["functions"].items():
+            print(f"  {name:60s} {count:8.1f}")
     return 0
 
 

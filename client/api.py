@@ -478,7 +478,8 @@ class Session:
         self._reconnect_allowed = True
         self._on_reconnect = on_reconnect
         self._route: int | None = None  # see _decide_route
-        # Run with the request serialized by framing.run_request_bytes (made on first use).
+        # Run with its messages written and read by framing (run_request_bytes, parse_run_response; made
+        # on first use).
         self._run_call: grpc.UnaryUnaryMultiCallable | None = None
         self._adopt(reply)
 
@@ -672,13 +673,13 @@ class Session:
         where = f"Run on {self.device.endpoint.description}"
         if self._run_call is None:
             self._run_call = self.device._channel.unary_unary(
-                _RUN_METHOD, request_serializer=None, response_deserializer=rknn_pb2.RunResponse.FromString
+                _RUN_METHOD, request_serializer=None, response_deserializer=framing.parse_run_response
             )
         reply = self.device._call("Run", self._run_call, framing.run_request_bytes(header, wire))
         self.last_run_time_us = reply.header.run_time_us
         try:
             frame = framing.whole_frame(
-                self.new_output_assembler(reply.header), reply.outputs, len(reply.header.outputs), "output"
+                self.new_output_assembler(reply.header), reply.tensors, len(reply.header.outputs), "output"
             )
         except framing.FrameError as exc:
             raise RknnError(f"{where}: {exc}") from None

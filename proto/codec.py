@@ -229,7 +229,7 @@ class TensorAssembler:
         `bytes` object (a full copy of the chunk) on every access of a bytes field."""
         return self.add_bytes(chunk.tensor_index, chunk.offset, chunk.data)
 
-    def add_bytes(self, i: int, offset: int, data: bytes) -> int:
+    def add_bytes(self, i: int, offset: int, data: bytes | memoryview) -> int:
         """Copy bytes of tensor `i` at `offset` into place (chunks, or a whole tensor at once)."""
         while (
             self._current < len(self._metas)
@@ -254,7 +254,7 @@ class TensorAssembler:
         self._remaining -= len(data)
         return len(data)
 
-    def adopt(self, i: int, data: bytes) -> int:
+    def adopt(self, i: int, data: bytes | memoryview) -> int:
         """Take a whole tensor's bytes, arrived in one piece, as its buffer: no copy (the array is
         read-only). For a receiver that owns the bytes object and only reads the tensor."""
         if self._filled[i] or len(data) != self._metas[i].byte_length:

@@ -7,7 +7,8 @@ ending inside one) and hands out each frame once its last byte arrived; `read_fr
 a blocking iterator (the client), `aread_frames` from an async one (the daemon). What a frame's
 bytes go into is the caller's: a `TensorAssembler` on the client, the daemon's checked frame intake.
 `frame_messages` writes one frame; `whole_frame` takes a frame whose tensors came in one message
-(the unary Run), through the same assembly, and `run_request_bytes` writes that message.
+(the unary Run), through the same assembly; `run_request_bytes` and `run_response_bytes` write
+such a message and `parse_unary_frame` reads one, each tensor's bytes copied once or not at all.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, I
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from rknn_proto import rknn_pb2
 from rknn_proto.codec import CodecError, iter_chunk_fields
@@ -37,7 +39,7 @@ class Assembly(Protocol):
 
     def add(self, chunk: rknn_pb2.TensorChunk) -> int: ...
 
-    def add_bytes(self, i: int, offset: int, data: bytes) -> int: ...
+    def add_bytes(self, i: int, offset: int, data: Bytes) -> int: ...
 
     def missing(self) -> list[str]: ...
 
@@ -50,6 +52,7 @@ class Part(Protocol):
     def WhichOneof(self, oneof_group: Any) -> str | None: ...
 
 
+Bytes = bytes | memoryview  # a tensor's bytes: their own object, or a view into a received message
 H = TypeVar("H")
 A = TypeVar("A", bound=Assembly)
 M = TypeVar("M", bound=Part)
@@ -136,7 +139,7 @@ async def aread_frames(messages: AsyncIterable[Part], reader: FrameReader[Any, A
         reader.drop()
 
 
-def whole_frame(assembly: A, tensors: Sequence[bytes], declared: int, what: str = "tensor") -> A:
+def whole_frame(assembly: A, tensors: Sequence[Bytes], declared: int, what: str = "tensor") -> A:
     """A frame whose tensors' bytes came whole in one message (the unary Run): each into place
     through the same assembly as chunks; raises unless exactly every declared byte is there. Each
     tensor is read once (every read of a protobuf bytes field is a new copy)."""
@@ -155,8 +158,16 @@ def whole_frame(assembly: A, tensors: Sequence[bytes], declared: int, what: str 
     return assembly
 
 
-# RunRequest.inputs (field 2, length-delimited): its tag byte on the wire.
-_RUN_INPUTS_TAG = bytes([(rknn_pb2.RunRequest.INPUTS_FIELD_NUMBER << 3) | 2])
+# RunRequest and RunResponse share one layout: the header as field 1, each tensor's bytes as field 2,
+# filler as field 3.
+_HEADER_FIELD = rknn_pb2.RunRequest.HEADER_FIELD_NUMBER
+_TENSORS_FIELD = rknn_pb2.RunRequest.INPUTS_FIELD_NUMBER
+_PADDING_FIELD = rknn_pb2.RunRequest.PADDING_FIELD_NUMBER
+_LENGTH_DELIMITED = 2
+_TENSOR_TAG = bytes([(_TENSORS_FIELD << 3) | _LENGTH_DELIMITED])
+_PADDING_TAG = bytes([(_PADDING_FIELD << 3) | _LENGTH_DELIMITED])
+# Where a received tensor may be used in place: any dtype's alignment (a bytes object's data is 16-aligned).
+ALIGNMENT = 16
 
 
 def _varint(value: int) -> bytes:
@@ -168,15 +179,139 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def run_request_bytes(header: rknn_pb2.InferenceHeader, arrays: Sequence[np.ndarray]) -> bytes:
-    """A serialized RunRequest of wire-ready arrays, their bytes copied once, straight from their
-    buffers into the message (protobuf would copy them three times: `tobytes()`, into the message,
-    into its serialization). The same bytes as `RunRequest(header, [a.tobytes()...]).SerializeToString()`;
-    send it on a call whose request serializer passes bytes through."""
-    parts: list[bytes | memoryview] = [rknn_pb2.RunRequest(header=header).SerializeToString()]
+def _padding(at: int) -> bytes:
+    """A filler field that, written at offset `at`, ends at the next multiple of ALIGNMENT (its tag
+    and one-byte length take 2 bytes, so a gap of one byte takes a whole ALIGNMENT more)."""
+    gap = -at % ALIGNMENT
+    if gap == 0:
+        return b""
+    size = gap - 2 if gap >= 2 else gap + ALIGNMENT - 2
+    return _PADDING_TAG + _varint(size) + bytes(size)
+
+
+def _unary_bytes(message: Any, arrays: Sequence[np.ndarray], align: bool) -> bytes:
+    """`message` (its header set) serialized with the arrays' bytes appended as field 2, each copied
+    once, straight from its buffer (protobuf would copy it three times: `tobytes()`, into the
+    message, into its serialization). Field order does not change what a parser reads. With
+    `align`, a filler field before each tensor starts its bytes at a multiple of ALIGNMENT."""
+    head = message.SerializeToString()
+    parts: list[bytes | memoryview] = [head]
+    at = len(head)
     for array in arrays:
-        parts += (_RUN_INPUTS_TAG, _varint(array.nbytes), array.reshape(-1).view(np.uint8).data)
+        length = _varint(array.nbytes)
+        if align and array.nbytes:
+            filler = _padding(at + len(_TENSOR_TAG) + len(length))
+            parts.append(filler)
+            at += len(filler)
+        parts += (_TENSOR_TAG, length, array.reshape(-1).view(np.uint8).data)
+        at += len(_TENSOR_TAG) + len(length) + array.nbytes
     return b"".join(parts)
+
+
+def run_request_bytes(header: rknn_pb2.InferenceHeader, arrays: Sequence[np.ndarray]) -> bytes:
+    """A serialized RunRequest of wire-ready arrays (see _unary_bytes), each input aligned for the
+    daemon to run it where it lies; send it on a call whose request serializer passes bytes through."""
+    return _unary_bytes(rknn_pb2.RunRequest(header=header), arrays, align=True)
+
+
+def run_response_bytes(header: rknn_pb2.OutputsHeader, arrays: Sequence[np.ndarray]) -> bytes:
+    """A serialized RunResponse of wire-ready arrays (the daemon's Run reply): the same bytes as
+    `RunResponse(header, [a.tobytes()...]).SerializeToString()` (the client copies its outputs)."""
+    return _unary_bytes(rknn_pb2.RunResponse(header=header), arrays, align=False)
+
+
+def in_place(tensors: Sequence[memoryview]) -> list[Bytes]:
+    """Each tensor where it lies in the received message when its address suits any dtype, else
+    one copy of it (runtimes read their inputs as typed arrays)."""
+    return [
+        view if np.frombuffer(view, np.uint8).ctypes.data % ALIGNMENT == 0 else view.tobytes()
+        for view in tensors
+    ]
+
+
+class UnaryFrame(Generic[H]):
+    """A parsed RunRequest or RunResponse: its header, and its tensors as views into the received
+    message (no copy: protobuf's parser would copy each tensor once, and each read of the field again)."""
+
+    __slots__ = ("header", "tensors")
+
+    def __init__(self, header: H, tensors: list[memoryview]) -> None:
+        self.header = header
+        self.tensors = tensors
+
+
+def _read_varint(data: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise DecodeError("a truncated or overlong varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+# The fields a message as this contract's senders write it has at most: its header, then a filler
+# and a tensor per input. Beyond them, or any other field, protobuf's own parser reads the message
+# (a hostile message of millions of tiny fields must not hold the event loop in a Python loop).
+MAX_PLAIN_FIELDS = 1 + 2 * 1024
+
+
+class _Unusual(Exception):
+    """A message outside the plain layout: protobuf's parser decides what it means."""
+
+
+def _plain_frame(data: bytes, header: Any) -> list[memoryview]:
+    """The tensors of a message of the plain layout (fields 1, 2 and 3, each length-delimited), the
+    header merged into `header`; raises _Unusual for anything else, DecodeError if it is cut short."""
+    view = memoryview(data)
+    tensors: list[memoryview] = []
+    at, end, fields = 0, len(view), 0
+    while at < end:
+        key, at = _read_varint(view, at)
+        fields += 1
+        if (
+            key & 7 != _LENGTH_DELIMITED
+            or not _HEADER_FIELD <= key >> 3 <= _PADDING_FIELD
+            or fields > MAX_PLAIN_FIELDS
+        ):
+            raise _Unusual
+        length, at = _read_varint(view, at)
+        if at + length > end:
+            raise DecodeError(f"field {key >> 3} declares {length} bytes; {end - at} remain")
+        if key >> 3 == _TENSORS_FIELD:
+            tensors.append(view[at : at + length])
+        elif key >> 3 == _HEADER_FIELD:
+            header.MergeFromString(view[at : at + length])  # repeated parts merge, as protobuf's
+        at += length
+    return tensors
+
+
+def parse_unary_frame(data: bytes, message_type: Any, header: H) -> UnaryFrame[H]:
+    """Parse a RunRequest or RunResponse (`message_type`; `header` an empty one of its header type)
+    as protobuf would, its tensors as views into `data`. A message outside the plain layout (unknown
+    fields, too many fields) is read by protobuf itself, its tensors then copies; raises DecodeError
+    on a malformed message, as protobuf's FromString."""
+    try:
+        return UnaryFrame(header, _plain_frame(data, header))
+    except _Unusual:
+        pass
+    message = message_type.FromString(data)
+    header.CopyFrom(message.header)  # type: ignore[attr-defined]
+    tensors = getattr(message, message_type.DESCRIPTOR.fields_by_number[_TENSORS_FIELD].name)
+    return UnaryFrame(header, [memoryview(t) for t in tensors])
+
+
+def parse_run_request(data: bytes) -> UnaryFrame[rknn_pb2.InferenceHeader]:
+    """The daemon's Run request deserializer."""
+    return parse_unary_frame(data, rknn_pb2.RunRequest, rknn_pb2.InferenceHeader())
+
+
+def parse_run_response(data: bytes) -> UnaryFrame[rknn_pb2.OutputsHeader]:
+    """The client's Run reply deserializer."""
+    return parse_unary_frame(data, rknn_pb2.RunResponse, rknn_pb2.OutputsHeader())
 
 
 def frame_messages(
@@ -194,9 +329,15 @@ __all__ = [
     "FrameError",
     "FrameReader",
     "TruncatedFrame",
+    "UnaryFrame",
     "aread_frames",
     "frame_messages",
+    "in_place",
+    "parse_run_request",
+    "parse_run_response",
+    "parse_unary_frame",
     "read_frames",
     "run_request_bytes",
+    "run_response_bytes",
     "whole_frame",
 ]

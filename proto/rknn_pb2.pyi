@@ -983,6 +983,11 @@ class RunRequest(_message.Message):
 
     HEADER_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
+    PADDING_FIELD_NUMBER: _builtins.int
+    padding: _builtins.bytes
+    """Ignored filler: a sender may put one before a tensor so that the tensor's bytes start at an
+    aligned offset of the message, and the receiver can use them where they lie (rknn_proto.framing).
+    """
     @_builtins.property
     def header(self) -> Global___InferenceHeader:
         """As in Inference: the session, one meta per model input, frame id and output form."""
@@ -996,10 +1001,11 @@ class RunRequest(_message.Message):
         *,
         header: Global___InferenceHeader | None = ...,
         inputs: _abc.Iterable[_builtins.bytes] | None = ...,
+        padding: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "inputs", b"inputs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "inputs", b"inputs", "padding", b"padding"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1011,6 +1017,9 @@ class RunResponse(_message.Message):
 
     HEADER_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    PADDING_FIELD_NUMBER: _builtins.int
+    padding: _builtins.bytes
+    """Ignored filler, as in RunRequest."""
     @_builtins.property
     def header(self) -> Global___OutputsHeader:
         """As in Inference: one meta per model output and the runtime's time."""
@@ -1024,10 +1033,11 @@ class RunResponse(_message.Message):
         *,
         header: Global___OutputsHeader | None = ...,
         outputs: _abc.Iterable[_builtins.bytes] | None = ...,
+        padding: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "outputs", b"outputs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "outputs", b"outputs", "padding", b"padding"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -44,10 +44,9 @@ from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.base import Backend
 from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
-from rknn_server.service import RknnService, ServiceConfig
+from rknn_server.service import CODECS, RknnService, ServiceConfig
 from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.telemetry import BoardTelemetry
-from rknn_server.upload_wire import add_upload_handler
 
 log = structlog.get_logger("rknn_server")
 SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
@@ -246,7 +245,6 @@ def _grpc_server(
     )
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, server)
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(v2_service, server)
-    add_upload_handler(server, service)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     from grpc_reflection.v1alpha import reflection
@@ -351,7 +349,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         warnings=tuple(warnings),
         instance_id=secrets.token_hex(8),
     )
-    guard = Guard(security.access, limits, metrics)
+    guard = Guard(security.access, limits, metrics, CODECS)
     metrics.watch(
         StateCollector(
             plane.registry.__len__, reservations, lambda: guard.per_client, lambda: guard.refused, plane.cache

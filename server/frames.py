@@ -158,7 +158,7 @@ class IncomingFrame:
         check_chunk(size, self.limits)
         return size
 
-    def add_bytes(self, i: int, offset: int, data: bytes) -> int:
+    def add_bytes(self, i: int, offset: int, data: bytes | memoryview) -> int:
         """Take a whole input's bytes (the unary Run, whose message gRPC already received and bounded):
         the runtime reads them where they are, without a copy (runtimes never write their inputs)."""
         return self.assembler.adopt(i, data) if offset == 0 else self.assembler.add_bytes(i, offset, data)

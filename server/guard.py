@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -61,6 +61,7 @@ CANCEL_GRACE_S = 1.0
 CANCEL_POLL_S = 0.01
 Context = grpc.aio.ServicerContext
 Metadata = Iterable[tuple[str, Any]]
+Codecs = tuple[Callable[[bytes], Any], Callable[[Any], bytes]]
 T = TypeVar("T")
 
 
@@ -138,8 +139,17 @@ def _aborted_code(context: Context) -> str:
 
 
 class Guard(grpc.aio.ServerInterceptor):
-    def __init__(self, access: AccessPolicy, limits: Limits, metrics: DaemonMetrics) -> None:
+    def __init__(
+        self,
+        access: AccessPolicy,
+        limits: Limits,
+        metrics: DaemonMetrics,
+        codecs: Mapping[str, Codecs] | None = None,
+    ) -> None:
         self.access = access
+        # Methods whose handlers read and write wire bytes themselves (RknnService.CODECS): path ->
+        # (request deserializer, response serializer), in place of the generated protobuf ones.
+        self.codecs = dict(codecs or {})
         self.limits = limits
         self.recorder = Recorder(metrics)
         self.inflight = 0
@@ -155,9 +165,9 @@ class Guard(grpc.aio.ServerInterceptor):
         """Check the caller, count the call in and make it the current call (for limits and logs)."""
         metadata = context.invocation_metadata() or ()
         try:
-            client = self.access.admit(
-                context.peer() or "", bearer_token(tuple(metadata)), _certificate_subject(context)
-            )
+            # The certificate is read only where certificates name callers (auth_context builds a dict).
+            subject = _certificate_subject(context) if self.access.client_certificates else ""
+            client = self.access.admit(context.peer() or "", bearer_token(tuple(metadata)), subject)
         except Unauthenticated as exc:
             self.refused[grpc.StatusCode.UNAUTHENTICATED.name] += 1
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
@@ -283,10 +293,10 @@ class Guard(grpc.aio.ServerInterceptor):
 
     def _wrap(self, path: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         method = _Method.of(path)
-        codecs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
+        deserializer, serializer = self.codecs.get(
+            path, (handler.request_deserializer, handler.response_serializer)
+        )
+        codecs = {"request_deserializer": deserializer, "response_serializer": serializer}
         if handler.unary_unary is not None:
             behavior = self._unary_response(method, handler.unary_unary, False)
             return grpc.unary_unary_rpc_method_handler(behavior, **codecs)

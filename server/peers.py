@@ -11,9 +11,11 @@ inspect and signal each other), a remote caller by its address, and an abstract-
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -34,7 +36,7 @@ class Peer:
     host: str  # the address without brackets; the socket path (often empty) for unix
     port: int | None
 
-    @property
+    @functools.cached_property
     def is_local(self) -> bool:
         """On this machine: a unix or abstract socket, or a loopback address (IPv4-mapped included)."""
         if self.family == "unix":
@@ -55,8 +57,10 @@ class Peer:
         return f"{host}:{self.port}" if self.port is not None else host
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_peer(peer: str) -> Peer:
-    """Parse grpc's `context.peer()`; anything unrecognised is an "unknown", non-local peer."""
+    """Parse grpc's `context.peer()`; anything unrecognised is an "unknown", non-local peer. Kept for
+    the peers seen lately: the same string is the same address, whoever is behind it."""
     family, _, rest = peer.partition(":")
     if family in ("unix", "unix-abstract"):
         return Peer("unix", unquote(rest), None)
@@ -81,27 +85,52 @@ _ANY_STATE = 0xFFFFFFFF
 _UID_OFFSET = 16 + 4 + 48 + 12  # nlmsghdr, then inet_diag_msg: 4 bytes, the socket id, 3 u32s, then uid
 
 
-def _diag_uid(client: IPAddress, client_port: int, server: IPAddress, server_port: int) -> int | None:
-    """Ask the kernel (sock_diag, one exact lookup: no table walk) who owns the client's socket."""
+def _diag_request(client: IPAddress, client_port: int, server: IPAddress, server_port: int) -> bytes:
+    """The sock_diag request (after its netlink header) for one TCP socket, by its four addresses."""
     family = socket.AF_INET if client.version == 4 else socket.AF_INET6
     sockid = struct.pack(">HH", client_port, server_port)
     sockid += client.packed.ljust(16, b"\0") + server.packed.ljust(16, b"\0")
     sockid += struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
-    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, _ANY_STATE) + sockid
-    header = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0)
-    netlink = getattr(socket, "AF_NETLINK", None)  # Linux only (the private daemon also runs on PCs)
-    if netlink is None:
-        return None
-    try:
-        with socket.socket(netlink, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as diag:
-            diag.settimeout(1.0)
-            diag.send(header + request)
-            reply = diag.recv(4096)
-    except OSError:  # no sock_diag here (kernel, seccomp, SELinux): the caller falls back
-        return None
-    if len(reply) < _UID_OFFSET + 4 or struct.unpack_from("=H", reply, 4)[0] != SOCK_DIAG_BY_FAMILY:
-        return None  # NLMSG_ERROR: no such socket
-    return int(struct.unpack_from("=I", reply, _UID_OFFSET)[0])
+    return struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, _ANY_STATE) + sockid
+
+
+class _Diag(threading.local):
+    """One sock_diag socket per thread, kept open: opening one per lookup costs more than the lookup.
+    A reply is taken only with its request's sequence number, and a socket that failed or timed out
+    is closed, so that a late reply can never answer a later question."""
+
+    sock: socket.socket | None = None
+    seq: int = 0
+
+    def uid(self, request: bytes) -> int | None:
+        """Ask the kernel (one exact lookup: no table walk) who owns the socket `request` names."""
+        netlink = getattr(socket, "AF_NETLINK", None)  # Linux only (the private daemon also runs on PCs)
+        if netlink is None:
+            return None
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        header = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, self.seq, 0)
+        try:
+            if self.sock is None:
+                self.sock = socket.socket(netlink, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+                self.sock.settimeout(1.0)
+            self.sock.send(header + request)
+            reply = self.sock.recv(4096)
+            while len(reply) >= 16 and struct.unpack_from("=I", reply, 8)[0] != self.seq:
+                reply = self.sock.recv(4096)  # an earlier question's answer: never this one's
+        except OSError:  # no sock_diag here (kernel, seccomp, SELinux), or no answer: the caller falls back
+            self.close()
+            return None
+        if len(reply) < _UID_OFFSET + 4 or struct.unpack_from("=H", reply, 4)[0] != SOCK_DIAG_BY_FAMILY:
+            return None  # NLMSG_ERROR: no such socket
+        return int(struct.unpack_from("=I", reply, _UID_OFFSET)[0])
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+_diag = _Diag()
 
 
 def _server_addresses(listen_host: str, client: IPAddress) -> list[IPAddress]:
@@ -115,21 +144,32 @@ def _server_addresses(listen_host: str, client: IPAddress) -> list[IPAddress]:
     return [host] if host.version == client.version else []
 
 
-def socket_owner(peer: Peer, listeners: Sequence[Listener]) -> int | None:
-    """The uid owning the caller's end of a TCP connection on this machine, or None when unknown."""
+@functools.lru_cache(maxsize=1024)
+def _diag_requests(peer: Peer, listeners: tuple[Listener, ...]) -> tuple[bytes, ...]:
+    """The lookups that may find a caller's socket, in order. Worked out once per peer address: they
+    depend on the addresses alone, never on who owns the socket (the kernel is asked on every call,
+    so a port reused by another user's connection is that user's)."""
     try:
         client = ipaddress.ip_address(peer.host)
     except ValueError:
-        return None
+        return ()
     if isinstance(client, ipaddress.IPv6Address) and client.ipv4_mapped is not None:
         client = client.ipv4_mapped  # a dual-stack listener; the client's socket is IPv4
     if peer.port is None:
-        return None
-    for listen_host, port in listeners:
-        for server in _server_addresses(listen_host, client):
-            uid = _diag_uid(client, peer.port, server, port)
-            if uid is not None:
-                return uid
+        return ()
+    return tuple(
+        _diag_request(client, peer.port, server, port)
+        for listen_host, port in listeners
+        for server in _server_addresses(listen_host, client)
+    )
+
+
+def socket_owner(peer: Peer, listeners: Sequence[Listener]) -> int | None:
+    """The uid owning the caller's end of a TCP connection on this machine, or None when unknown."""
+    for request in _diag_requests(peer, tuple(listeners)):
+        uid = _diag.uid(request)
+        if uid is not None:
+            return uid
     return None
 
 

@@ -115,7 +115,7 @@ class Pipeline:
             yield message
 
     async def unary(
-        self, header: rknn_pb2.InferenceHeader, inputs: Sequence[bytes], traffic: Traffic
+        self, header: rknn_pb2.InferenceHeader, inputs: Sequence[framing.Bytes], traffic: Traffic
     ) -> Done:
         """The unary Run: a frame whose inputs came in one message. Outputs too large for one reply
         are refused before computing wherever their size is known (the client sends such frames by

@@ -10,9 +10,10 @@ its call on `current_call()`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import grpc
@@ -24,14 +25,14 @@ from rknn_server.calls import Call
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput
 from rknn_server.frames import check_chunk
-from rknn_server.guard import client_identity, current_call
+from rknn_server.guard import Codecs, client_identity, current_call
 from rknn_server.limits import Limits
 from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
 from rknn_server.sessions import Session
 from rknn_server.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.shm_run import run_shared
-from rknn_server.upload_wire import Chunk, upload_chunk
+from rknn_server.upload_wire import Chunk, parse_upload_request, upload_chunk
 from rknn_server.uploads import Upload
 
 T = TypeVar("T")
@@ -52,6 +53,28 @@ class ServiceConfig:
     insecure: bool = False
     warnings: tuple[str, ...] = ()
     instance_id: str = ""
+
+
+def _serialized(reply: bytes) -> bytes:
+    """A reply its handler already serialized."""
+    return reply
+
+
+_SERVICE_PATH = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}"
+# The methods whose handlers take and give wire bytes rather than protobuf objects (the guard
+# registers them so): Run's inputs are read in place and its outputs written once, where protobuf
+# would copy each twice each way; an upload's chunk data is not copied at all. Method path ->
+# (request deserializer, response serializer).
+CODECS: Mapping[str, Codecs] = MappingProxyType(
+    {
+        f"{_SERVICE_PATH}/Run": (framing.parse_run_request, _serialized),
+        # An upload's chunks are read as views of what gRPC received (rknn_server.upload_wire).
+        f"{_SERVICE_PATH}/UploadModel": (
+            parse_upload_request,
+            rknn_pb2.UploadModelResponse.SerializeToString,
+        ),
+    }
+)
 
 
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
@@ -211,15 +234,15 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             async for response in responses:
                 yield response
 
-    async def Run(
-        self, request: rknn_pb2.RunRequest, context: grpc.aio.ServicerContext
-    ) -> rknn_pb2.RunResponse:
+    async def Run(  # type: ignore[override]  # its messages are read and written by framing (CODECS)
+        self, request: framing.UnaryFrame[rknn_pb2.InferenceHeader], context: grpc.aio.ServicerContext
+    ) -> bytes:
         traffic = Traffic()
         try:
-            done = await self.pipeline.unary(request.header, request.inputs, traffic)
+            done = await self.pipeline.unary(request.header, framing.in_place(request.tensors), traffic)
         finally:
             _account(current_call(), traffic)
-        return rknn_pb2.RunResponse(header=done.header, outputs=[a.tobytes() for a in done.wire])
+        return framing.run_response_bytes(done.header, done.wire)
 
     async def DumpLayers(
         self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext

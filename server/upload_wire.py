@@ -11,9 +11,7 @@ is accepted, and what each field means, stays exactly what protobuf makes of it.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, cast
-
-import grpc
+from typing import NamedTuple
 
 from rknn_proto import rknn_pb2
 
@@ -24,7 +22,6 @@ _FILE_INDEX_TAG = _CHUNK_FIELDS["file_index"].number << 3 | _WIRE_VARINT
 _OFFSET_TAG = _CHUNK_FIELDS["offset"].number << 3 | _WIRE_VARINT
 _DATA_TAG = _CHUNK_FIELDS["data"].number << 3 | _WIRE_LEN
 _UINT32_END, _UINT64_END = 1 << 32, 1 << 64
-_SERVICE = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"]
 
 
 class Chunk(NamedTuple):
@@ -90,18 +87,3 @@ def upload_chunk(message: rknn_pb2.UploadModelRequest | Chunk) -> Chunk | None:
     if message.WhichOneof("part") != "chunk":
         return None
     return Chunk(message.chunk.file_index, message.chunk.offset, message.chunk.data)
-
-
-def add_upload_handler(server: grpc.aio.Server, servicer: Any) -> None:
-    """Serve UploadModel with `parse_upload_request`: called after the generated handlers are added,
-    it replaces theirs (the method the generated code registers with, missing from grpc's stubs)."""
-    cast(Any, server).add_registered_method_handlers(
-        _SERVICE.full_name,
-        {
-            "UploadModel": grpc.stream_unary_rpc_method_handler(
-                servicer.UploadModel,
-                request_deserializer=parse_upload_request,
-                response_serializer=rknn_pb2.UploadModelResponse.SerializeToString,
-            )
-        },
-    )

@@ -337,6 +337,54 @@ def test_a_local_caller_the_kernel_cannot_place_is_its_connection() -> None:
     assert anonymous_identity(parse_peer("ipv4:10.1.2.3:40000"), []) == "10.1.2.3"
 
 
+_PORT_TAKER = """
+import os, socket, sys
+os.setuid(65534)
+with socket.socket() as client:
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    client.bind(("127.0.0.1", int(sys.argv[1])))
+    client.connect(("127.0.0.1", int(sys.argv[2])))
+    print("connected", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_port_reused_by_another_users_connection_is_that_users() -> None:
+    """The lookups worked out per peer string are kept (the same string, every call of a connection);
+    the owner never is: once a connection closes, another local user may connect from its port, and
+    must not inherit the first one's identity (its sessions, its limits)."""
+    if os.geteuid() != 0:
+        pytest.skip("connecting as a second local user needs root (the taker drops to uid 65534)")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listeners = [("127.0.0.1", listener.getsockname()[1])]
+        first = socket.socket()
+        first.bind(("127.0.0.1", 0))
+        first.connect(listeners[0])
+        port = first.getsockname()[1]
+        accepted, _ = listener.accept()
+        peer = parse_peer(f"ipv4:127.0.0.1:{port}")
+        assert anonymous_identity(peer, listeners) == f"uid:{os.getuid()}"
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")  # reset: no TIME_WAIT
+        first.close()
+        accepted.close()
+        taker = subprocess.Popen(
+            [sys.executable, "-c", _PORT_TAKER, str(port), str(listeners[0][1])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert taker.stdout is not None and taker.stdout.readline() == "connected\n"
+            second, _ = listener.accept()
+            with second:
+                assert anonymous_identity(parse_peer(f"ipv4:127.0.0.1:{port}"), listeners) == "uid:65534"
+        finally:
+            taker.kill()
+            taker.wait(30)
+
+
 def test_ipv6_loopback_is_loopback(daemons: StartDaemon, token_file: Path) -> None:
     try:
         with socket.socket(socket.AF_INET6) as probe:

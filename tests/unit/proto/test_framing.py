@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterable
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
 
 from rknn_proto import codec, framing, rknn_pb2
 
@@ -202,13 +203,105 @@ def test_a_whole_frame_takes_each_tensor_at_once_and_checks_the_count_and_sizes(
         framing.whole_frame(Outputs(head), [a.tobytes() for a in items[:2]] + [b"\0" * 23], 3, "output")
 
 
-def test_a_run_request_written_by_hand_is_protobufs_own_bytes() -> None:
-    items = arrays()
-    head = rknn_pb2.InferenceHeader(session_id="s" * 32, inputs=[codec.meta_of(a) for a in items], frame_id=3)
-    written = framing.run_request_bytes(head, items)
-    assert (
-        written == rknn_pb2.RunRequest(header=head, inputs=[a.tobytes() for a in items]).SerializeToString()
+@pytest.mark.parametrize("session_id", ["", "s", "s" * 32, "s" * 45])  # headers of every length mod 16
+def test_a_run_request_written_by_hand_is_what_protobuf_reads_with_each_input_aligned(
+    session_id: str,
+) -> None:
+    items = [*arrays(), np.zeros(300, np.float32), np.ones(7, np.int8)]  # 300: a two-byte varint length
+    head = rknn_pb2.InferenceHeader(
+        session_id=session_id, inputs=[codec.meta_of(a) for a in items], frame_id=3
     )
-    big = np.zeros(300, np.float32)  # a length that takes a two-byte varint
-    parsed = rknn_pb2.RunRequest.FromString(framing.run_request_bytes(head, [big]))
-    assert parsed.header == head and parsed.inputs[0] == big.tobytes()
+    written = framing.run_request_bytes(head, items)
+    parsed = rknn_pb2.RunRequest.FromString(written)
+    assert parsed.header == head and list(parsed.inputs) == [a.tobytes() for a in items]
+    # Only filler beside protobuf's own serialization of the same request:
+    plain = rknn_pb2.RunRequest(header=head, inputs=[a.tobytes() for a in items]).SerializeToString()
+    parsed.ClearField("padding")
+    assert parsed.SerializeToString() == plain
+    message = np.frombuffer(written, np.uint8)
+    base = message.ctypes.data
+    for a, view in zip(items, framing.parse_run_request(written).tensors, strict=True):
+        offset = np.frombuffer(view, np.uint8).ctypes.data - base if a.nbytes else 0
+        assert offset % framing.ALIGNMENT == 0, (a.dtype, a.shape, offset)
+
+
+def test_a_run_response_written_by_hand_is_protobufs_own_bytes() -> None:
+    items = [*arrays(), np.zeros(300, np.float32)]  # the last: a length that takes a two-byte varint
+    head = header(*items, frame_id=7)
+    head.run_time_us = 1234
+    written = framing.run_response_bytes(head, items)
+    assert (
+        written == rknn_pb2.RunResponse(header=head, outputs=[a.tobytes() for a in items]).SerializeToString()
+    )
+
+
+def _field(number: int, wire_type: int, payload: bytes) -> bytes:
+    return bytes([(number << 3) | wire_type]) + payload
+
+
+@pytest.mark.parametrize("parse", [framing.parse_run_request, framing.parse_run_response])
+def test_a_unary_frame_is_read_as_protobuf_reads_it(parse) -> None:  # type: ignore[no-untyped-def]
+    """Written by protobuf, with what its parser accepts beyond the plain layout: the header in two
+    parts (merged), unknown fields of every wire type between the tensors (skipped)."""
+    message_type = rknn_pb2.RunRequest if parse is framing.parse_run_request else rknn_pb2.RunResponse
+    items = arrays()
+    first = message_type(
+        header={"frame_id": 9}, **{message_type.DESCRIPTOR.fields[1].name: [items[0].tobytes()]}
+    )
+    second = message_type(
+        header={"session_id": "a"} if message_type is rknn_pb2.RunRequest else {"run_time_us": 5}
+    )
+    unknown = (
+        _field(10, 0, b"\x96\x01")  # varint
+        + _field(11, 1, b"\0" * 8)  # 64-bit
+        + _field(12, 5, b"\0" * 4)  # 32-bit
+        + _field(13, 2, b"\x03abc")  # length-delimited
+    )
+    third = message_type(**{message_type.DESCRIPTOR.fields[1].name: [a.tobytes() for a in items[1:]]})
+    data = first.SerializeToString() + unknown + second.SerializeToString() + third.SerializeToString()
+    expected = message_type.FromString(data)
+    frame = parse(data)
+    assert frame.header == expected.header and frame.header.frame_id == 9
+    tensors = getattr(expected, message_type.DESCRIPTOR.fields[1].name)
+    assert [bytes(t) for t in frame.tensors] == list(tensors) == [a.tobytes() for a in items]
+    assert all(isinstance(t, memoryview) for t in frame.tensors)  # views into the message, not copies
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b"\x12\x05abc", "declares 5 bytes; 3 remain"),  # a tensor longer than the message
+        (b"\x12\xff", "truncated or overlong varint"),  # a length cut short
+        (b"\x1d\0\0", "parsing"),  # a 32-bit field cut short (read by protobuf)
+        (b"\x00\x01", "parsing"),  # field number 0
+        (b"\x13", "parsing"),  # a group
+        (b"\x0a\x02\xff\xff", "parsing"),  # a header that is not an InferenceHeader
+    ],
+)
+def test_a_malformed_unary_frame_is_refused_as_protobuf_refuses_it(data: bytes, fragment: str) -> None:
+    with pytest.raises(DecodeError):
+        rknn_pb2.RunRequest.FromString(data)
+    with pytest.raises(DecodeError, match=fragment):
+        framing.parse_run_request(data)
+
+
+def test_a_tensor_is_used_in_place_only_where_any_dtype_may_read_it() -> None:
+    buffer = np.zeros(64 + framing.ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % framing.ALIGNMENT
+    message = memoryview(buffer)
+    aligned, unaligned = message[start : start + 16], message[start + 1 : start + 17]
+    kept, copied = framing.in_place([aligned, unaligned])
+    assert kept is aligned
+    assert isinstance(copied, bytes) and copied == unaligned.tobytes()
+
+
+def test_a_message_of_many_fields_is_read_by_protobuf_with_the_same_meaning() -> None:
+    """Past the fields a sender of this contract writes (or with fields it never writes), protobuf's
+    own parser reads the message: the same tensors and header, none of a Python loop per field."""
+    many_tensors = rknn_pb2.RunRequest(header={"frame_id": 4}, inputs=[b"", b"x"] * framing.MAX_PLAIN_FIELDS)
+    many_unknown = rknn_pb2.RunRequest(inputs=[b"abc"]).SerializeToString() + _field(9, 0, b"\x01") * 100_000
+    for data in (many_tensors.SerializeToString(), many_unknown):
+        expected = rknn_pb2.RunRequest.FromString(data)
+        frame = framing.parse_run_request(data)
+        assert frame.header == expected.header
+        assert [bytes(t) for t in frame.tensors] == list(expected.inputs)

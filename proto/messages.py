@@ -62,7 +62,7 @@ class TensorAttr:
 
     @property
     def is_dynamic(self) -> bool:
-        return any(d <= 0 for d in self.shape)
+        return min(self.shape, default=1) <= 0
 
     @property
     def size_bytes(self) -> int:
@@ -71,8 +71,9 @@ class TensorAttr:
 
     def fits(self, shape: Sequence[int]) -> bool:
         """Whether data of `shape` (in this tensor's layout) fits: same rank, every fixed dimension equal."""
+        # A list, not a generator: this runs for every input of every frame.
         return len(shape) == len(self.shape) and all(
-            e <= 0 or e == a for e, a in zip(self.shape, shape, strict=True)
+            [e <= 0 or e == a for e, a in zip(self.shape, shape, strict=True)]
         )
 
     def accepts(self, dtype: np.dtype, pass_through: bool) -> bool:

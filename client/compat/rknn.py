@@ -120,6 +120,8 @@ def _bridged(
 
         @functools.wraps(fn)
         def wrapper(self: RKNN, *args: Any, **kwargs: Any) -> R:
+            if self._route.mode == "host":  # never bridged: no need to read the arguments
+                return fn(self, *args, **kwargs)
             if when is not None:
                 try:
                     given = bind(self, *args, **kwargs).arguments

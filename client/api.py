@@ -598,7 +598,12 @@ class Session:
             )
             if progress:
                 responses = _reported(responses, lambda _: progress(sent + reader.bytes, total))
-            frame = next(framing.read_frames(responses, reader), None)
+            frames = framing.read_frames(responses, reader)
+            frame = next(frames, None)
+            # Read on to the end of the stream: the call ends OK on both sides (a stream left unread
+            # is cancelled, and the daemon would record a frame it answered as CANCELLED).
+            if frame is not None and next(frames, None) is not None:
+                raise RknnError(f"{where}: the daemon answered one frame with two")
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
         except framing.FrameError as exc:

@@ -336,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="rknn-bench-") as tmp:
         work = Path(tmp)
-        os.environ["XDG_CACHE_HOME"] = str(work / "client-cache")  # the client's digest cache starts cold
+        # The client remembers no digest yet (the toolkit and other caches stay where they are).
+        os.environ["RKNN_CLIENT_DIGEST_CACHE"] = str(work / "digests.json")
         os.environ["RKNN_SHM"] = "off"  # the wire's rows; bench_shared_memory turns it on for its own
         if wanted & {name for name, _ in DAEMON_BENCHMARKS}:
             daemon = start_daemon(daemon_cache(work), RESULTS / "bench-daemon.log", ["--runtime", "host"])

@@ -297,22 +297,18 @@ class Guard(grpc.aio.ServerInterceptor):
         return wrapped
 
 
+@dataclass(slots=True)
 class _Ending:
     """How a wrapped call ends, the same for every handler kind: its outcome in the record, a failure
     turned into its status, the call counted out. A failed unary call whose client had cancelled
     raises CancelledError (a return value would be sent); a stream then just ends."""
 
-    __slots__ = ("call", "context", "guard", "method", "request_stream", "streams")
-
-    def __init__(
-        self, guard: Guard, method: _Method, call: Call, context: Context, request_stream: bool, streams: bool
-    ) -> None:
-        self.guard = guard
-        self.method = method
-        self.call = call
-        self.context = context
-        self.request_stream = request_stream
-        self.streams = streams
+    guard: Guard
+    method: _Method
+    call: Call
+    context: Context
+    request_stream: bool
+    streams: bool
 
     async def __aenter__(self) -> None:
         return None

@@ -26,6 +26,16 @@ class RknnError(Exception):
         self.reason = reason
 
 
+class ErrorWithFix(Exception):
+    """An error that says what is wrong (`problem`) and what to do about it (`fix`), for a person at
+    a terminal (deploy, adb links)."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}\n  fix: {fix}")
+        self.problem = problem
+        self.fix = fix
+
+
 class InvalidInput(RknnError):
     """The request did not fit the model or the contract."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rknn_proto import rknn_pb2
 from rknn_proto.version import CHUNK_BYTES
+from rknn_proto.wire import LENGTH_DELIMITED, VARINT, tag, varint
 
 _SERVICE = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"]
 # The method the stream is sent to, with no request serializer: its requests are bytes already.
@@ -25,27 +26,11 @@ UPLOAD_CHUNK_BYTES = 4 << 20
 # Room in a message for what is not the chunk's bytes.
 _FRAMING_BYTES = 1 << 10
 
-_WIRE_VARINT, _WIRE_LEN = 0, 2
 _CHUNK = rknn_pb2.UploadChunk.DESCRIPTOR.fields_by_name
-
-
-def _tag(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_CHUNK_TAG = _tag(rknn_pb2.UploadModelRequest.DESCRIPTOR.fields_by_name["chunk"].number, _WIRE_LEN)
-_FILE_INDEX_TAG = _tag(_CHUNK["file_index"].number, _WIRE_VARINT)
-_OFFSET_TAG = _tag(_CHUNK["offset"].number, _WIRE_VARINT)
-_DATA_TAG = _tag(_CHUNK["data"].number, _WIRE_LEN)
+_CHUNK_TAG = tag(rknn_pb2.UploadModelRequest.DESCRIPTOR.fields_by_name["chunk"].number, LENGTH_DELIMITED)
+_FILE_INDEX_TAG = tag(_CHUNK["file_index"].number, VARINT)
+_OFFSET_TAG = tag(_CHUNK["offset"].number, VARINT)
+_DATA_TAG = tag(_CHUNK["data"].number, LENGTH_DELIMITED)
 
 
 def chunk_request(file_index: int, offset: int, data: bytes) -> bytes:
@@ -53,12 +38,12 @@ def chunk_request(file_index: int, offset: int, data: bytes) -> bytes:
     equal to zero left out); `data` is copied once, into the result."""
     chunk = b"".join(
         (
-            _FILE_INDEX_TAG + _varint(file_index) if file_index else b"",
-            _OFFSET_TAG + _varint(offset) if offset else b"",
-            _DATA_TAG + _varint(len(data)) if data else b"",
+            _FILE_INDEX_TAG + varint(file_index) if file_index else b"",
+            _OFFSET_TAG + varint(offset) if offset else b"",
+            _DATA_TAG + varint(len(data)) if data else b"",
         )
     )
-    return b"".join((_CHUNK_TAG, _varint(len(chunk) + len(data)), chunk, data))
+    return b"".join((_CHUNK_TAG, varint(len(chunk) + len(data)), chunk, data))
 
 
 def upload_chunk_bytes(limits: Mapping[str, float]) -> int:

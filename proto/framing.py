@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from rknn_proto import rknn_pb2
 from rknn_proto.codec import CodecError, iter_chunk_fields
+from rknn_proto.wire import LENGTH_DELIMITED, read_varint, tag, varint
 
 
 class FrameError(CodecError):
@@ -163,20 +164,10 @@ def whole_frame(assembly: A, tensors: Sequence[Bytes], declared: int, what: str 
 _HEADER_FIELD = rknn_pb2.RunRequest.HEADER_FIELD_NUMBER
 _TENSORS_FIELD = rknn_pb2.RunRequest.INPUTS_FIELD_NUMBER
 _PADDING_FIELD = rknn_pb2.RunRequest.PADDING_FIELD_NUMBER
-_LENGTH_DELIMITED = 2
-_TENSOR_TAG = bytes([(_TENSORS_FIELD << 3) | _LENGTH_DELIMITED])
-_PADDING_TAG = bytes([(_PADDING_FIELD << 3) | _LENGTH_DELIMITED])
+_TENSOR_TAG = tag(_TENSORS_FIELD, LENGTH_DELIMITED)
+_PADDING_TAG = tag(_PADDING_FIELD, LENGTH_DELIMITED)
 # Where a received tensor may be used in place: any dtype's alignment (a bytes object's data is 16-aligned).
 ALIGNMENT = 16
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _padding(at: int) -> bytes:
@@ -186,7 +177,7 @@ def _padding(at: int) -> bytes:
     if gap == 0:
         return b""
     size = gap - 2 if gap >= 2 else gap + ALIGNMENT - 2
-    return _PADDING_TAG + _varint(size) + bytes(size)
+    return _PADDING_TAG + varint(size) + bytes(size)
 
 
 def _unary_bytes(message: Any, arrays: Sequence[np.ndarray], align: bool) -> bytes:
@@ -198,7 +189,7 @@ def _unary_bytes(message: Any, arrays: Sequence[np.ndarray], align: bool) -> byt
     parts: list[bytes | memoryview] = [head]
     at = len(head)
     for array in arrays:
-        length = _varint(array.nbytes)
+        length = varint(array.nbytes)
         if align and array.nbytes:
             filler = _padding(at + len(_TENSOR_TAG) + len(length))
             parts.append(filler)
@@ -240,19 +231,6 @@ class UnaryFrame(Generic[H]):
         self.tensors = tensors
 
 
-def _read_varint(data: memoryview, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise DecodeError("a truncated or overlong varint")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-
-
 # The fields a message as this contract's senders write it has at most: its header, then a filler
 # and a tensor per input. Beyond them, or any other field, protobuf's own parser reads the message
 # (a hostile message of millions of tiny fields must not hold the event loop in a Python loop).
@@ -270,15 +248,15 @@ def _plain_frame(data: bytes, header: Any) -> list[memoryview]:
     tensors: list[memoryview] = []
     at, end, fields = 0, len(view), 0
     while at < end:
-        key, at = _read_varint(view, at)
+        key, at = read_varint(view, at)
         fields += 1
         if (
-            key & 7 != _LENGTH_DELIMITED
+            key & 7 != LENGTH_DELIMITED
             or not _HEADER_FIELD <= key >> 3 <= _PADDING_FIELD
             or fields > MAX_PLAIN_FIELDS
         ):
             raise _Unusual
-        length, at = _read_varint(view, at)
+        length, at = read_varint(view, at)
         if at + length > end:
             raise DecodeError(f"field {key >> 3} declares {length} bytes; {end - at} remain")
         if key >> 3 == _TENSORS_FIELD:

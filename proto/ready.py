@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +31,25 @@ def tcp_address(line: str) -> str | None:
     if not text.startswith(LISTENING_PREFIX + _TCP):
         return None
     return text.removeprefix(LISTENING_PREFIX + _TCP)
+
+
+def wait_tcp_address(lines: Iterable[str], timeout_s: float) -> str | None:
+    """The first `listening on tcp://` address among `lines` (a daemon's stdout pipe), None if none
+    comes within `timeout_s` (the daemon died or is stuck). Read on a daemon thread, so a silent
+    daemon cannot hold the caller past the timeout; reading stops at the address."""
+    found: list[str] = []
+
+    def read() -> None:
+        for line in lines:
+            address = tcp_address(line)
+            if address is not None:
+                found.append(address)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -81,5 +102,6 @@ __all__ = [
     "listening_line",
     "read_ready_file",
     "tcp_address",
+    "wait_tcp_address",
     "write_ready_file",
 ]

@@ -244,21 +244,8 @@ class Guard(grpc.aio.ServerInterceptor):
 
         async def behavior(request: Any, context: Context) -> Any:
             call = await self._begin(method, context)
-            try:
-                response = await inner(self._requests(request) if request_stream else request, context)
-            except asyncio.CancelledError:
-                self.recorder.done(call, "CANCELLED")
-                raise
-            except grpc.aio.AbortError:
-                self.recorder.done(call, _aborted_code(context))
-                raise
-            except Exception as exc:
-                await self._fail(call, context, exc, request_stream)
-                raise asyncio.CancelledError from exc  # the client cancelled it
-            finally:
-                self._count_out(call.client, method.shared)
-            self.recorder.done(call, "OK")
-            return response
+            async with _Ending(self, method, call, context, request_stream, streams=False):
+                return await inner(self._requests(request) if request_stream else request, context)
 
         return behavior
 
@@ -267,27 +254,12 @@ class Guard(grpc.aio.ServerInterceptor):
 
         async def behavior(request: Any, context: Context) -> AsyncIterator[Any]:
             call = await self._begin(method, context)
-            try:
+            async with _Ending(self, method, call, context, request_stream, streams=True):
                 # Closed here, whatever ends the call, so that what it counted is in its record.
                 responses = inner(self._requests(request) if request_stream else request, context)
                 async with aclosing(responses):
                     async for response in responses:
                         yield response
-            except (
-                asyncio.CancelledError,
-                GeneratorExit,
-            ):  # the client cancelled: the task or the stream ends
-                self.recorder.done(call, "CANCELLED")
-                raise
-            except grpc.aio.AbortError:
-                self.recorder.done(call, _aborted_code(context))
-                raise
-            except Exception as exc:
-                await self._fail(call, context, exc, request_stream)
-            else:
-                self.recorder.done(call, "OK")
-            finally:
-                self._count_out(call.client, method.shared)
 
         return behavior
 
@@ -323,3 +295,38 @@ class Guard(grpc.aio.ServerInterceptor):
             return handler
         wrapped = self._wrapped[path] = self._wrap(path, handler)
         return wrapped
+
+
+@dataclass(slots=True)
+class _Ending:
+    """How a wrapped call ends, the same for every handler kind: its outcome in the record, a failure
+    turned into its status, the call counted out. A failed unary call whose client had cancelled
+    raises CancelledError (a return value would be sent); a stream then just ends."""
+
+    guard: Guard
+    method: _Method
+    call: Call
+    context: Context
+    request_stream: bool
+    streams: bool
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        guard, call = self.guard, self.call
+        try:
+            if exc is None:
+                guard.recorder.done(call, "OK")
+            elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # the task or the stream ends
+                guard.recorder.done(call, "CANCELLED")
+            elif isinstance(exc, grpc.aio.AbortError):
+                guard.recorder.done(call, _aborted_code(self.context))
+            elif isinstance(exc, Exception):
+                await guard._fail(call, self.context, exc, self.request_stream)
+                if not self.streams:
+                    raise asyncio.CancelledError from exc  # the client cancelled it
+                return True
+            return False
+        finally:
+            guard._count_out(call.client, self.method.shared)

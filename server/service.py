@@ -77,6 +77,35 @@ CODECS: Mapping[str, Codecs] = MappingProxyType(
 )
 
 
+_Frames = Callable[
+    [Pipeline, AsyncIterator[rknn_pb2.InferenceRequest], Traffic],
+    AsyncGenerator[rknn_pb2.InferenceResponse, None],
+]
+# A servicer method (self, request_iterator, context); `...`: the generated base types its arguments
+# more loosely than the handler takes them.
+_FrameHandler = Callable[..., AsyncGenerator[rknn_pb2.InferenceResponse, None]]
+
+
+def _frame_stream(frames: _Frames) -> _FrameHandler:
+    """The handler of a frame-moving streaming RPC: `frames` (a Pipeline method) over the service's
+    pipeline, the call's traffic in its record."""
+
+    async def handler(
+        self: RknnService,
+        request_iterator: AsyncIterator[rknn_pb2.InferenceRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+        call, traffic = current_call(), Traffic()
+        try:
+            async with aclosing(frames(self.pipeline, request_iterator, traffic)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            _account(call, traffic)
+
+    return handler
+
+
 class RknnService(rknn_pb2_grpc.RknnServerServicer):
     def __init__(
         self,
@@ -225,14 +254,9 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             runtime_driver_version=version.driver,
         )
 
-    async def Inference(
-        self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        async with aclosing(
-            _framed(lambda traffic: self.pipeline.one(request_iterator, traffic))
-        ) as responses:
-            async for response in responses:
-                yield response
+    # The frame-moving streams: one frame in series (Inference), frames in flight (InferencePipeline).
+    Inference = _frame_stream(Pipeline.one)
+    InferencePipeline = _frame_stream(Pipeline.stream)
 
     async def Run(  # type: ignore[override]  # its messages are read and written by framing (CODECS)
         self, request: framing.UnaryFrame[rknn_pb2.InferenceHeader], context: grpc.aio.ServicerContext
@@ -257,15 +281,6 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 for message in framing.frame_messages(rknn_pb2.DumpLayersResponse, head, [wire], "layer"):
                     yield message
                 call.bytes_out += wire.nbytes
-
-    async def InferencePipeline(
-        self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rknn_pb2.InferenceResponse]:
-        async with aclosing(
-            _framed(lambda traffic: self.pipeline.stream(request_iterator, traffic))
-        ) as responses:
-            async for response in responses:
-                yield response
 
     async def EvalPerf(
         self, request: rknn_pb2.EvalPerfRequest, context: grpc.aio.ServicerContext
@@ -391,19 +406,6 @@ def _close_claimed(step: asyncio.Future[Upload]) -> None:
     """Release an upload claimed by a call that ended before it could take it."""
     if not step.cancelled() and step.exception() is None:
         step.result().close()
-
-
-async def _framed(
-    frames: Callable[[Traffic], AsyncGenerator[rknn_pb2.InferenceResponse, None]],
-) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
-    """A frame-moving streaming RPC (Inference, InferencePipeline), its traffic in the call's record."""
-    call, traffic = current_call(), Traffic()
-    try:
-        async with aclosing(frames(traffic)) as responses:
-            async for response in responses:
-                yield response
-    finally:
-        _account(call, traffic)
 
 
 def _account(call: Call, traffic: Traffic) -> None:

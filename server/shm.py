@@ -208,27 +208,28 @@ class SharedMemoryRegistry:
                 "(letters, digits, '.', '_', '-'; no '/')"
             )
         with self._lock:
-            return self._register(owner, uid, key, name, size, session_id, memfd)
-
-    def _register(
-        self,
-        owner: str,
-        uid: int,
-        key: str,
-        name: str,
-        size: int,
-        session_id: str,
-        memfd: tuple[int, int] | None,
-    ) -> Region:
-        if (owner, key) in self._regions:
-            raise InvalidInput(f"region key {key!r} is already registered; unregister it first")
-        mine = [r for r in self._regions.values() if r.owner == owner]
-        if len(mine) >= self.limits.max_regions_per_client or len(self) >= self.limits.max_regions:
-            raise ResourceExhausted(
-                f"this client has {len(mine)} regions registered, the limit max_regions_per_client="
-                f"{self.limits.max_regions_per_client} (daemon-wide {self.limits.max_regions}); "
-                "unregister some first"
+            if (owner, key) in self._regions:
+                raise InvalidInput(f"region key {key!r} is already registered; unregister it first")
+            mine = [r for r in self._regions.values() if r.owner == owner]
+            if len(mine) >= self.limits.max_regions_per_client or len(self) >= self.limits.max_regions:
+                raise ResourceExhausted(
+                    f"this client has {len(mine)} regions registered, the limit max_regions_per_client="
+                    f"{self.limits.max_regions_per_client} (daemon-wide {self.limits.max_regions}); "
+                    "unregister some first"
+                )
+            fd, info, region_map = self._open_checked(name, memfd, uid, size, sum(r.size for r in mine))
+            region = Region(
+                key, name, owner, fd, info.st_size, info.st_dev, info.st_ino, session_id, region_map
             )
+            self._regions[(owner, key)] = region
+            return region
+
+    def _open_checked(
+        self, name: str, memfd: tuple[int, int] | None, uid: int, size: int, held: int
+    ) -> tuple[int, os.stat_result, mmap.mmap | None]:
+        """The region's file opened and checked (a regular file of the caller's, of the size the
+        client sent, within its byte quota beside the `held` bytes it has; a memfd sealed and mapped):
+        its fd, its stat and the memfd's mapping."""
         fd = self._open(name) if memfd is None else _open_memfd(*memfd, uid)
         what = f"{name!r} in the shared-memory folder" if memfd is None else "the memfd"
         region_map = None
@@ -240,7 +241,6 @@ class SharedMemoryRegistry:
                 raise PermissionDenied(f"{what} belongs to another user than the caller")
             if size and size != info.st_size:
                 raise InvalidInput(f"region {name!r} is {info.st_size} bytes, not the {size} the client sent")
-            held = sum(r.size for r in mine)
             if held + info.st_size > self.limits.max_bytes_per_client:
                 raise ResourceExhausted(
                     f"regions of {held + info.st_size} bytes would be registered by this client, over "
@@ -262,9 +262,7 @@ class SharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        region = Region(key, name, owner, fd, info.st_size, info.st_dev, info.st_ino, session_id, region_map)
-        self._regions[(owner, key)] = region
-        return region
+        return fd, info, region_map
 
     def _open(self, name: str) -> int:
         """Open `name` inside the folder: no links followed, nothing outside it, no blocking open."""

@@ -11,12 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rknn_proto.ready import tcp_address
+from rknn_proto.ready import wait_tcp_address
 
 START_TIMEOUT_S = 60.0
 
@@ -90,21 +89,10 @@ def start_daemon(
         cwd=cwd,
     )
     log.close()
-    found: list[str] = []
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            address = tcp_address(line)
-            if address is not None:
-                found.append(address)
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(START_TIMEOUT_S)
-    if not found:
+    assert process.stdout is not None
+    address = wait_tcp_address(process.stdout, START_TIMEOUT_S)
+    if address is None:
         process.kill()
         process.wait()
         raise RuntimeError(f"rknn_server did not start: {log_path.read_text()[-3000:]}")
-    return DaemonProcess(process, found[0], log_path)
+    return DaemonProcess(process, address, log_path)

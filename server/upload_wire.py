@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from rknn_proto import rknn_pb2
+from google.protobuf.message import DecodeError
 
-_WIRE_VARINT, _WIRE_LEN = 0, 2
+from rknn_proto import rknn_pb2
+from rknn_proto.wire import LENGTH_DELIMITED, VARINT, read_varint, tag
+
 _CHUNK_FIELDS = rknn_pb2.UploadChunk.DESCRIPTOR.fields_by_name
-_CHUNK_TAG = rknn_pb2.UploadModelRequest.DESCRIPTOR.fields_by_name["chunk"].number << 3 | _WIRE_LEN
-_FILE_INDEX_TAG = _CHUNK_FIELDS["file_index"].number << 3 | _WIRE_VARINT
-_OFFSET_TAG = _CHUNK_FIELDS["offset"].number << 3 | _WIRE_VARINT
-_DATA_TAG = _CHUNK_FIELDS["data"].number << 3 | _WIRE_LEN
+# Each a one-byte key (field numbers below 16), compared with one byte of the message.
+_CHUNK_TAG = tag(rknn_pb2.UploadModelRequest.DESCRIPTOR.fields_by_name["chunk"].number, LENGTH_DELIMITED)[0]
+_FILE_INDEX_TAG = tag(_CHUNK_FIELDS["file_index"].number, VARINT)[0]
+_OFFSET_TAG = tag(_CHUNK_FIELDS["offset"].number, VARINT)[0]
+_DATA_TAG = tag(_CHUNK_FIELDS["data"].number, LENGTH_DELIMITED)[0]
 _UINT32_END, _UINT64_END = 1 << 32, 1 << 64
 
 
@@ -34,34 +37,21 @@ class _Irregular(Exception):
     """Not in the layout read here: protobuf's parser decides."""
 
 
-def _varint(raw: bytes, pos: int, end: int) -> tuple[int, int]:
-    """The varint at `pos` (at most 10 bytes) and the position after it."""
-    value, shift = 0, 0
-    while pos < end and shift < 70:
-        byte = raw[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-    raise _Irregular
-
-
 def _chunk(raw: bytes) -> Chunk:
     end = len(raw)
     if not end or raw[0] != _CHUNK_TAG:
         raise _Irregular
-    length, pos = _varint(raw, 1, end)
+    length, pos = read_varint(raw, 1)
     if pos + length != end:
         raise _Irregular
     file_index = offset = 0
     if pos < end and raw[pos] == _FILE_INDEX_TAG:
-        file_index, pos = _varint(raw, pos + 1, end)
+        file_index, pos = read_varint(raw, pos + 1)
     if pos < end and raw[pos] == _OFFSET_TAG:
-        offset, pos = _varint(raw, pos + 1, end)
+        offset, pos = read_varint(raw, pos + 1)
     data: memoryview | bytes = b""
     if pos < end and raw[pos] == _DATA_TAG:
-        size, pos = _varint(raw, pos + 1, end)
+        size, pos = read_varint(raw, pos + 1)
         if pos + size != end:
             raise _Irregular
         data = memoryview(raw)[pos:]
@@ -76,7 +66,7 @@ def parse_upload_request(raw: bytes) -> rknn_pb2.UploadModelRequest | Chunk:
     plain one, else the parsed message."""
     try:
         return _chunk(raw)
-    except _Irregular:
+    except (_Irregular, DecodeError):
         return rknn_pb2.UploadModelRequest.FromString(raw)
 
 

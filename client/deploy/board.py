@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rknn_client.board_shell import BoardShell
 from rknn_client.doctor import VENDOR_FIX, VENDOR_SCRIPTS, is_vendor_binary
+from rknn_client.errors import ErrorWithFix
 
 INSTALL_DIR = "/opt/rknn-server"
 # The project's distribution name as wheels and dist-info folders spell it.
@@ -15,13 +16,8 @@ SUPPORTED_ARCHES = ("aarch64", "x86_64")
 DOCS = "docs/deploy.md"
 
 
-class DeployError(Exception):
+class DeployError(ErrorWithFix):
     """Deploy stopped: `problem` says why, `fix` what to do."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(f"{problem}\n  fix: {fix}")
-        self.problem = problem
-        self.fix = fix
 
 
 class DeployRefused(DeployError):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import adbutils
 
+from rknn_client.errors import ErrorWithFix
 from rknn_client.transport.base import Endpoint, TransportError
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
 
@@ -27,13 +28,8 @@ _START_SERVER_SECONDS = 30
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
-class AdbTransportError(TransportError):
+class AdbTransportError(TransportError, ErrorWithFix):
     """An adb link is broken: `problem` says which, `fix` how to mend it."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(f"{problem}\n  fix: {fix}")
-        self.problem = problem
-        self.fix = fix
 
 
 class AdbServerUnavailable(AdbTransportError):

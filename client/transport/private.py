@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rknn_client.transport.base import Endpoint, TransportError
-from rknn_proto.ready import tcp_address
+from rknn_proto.ready import wait_tcp_address
 
 START_TIMEOUT_S = 60.0
 
@@ -29,15 +29,6 @@ START_TIMEOUT_S = 60.0
 def private_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "rknn_client" / "private-daemon"
-
-
-def _read_address(process: subprocess.Popen[str], found: list[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        address = tcp_address(line)
-        if address is not None:
-            found.append(address)
-            break
 
 
 def _token_file(folder: Path, token: str) -> Path:
@@ -89,11 +80,9 @@ def _start(soc: str, token: str, token_file: Path) -> Endpoint:
         )
     except OSError as exc:
         raise TransportError(f"cannot start the private host-runtime daemon: {exc}") from exc
-    found: list[str] = []
-    reader = threading.Thread(target=_read_address, args=(process, found), daemon=True)
-    reader.start()
-    reader.join(START_TIMEOUT_S)
-    if not found:
+    assert process.stdout is not None
+    address = wait_tcp_address(process.stdout, START_TIMEOUT_S)
+    if address is None:
         process.kill()
         _, err = process.communicate(timeout=10)
         hint = ""
@@ -114,8 +103,8 @@ def _start(soc: str, token: str, token_file: Path) -> Endpoint:
                 stream.close()
 
     return Endpoint(
-        grpc_target=found[0],
-        description=f"private host-runtime daemon (pid {process.pid}) on tcp://{found[0]}",
+        grpc_target=address,
+        description=f"private host-runtime daemon (pid {process.pid}) on tcp://{address}",
         kind="private",
         close=_once(stop),
         token=token,

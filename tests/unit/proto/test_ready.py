@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rknn_proto.ready import ReadyInfo, listening_line, read_ready_file, tcp_address, write_ready_file
+from rknn_proto.ready import (
+    ReadyInfo,
+    listening_line,
+    read_ready_file,
+    tcp_address,
+    wait_tcp_address,
+    write_ready_file,
+)
 
 
 @pytest.mark.parametrize(
@@ -38,3 +47,33 @@ def test_a_file_that_is_not_a_ready_file_is_refused(tmp_path: Path) -> None:
     path.write_text('{"pid": 1}')
     with pytest.raises(ValueError, match="not a rknn_server ready file"):
         read_ready_file(path)
+
+
+def test_wait_tcp_address_takes_the_first_tcp_listener_and_stops_reading() -> None:
+    read: list[str] = []
+
+    def output() -> Iterator[str]:
+        for line in (
+            "starting\n",
+            listening_line("unix-abstract:x") + "\n",
+            listening_line("tcp://[::1]:7") + "\n",
+        ):
+            read.append(line)
+            yield line
+        raise AssertionError("read past the address")
+
+    assert wait_tcp_address(output(), timeout_s=30) == "[::1]:7"
+    assert len(read) == 3
+
+
+def test_wait_tcp_address_gives_up_on_a_silent_daemon() -> None:
+    release = threading.Event()
+
+    def silent() -> Iterator[str]:
+        release.wait(30)  # a daemon that prints nothing (the pipe blocks)
+        yield listening_line("tcp://127.0.0.1:1")
+
+    try:
+        assert wait_tcp_address(silent(), timeout_s=0.2) is None
+    finally:
+        release.set()

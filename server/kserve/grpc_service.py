@@ -87,7 +87,7 @@ def config_response(meta: ModelMetadata) -> pb.ModelConfigResponse:
     """Triton's model configuration from the metadata: no batching (max_batch_size 0), so each
     tensor's dims are its whole shape, as clients send it."""
 
-    def data_type(datatype: str) -> int:
+    def data_type(datatype: str) -> config_pb.DataType.ValueType:
         return config_pb.DataType.Value(f"TYPE_{datatype}")
 
     return pb.ModelConfigResponse(

@@ -4,7 +4,9 @@ calls, protobuf out.
 
 Errors travel with v2 semantics: INVALID_ARGUMENT for a request that does not fit the model,
 NOT_FOUND for an unknown model or version, UNAVAILABLE for a model that is not ready; each RPC is
-counted and logged by the interceptor like rknn.v1's (method names `v2.<RPC>`).
+counted and logged by the interceptor like rknn.v1's (method names `v2.<RPC>`). Two of Triton's own
+additions are answered because perf_analyzer calls them before it measures: `ModelConfig` (built
+from the model's metadata) and `ModelStatistics` (the model's request counts).
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ log = structlog.get_logger("rknn_server.kserve")
 
 VERSION = "1"  # every model has this one version
 SERVER_NAME = "rknn_server"
+# Not "statistics": perf_analyzer then reads the server's statistics and, unless given a version
+# (-x 1), stops on "failed to find the requested model version"; without it, it measures as it is.
 EXTENSIONS = ("model_repository", "binary_tensor_data")
 REPOSITORY_OWNER = "model-repository"  # who opens a model once when it is loaded, to check it
 _PLATFORMS = {".onnx": "onnxruntime_onnx", ".rknn": "rknn"}

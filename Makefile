@@ -57,9 +57,12 @@ toolkit: $(DEV_STAMP)
 	@$(VENV)/bin/rknn-client toolkit status >/dev/null 2>&1 || $(VENV)/bin/rknn-client toolkit install --torch-stub \
 		|| echo "RKNN-Toolkit2 could not be installed; tests/toolkit will skip"
 
-# The real tritonclient that tests/kserve drive the daemon with (KServe v2): a venv of its own in
-# ~/.cache/rknn_client, as it pins its own protobuf and grpcio; made once, then found by its stamp.
+# The real tritonclient and perf_analyzer that tests/kserve drive the daemon with (KServe v2): venvs of
+# their own in ~/.cache/rknn_client, as tritonclient pins its own protobuf and grpcio; made once, then
+# found by their stamps. perf_analyzer links libb64 (apt-get, when running as root).
 tritonclient: $(DEV_STAMP)
+	@ldconfig -p | grep -q 'libb64\.so\.0d' || [ "$$(id -u)" != 0 ] || ($(APT_INSTALL) libb64-0d) \
+		|| echo "libb64-0d could not be installed; the perf_analyzer test will skip"
 	@$(PY) -m tests.kserve.tritonclient_venv
 
 unit: install toolkit tritonclient

@@ -42,6 +42,9 @@ class GRPCInferenceServiceStub:
     ServerMetadata: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.ServerMetadataRequest, _grpc_service_pb2.ServerMetadataResponse]
     ModelMetadata: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelMetadataRequest, _grpc_service_pb2.ModelMetadataResponse]
     ModelInfer: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelInferRequest, _grpc_service_pb2.ModelInferResponse]
+    ModelConfig: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelConfigRequest, _grpc_service_pb2.ModelConfigResponse]
+    """Triton's extensions that perf_analyzer calls before it measures."""
+    ModelStatistics: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelStatisticsRequest, _grpc_service_pb2.ModelStatisticsResponse]
     RepositoryIndex: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryIndexRequest, _grpc_service_pb2.RepositoryIndexResponse]
     """The model repository extension."""
     RepositoryModelLoad: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryModelLoadRequest, _grpc_service_pb2.RepositoryModelLoadResponse]
@@ -56,6 +59,9 @@ class GRPCInferenceServiceAsyncStub(GRPCInferenceServiceStub):
     ServerMetadata: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.ServerMetadataRequest, _grpc_service_pb2.ServerMetadataResponse]  # type: ignore[assignment]
     ModelMetadata: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelMetadataRequest, _grpc_service_pb2.ModelMetadataResponse]  # type: ignore[assignment]
     ModelInfer: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelInferRequest, _grpc_service_pb2.ModelInferResponse]  # type: ignore[assignment]
+    ModelConfig: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelConfigRequest, _grpc_service_pb2.ModelConfigResponse]  # type: ignore[assignment]
+    """Triton's extensions that perf_analyzer calls before it measures."""
+    ModelStatistics: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.ModelStatisticsRequest, _grpc_service_pb2.ModelStatisticsResponse]  # type: ignore[assignment]
     RepositoryIndex: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryIndexRequest, _grpc_service_pb2.RepositoryIndexResponse]  # type: ignore[assignment]
     """The model repository extension."""
     RepositoryModelLoad: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryModelLoadRequest, _grpc_service_pb2.RepositoryModelLoadResponse]  # type: ignore[assignment]
@@ -103,6 +109,21 @@ class GRPCInferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _grpc_service_pb2.ModelInferRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_grpc_service_pb2.ModelInferResponse, _abc.Awaitable[_grpc_service_pb2.ModelInferResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ModelConfig(
+        self,
+        request: _grpc_service_pb2.ModelConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_grpc_service_pb2.ModelConfigResponse, _abc.Awaitable[_grpc_service_pb2.ModelConfigResponse]]:
+        """Triton's extensions that perf_analyzer calls before it measures."""
+
+    @_abc_1.abstractmethod
+    def ModelStatistics(
+        self,
+        request: _grpc_service_pb2.ModelStatisticsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_grpc_service_pb2.ModelStatisticsResponse, _abc.Awaitable[_grpc_service_pb2.ModelStatisticsResponse]]: ...
 
     @_abc_1.abstractmethod
     def RepositoryIndex(

@@ -4,7 +4,9 @@ calls, protobuf out.
 
 Errors travel with v2 semantics: INVALID_ARGUMENT for a request that does not fit the model,
 NOT_FOUND for an unknown model or version, UNAVAILABLE for a model that is not ready; each RPC is
-counted and logged by the interceptor like rknn.v1's (method names `v2.<RPC>`).
+counted and logged by the interceptor like rknn.v1's (method names `v2.<RPC>`). Two of Triton's own
+additions are answered because perf_analyzer calls them before it measures: `ModelConfig` (built
+from the model's metadata) and `ModelStatistics` (the model's request counts).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import grpc
 
 from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
+from rknn_proto.kserve import model_config_pb2 as config_pb
 from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.guard import client_identity, current_call
-from rknn_server.kserve.models import InputTensor, ModelMetadata, TensorMetadata, V2Models
+from rknn_server.kserve.models import VERSION, InputTensor, Model, ModelMetadata, TensorMetadata, V2Models
 
 REPLY_HEADROOM_BYTES = 64 << 10  # the reply's names, shapes and framing besides the output bytes
 
@@ -82,6 +85,52 @@ def metadata_response(meta: ModelMetadata) -> pb.ModelMetadataResponse:
     )
 
 
+def config_response(meta: ModelMetadata) -> pb.ModelConfigResponse:
+    """Triton's model configuration from the metadata: no batching (max_batch_size 0), so each
+    tensor's dims are its whole shape, as clients send it."""
+
+    def data_type(datatype: str) -> config_pb.DataType.ValueType:
+        return config_pb.DataType.Value(f"TYPE_{datatype}")
+
+    return pb.ModelConfigResponse(
+        config=config_pb.ModelConfig(
+            name=meta.name,
+            platform=meta.platform,
+            max_batch_size=0,
+            input=[
+                config_pb.ModelInput(name=t.name, data_type=data_type(t.datatype), dims=t.shape)
+                for t in meta.inputs
+            ],
+            output=[
+                config_pb.ModelOutput(name=t.name, data_type=data_type(t.datatype), dims=t.shape)
+                for t in meta.outputs
+            ],
+        )
+    )
+
+
+def statistics_response(models: Sequence[Model]) -> pb.ModelStatisticsResponse:
+    def duration(count: int, ns: int) -> pb.StatisticDuration:
+        return pb.StatisticDuration(count=count, ns=ns)
+
+    return pb.ModelStatisticsResponse(
+        model_stats=[
+            pb.ModelStatistics(
+                name=m.name,
+                version=VERSION,
+                last_inference=m.stats.last_inference_ms,
+                inference_count=m.stats.success_count,
+                execution_count=m.stats.success_count,
+                inference_stats=pb.InferStatistics(
+                    success=duration(m.stats.success_count, m.stats.success_ns),
+                    fail=duration(m.stats.fail_count, m.stats.fail_ns),
+                ),
+            )
+            for m in models
+        ]
+    )
+
+
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, models: V2Models, ready: Callable[[], bool]) -> None:
         self.models = models
@@ -112,6 +161,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         return metadata_response(await self.models.metadata(request.name, request.version, client_identity()))
+
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        return config_response(await self.models.metadata(request.name, request.version, client_identity()))
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        return statistics_response(self.models.statistics(request.name, request.version))
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -170,4 +229,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
-__all__ = ["SERVICE_NAME", "InferenceService", "decode_inputs", "metadata_response"]
+__all__ = [
+    "SERVICE_NAME",
+    "InferenceService",
+    "config_response",
+    "decode_inputs",
+    "metadata_response",
+    "statistics_response",
+]

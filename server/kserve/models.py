@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ log = structlog.get_logger("rknn_server.kserve")
 
 VERSION = "1"  # every model has this one version
 SERVER_NAME = "rknn_server"
+# Not "statistics": perf_analyzer then reads the server's statistics and, unless given a version
+# (-x 1), stops on "failed to find the requested model version"; without it, it measures as it is.
 EXTENSIONS = ("model_repository", "binary_tensor_data")
 REPOSITORY_OWNER = "model-repository"  # who opens a model once when it is loaded, to check it
 _PLATFORMS = {".onnx": "onnxruntime_onnx", ".rknn": "rknn"}
@@ -92,6 +95,27 @@ class IndexEntry:
 
 
 @dataclass
+class InferenceStats:
+    """A model's inference requests since it was loaded (Triton's statistics extension): how many
+    succeeded and failed and their time in the daemon, from the request's arrival to its outputs."""
+
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    last_inference_ms: int = 0  # since the epoch; 0 before the first
+
+    def record(self, ok: bool, elapsed_ns: int) -> None:
+        if ok:
+            self.success_count += 1
+            self.success_ns += elapsed_ns
+        else:
+            self.fail_count += 1
+            self.fail_ns += elapsed_ns
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+
+@dataclass
 class Model:
     """A model as v2 clients address it; `inputs`/`outputs` are known once it was opened."""
 
@@ -101,6 +125,7 @@ class Model:
     config: ModelConfig = field(default_factory=ModelConfig)
     inputs: tuple[TensorAttr, ...] = ()
     outputs: tuple[TensorAttr, ...] = ()
+    stats: InferenceStats = field(default_factory=InferenceStats)
 
     def input_names(self) -> list[str]:
         return _names(self.inputs, self.config.inputs)
@@ -355,6 +380,18 @@ class V2Models:
     ) -> tuple[Model, list[OutputTensor]]:
         """Run one request; the outputs named in `requested` (all when empty), in the model's order."""
         model = self.resolve(name, version)
+        started = time.perf_counter_ns()
+        try:
+            outputs = await self._infer(model, owner, inputs, requested)
+        except BaseException:
+            model.stats.record(False, time.perf_counter_ns() - started)
+            raise
+        model.stats.record(True, time.perf_counter_ns() - started)
+        return model, outputs
+
+    async def _infer(
+        self, model: Model, owner: str, inputs: Sequence[InputTensor], requested: Sequence[str]
+    ) -> list[OutputTensor]:
         session = await self._session(model, owner)
         arrays, declared = self._intake(model, inputs)
         ready, formats = take_arrays(model.inputs, arrays, declared)
@@ -366,7 +403,7 @@ class V2Models:
             )
         ran = await self.plane.run(session, ready, formats)
         _, wire = wire_outputs(ran.outputs, model.outputs, native=False)
-        return model, [
+        return [
             OutputTensor(n, datatype_of(a.dtype), tuple(a.shape), a)
             for n, a in zip(names, wire, strict=True)
             if not requested or n in requested
@@ -399,6 +436,12 @@ class V2Models:
             arrays.append(array)
             declared.append(Declared(array.dtype, tuple(array.shape), model.input_layout(index)))
         return arrays, declared
+
+    def statistics(self, name: str, version: str) -> list[Model]:
+        """The model `name` for its statistics, or every ready model when `name` is empty."""
+        if name:
+            return [self.resolve(name, version)]
+        return [*self._loaded.values(), *self._uploaded.values()]
 
     def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
         return SERVER_NAME, __version__, EXTENSIONS

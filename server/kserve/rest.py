@@ -4,6 +4,8 @@ Routes (each also under `/v2/models/{name}/versions/{version}`):
     GET  /v2                              server metadata
     GET  /v2/models/{name}                model metadata
     GET  /v2/models/{name}/ready          200 when ready, else 503
+    GET  /v2/models/{name}/config         Triton's model configuration (what perf_analyzer reads)
+    GET  /v2/models/{name}/stats          Triton's statistics extension: the model's request counts
     POST /v2/models/{name}/infer          inference
     POST /v2/repository/index             the repository extension (as Triton serves it)
     POST /v2/repository/models/{name}/load | unload
@@ -28,7 +30,15 @@ import numpy as np
 
 from rknn_server.errors import InvalidInput, status_of
 from rknn_server.http_endpoint import Reply, Request
-from rknn_server.kserve.models import InputTensor, ModelMetadata, OutputTensor, TensorMetadata, V2Models
+from rknn_server.kserve.models import (
+    VERSION,
+    InputTensor,
+    Model,
+    ModelMetadata,
+    OutputTensor,
+    TensorMetadata,
+    V2Models,
+)
 from rknn_server.metrics import DaemonMetrics
 
 JSON = "application/json"
@@ -67,6 +77,51 @@ def metadata_json(meta: ModelMetadata) -> dict[str, object]:
         "platform": meta.platform,
         "inputs": _tensors(meta.inputs),
         "outputs": _tensors(meta.outputs),
+    }
+
+
+def config_json(meta: ModelMetadata) -> dict[str, object]:
+    """Triton's model configuration as its HTTP API writes it: no batching, dims the whole shape."""
+
+    def tensors(items: Sequence[TensorMetadata]) -> list[dict[str, object]]:
+        return [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape)} for t in items]
+
+    return {
+        "name": meta.name,
+        "platform": meta.platform,
+        "max_batch_size": 0,
+        "input": tensors(meta.inputs),
+        "output": tensors(meta.outputs),
+    }
+
+
+def stats_json(models: Sequence[Model]) -> dict[str, object]:
+    """Triton's statistics extension: success and fail counts and times; the phases it splits a
+    request into (queue, compute) are not measured apart here and read zero."""
+
+    def duration(count: int, ns: int) -> dict[str, int]:
+        return {"count": count, "ns": ns}
+
+    zero = duration(0, 0)
+    return {
+        "model_stats": [
+            {
+                "name": m.name,
+                "version": VERSION,
+                "last_inference": m.stats.last_inference_ms,
+                "inference_count": m.stats.success_count,
+                "execution_count": m.stats.success_count,
+                "inference_stats": {
+                    "success": duration(m.stats.success_count, m.stats.success_ns),
+                    "fail": duration(m.stats.fail_count, m.stats.fail_ns),
+                    **{
+                        phase: zero for phase in ("queue", "compute_input", "compute_infer", "compute_output")
+                    },
+                },
+                "batch_stats": [],
+            }
+            for m in models
+        ]
     }
 
 
@@ -242,6 +297,10 @@ class RestV2:
             return "ModelMetadata", lambda: self._metadata(name, version, request.owner)
         if rest == ["ready"]:
             return "ModelReady", lambda: self._ready(name, version)
+        if rest == ["config"]:
+            return "ModelConfig", lambda: self._config(name, version, request.owner)
+        if rest == ["stats"]:
+            return "ModelStatistics", lambda: self._stats(name, version)
         if rest == ["infer"]:
             return "ModelInfer", lambda: self._infer(name, version, request)
         return None
@@ -252,6 +311,12 @@ class RestV2:
 
     async def _metadata(self, name: str, version: str, owner: str) -> Reply:
         return _json(200, metadata_json(await self.models.metadata(name, version, owner)))
+
+    async def _config(self, name: str, version: str, owner: str) -> Reply:
+        return _json(200, config_json(await self.models.metadata(name, version, owner)))
+
+    async def _stats(self, name: str, version: str) -> Reply:
+        return _json(200, stats_json(self.models.statistics(name, version)))
 
     async def _ready(self, name: str, version: str) -> Reply:
         ready = self.models.ready(name, version)
@@ -283,4 +348,12 @@ class RestV2:
         return infer_reply(model.name, version, header.get("id"), outputs, binary_out)
 
 
-__all__ = ["RestV2", "decode_inputs", "error_reply", "infer_reply", "metadata_json"]
+__all__ = [
+    "RestV2",
+    "config_json",
+    "decode_inputs",
+    "error_reply",
+    "infer_reply",
+    "metadata_json",
+    "stats_json",
+]

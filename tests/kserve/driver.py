@@ -67,6 +67,11 @@ def headers_of(step: dict[str, object]) -> dict[str, object]:
     return {"headers": {"authorization": f"Bearer {token}"}} if token else {}
 
 
+def json_of(client: object) -> dict[str, object]:
+    """The gRPC client's answer as JSON (protobuf's mapping: 64-bit integers as strings)."""
+    return {"as_json": True} if isinstance(client, grpcclient.InferenceServerClient) else {}
+
+
 def run(job: dict[str, object]) -> list[dict[str, object]]:
     grpc_client = grpcclient.InferenceServerClient(str(job["grpc"]))
     http_client = httpclient.InferenceServerClient(str(job["http"])) if job.get("http") else None
@@ -108,6 +113,11 @@ def run(job: dict[str, object]) -> list[dict[str, object]]:
                         ],
                     }
                 value = meta
+            elif op == "config":  # Triton's model configuration, as a dict either way
+                config = client.get_model_config(model, **headers_of(step), **json_of(client))
+                value = config.get("config", config)
+            elif op == "stats":
+                value = client.get_inference_statistics(model, **headers_of(step), **json_of(client))
             elif op == "index":
                 index = client.get_model_repository_index(**headers_of(step))
                 rows = index if isinstance(index, list) else index.models

@@ -104,6 +104,38 @@ def test_health_and_metadata(v2_daemon: V2Daemon, protocol: str) -> None:
     assert [int(d) for d in nhwc["ok"]["inputs"][0]["shape"]] == [1, 16, 16, 3]
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http-json"])
+def test_model_config_and_statistics(v2_daemon: V2Daemon, protocol: str) -> None:
+    """Triton's ModelConfig and ModelStatistics (what perf_analyzer reads), as tritonclient decodes them."""
+
+    def tensors(items: list[dict]) -> list[tuple[str, str, list[int]]]:
+        return [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in items]
+
+    def success(answer: dict) -> tuple[int, int, int]:
+        (stats,) = answer["ok"]["model_stats"]
+        assert stats["name"] == "nhwc" and stats["version"] == "1"
+        done = stats["inference_stats"]["success"]
+        return int(stats.get("inference_count", 0)), int(done.get("count", 0)), int(done.get("ns", 0))
+
+    config, before = v2_daemon.drive(
+        {"op": "config", "model": "nhwc", "protocol": protocol},
+        {"op": "stats", "model": "nhwc", "protocol": protocol},
+    )
+    assert config["ok"]["name"] == "nhwc" and config["ok"]["platform"] == "onnxruntime_onnx"
+    assert int(config["ok"].get("max_batch_size", 0)) == 0  # (gRPC's JSON leaves out a zero)
+    # the shape clients send (config.toml's NHWC), whole: there is no batching
+    assert tensors(config["ok"]["input"]) == [("input", "TYPE_FP32", [1, 16, 16, 3])]
+    assert [t[:2] for t in tensors(config["ok"]["output"])] == [("logits", "TYPE_FP32")]
+    image = IMAGE.transpose(0, 2, 3, 1).copy()
+    for _ in range(3):
+        v2_daemon.infer("nhwc", protocol, {"input": image})
+    after = v2_daemon.one({"op": "stats", "model": "nhwc", "protocol": protocol})
+    (count0, success0, ns0), (count1, success1, ns1) = success(before), success(after)
+    assert count1 - count0 == success1 - success0 == 3 and ns1 > ns0
+    unknown = v2_daemon.one({"op": "config", "model": "nope", "protocol": protocol})
+    assert "unknown model 'nope'" in unknown["error"]
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_inference_equals_the_rknn_v1_path(v2_daemon: V2Daemon, protocol: str) -> None:
     repository = v2_daemon.folder / "repository"

@@ -1,0 +1,78 @@
+"""Triton's real perf_analyzer (its own venv) load-tests a daemon subprocess over KServe v2, gRPC and
+HTTP: it reads the model's configuration (Triton's ModelConfig) and statistics (ModelStatistics),
+then measures each concurrency step. Before the daemon answered ModelConfig it stopped at once with
+"failed to get model config"."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rknn_proto.kserve import grpc_service_pb2 as pb
+from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
+from tests.kserve.conftest import make_repository
+from tests.kserve.tritonclient_venv import PerfAnalyzer, ensure_perf_analyzer
+from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
+
+RUN_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def perf_analyzer() -> PerfAnalyzer:
+    tool, reason = ensure_perf_analyzer()
+    if tool is None:
+        pytest.skip(reason)
+    return tool
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsDaemon]:
+    folder = tmp_path_factory.mktemp("perf-analyzer")
+    running = start_metrics_daemon(folder, "--model-repository", str(make_repository(folder / "repository")))
+    yield running
+    assert running.daemon.stop() == 0
+
+
+def inference_count(daemon: MetricsDaemon, model: str) -> int:
+    with grpc.insecure_channel(daemon.daemon.address) as channel:
+        stats = pb_grpc.GRPCInferenceServiceStub(channel).ModelStatistics(
+            pb.ModelStatisticsRequest(name=model), timeout=30
+        )
+    (only,) = stats.model_stats
+    assert only.inference_stats.success.count == only.inference_count
+    return only.inference_count
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_measures_every_concurrency_step(
+    perf_analyzer: PerfAnalyzer, daemon: MetricsDaemon, protocol: str, tmp_path: Path
+) -> None:
+    url = daemon.daemon.address if protocol == "grpc" else daemon.base.removeprefix("http://")
+    report = tmp_path / "report.csv"
+    before = inference_count(daemon, "two")
+    done = subprocess.run(
+        [
+            str(perf_analyzer.binary),
+            *("-m", "two", "-u", url, "-i", protocol),
+            *("--concurrency-range", "1:2", "--measurement-interval", "1000"),
+            # any three windows count as stable (a busy machine's latency varies), so it always ends
+            *("--stability-percentage", "1000", "--max-trials", "3", "-f", str(report)),
+        ],
+        env=perf_analyzer.env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    with report.open(newline="") as rows:
+        steps = {int(row["Concurrency"]): float(row["Inferences/Second"]) for row in csv.DictReader(rows)}
+    assert set(steps) == {1, 2}, steps
+    assert all(throughput > 0 for throughput in steps.values()), steps
+    # the daemon's statistics counted the requests perf_analyzer made (a second of each window at least)
+    assert inference_count(daemon, "two") - before >= sum(steps.values()) * 0.5

@@ -24,6 +24,7 @@ from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
 from rknn_proto.version import HTTP2_OPTIONS, MAX_RUN_REPLY_BYTES
 from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
+from rknn_server.calls import Recorder
 from rknn_server.data_plane import DataPlane
 from rknn_server.guard import Guard
 from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
@@ -371,7 +372,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         routes = Routes(
             metrics.exposition,
             serving.is_set,
-            more=RestV2(models, metrics),
+            more=RestV2(models, Recorder(metrics)),
             posts=RestV2.posts,
             max_body_bytes=limits.max_message_bytes,
             body_budget=plane.frame_memory,

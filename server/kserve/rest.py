@@ -20,7 +20,6 @@ or as binary data after the JSON when the request asks (`binary_data_output`, or
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from rknn_server.calls import Call, Recorder
 from rknn_server.errors import InvalidInput, status_of
 from rknn_server.http_endpoint import Reply, Request
 from rknn_server.kserve.models import (
@@ -39,7 +39,6 @@ from rknn_server.kserve.models import (
     TensorMetadata,
     V2Models,
 )
-from rknn_server.metrics import DaemonMetrics
 
 JSON = "application/json"
 HEADER_LENGTH = "inference-header-content-length"
@@ -249,9 +248,9 @@ def infer_reply(
 class RestV2:
     """The v2 REST routes over `V2Models`, for the HTTP listener (`Routes.more`)."""
 
-    def __init__(self, models: V2Models, metrics: DaemonMetrics) -> None:
+    def __init__(self, models: V2Models, recorder: Recorder) -> None:
         self.models = models
-        self.metrics = metrics
+        self.recorder = recorder
 
     @staticmethod
     def posts(route: str) -> bool:
@@ -267,7 +266,9 @@ class RestV2:
         if handler is None:
             return None
         method, body = handler
-        started, outcome = time.perf_counter(), "OK"
+        # Recorded as a gRPC call is: its metrics and one `rpc` log event.
+        call, outcome = Call(f"v2.rest.{method}", request.owner), "OK"
+        call.bytes_in = len(request.body)
         try:
             return await body()
         except Exception as exc:
@@ -275,9 +276,7 @@ class RestV2:
             outcome = status_of(exc)[0].name
             return reply
         finally:
-            self.metrics.rpc_done(
-                f"v2.rest.{method}", outcome, time.perf_counter() - started, len(request.body), 0
-            )
+            self.recorder.done(call, outcome)
 
     def _route(self, request: Request) -> tuple[str, Callable[[], Awaitable[Reply]]] | None:
         parts = [urllib.parse.unquote(p) for p in request.route.split("/")[1:]]

@@ -3,6 +3,7 @@ when a folder is bad, and the bounded per-caller session cache."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,12 @@ def test_v2_calls_need_the_token_on_both_ports(tmp_path: Path, triton_python: Pa
         base = daemon.running.base
         assert get(f"{base}/v2")[0] == 401 and get(f"{base}/v2", token=TOKEN)[0] == 200
         assert get(f"{base}/v2/health/ready")[0] == 200  # health stays open for probes
+        # Each answered v2 call, on either port, is one `rpc` log event like rknn.v1's.
+        log = daemon.running.daemon.log_text().splitlines()
+        events = [json.loads(line) for line in log if line.startswith("{")]
+        v2 = [(e["method"], e["outcome"]) for e in events if str(e.get("method", "")).startswith("v2.")]
+        assert v2.count(("v2.ModelInfer", "OK")) == 1 and v2.count(("v2.rest.ModelInfer", "OK")) == 1, v2
+        assert ("v2.rest.ModelMetadata", "OK") in v2 and ("v2.rest.ServerMetadata", "OK") in v2, v2
     finally:
         daemon.running.daemon.stop()
 

@@ -33,8 +33,14 @@ class FarmRun:
         )
         self.lines: list[str] = []
         self.changed = threading.Condition()
+        self.out: list[str] = []
+        # Each pipe has its one reader (communicate() would read stderr too, racing this reader).
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        self.out_reader = threading.Thread(
+            target=lambda: self.out.extend(self.process.stdout or ()), daemon=True
+        )
+        self.out_reader.start()
 
     def _read(self) -> None:
         assert self.process.stderr is not None
@@ -59,9 +65,10 @@ class FarmRun:
         assert done and "<eof>" not in self.lines, "".join(self.lines)[-3000:]
 
     def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        stdout, _ = self.process.communicate(timeout=timeout)
+        self.process.wait(timeout=timeout)
         self.reader.join(timeout)
-        return self.process.returncode, stdout, "".join(self.lines)
+        self.out_reader.join(timeout)
+        return self.process.returncode, "".join(self.out), "".join(self.lines)
 
 
 @pytest.fixture
@@ -80,7 +87,7 @@ def long_run(
     yield run
     if run.process.poll() is None:
         run.process.kill()
-        run.process.communicate()
+        run.process.wait()
 
 
 def test_first_ctrl_c_releases_every_reservation_and_writes_the_partial_report(

@@ -193,8 +193,14 @@ class Background:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.lines: queue.Queue[str] = queue.Queue()
+        self.out: list[str] = []
+        # Each pipe has its one reader (communicate() would read stderr too, racing this reader).
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        self.out_reader = threading.Thread(
+            target=lambda: self.out.extend(self.process.stdout or ()), daemon=True
+        )
+        self.out_reader.start()
 
     def _read(self) -> None:
         for line in self.process.stderr or ():
@@ -207,16 +213,17 @@ class Background:
     def finish(self) -> tuple[int, str, str]:
         """(exit status, stdout, the rest of stderr) once it exits; killed if it does not in time."""
         try:
-            out, _ = self.process.communicate(timeout=180)
+            self.process.wait(timeout=180)
         finally:
             if self.process.poll() is None:
                 self.process.kill()
                 self.process.wait()
         self.reader.join(30)
+        self.out_reader.join(30)
         rest = []
         while not self.lines.empty():
             rest.append(self.lines.get())
-        return self.process.returncode, out, "".join(rest)
+        return self.process.returncode, "".join(self.out), "".join(rest)
 
 
 # A stability no run reaches: without an interruption the first step would take its 1000 windows.

@@ -4,19 +4,17 @@
 from __future__ import annotations
 
 import json
-import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rknn_server.testing import DaemonProcess
+from tests.cli_run import CliRun
 from tests.conftest import DaemonFactory
 from tests.metrics.conftest import MetricsDaemon, samples, scrape, start_metrics_daemon
 
@@ -180,63 +178,24 @@ def test_more_sessions_than_the_daemon_allows_is_refused_with_the_limit(
     )
 
 
-class Background:
-    """perf running in the background, its stderr lines read as they come."""
-
-    def __init__(self, model: Path, device: str, *args: str) -> None:
-        command = [sys.executable, "-m", "rknn_client.cli", "perf", str(model), "--device", device]
-        self.process = subprocess.Popen(
-            [*command, "--no-progress", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.out: list[str] = []
-        # Each pipe has its one reader (communicate() would read stderr too, racing this reader).
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        self.out_reader = threading.Thread(
-            target=lambda: self.out.extend(self.process.stdout or ()), daemon=True
-        )
-        self.out_reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stderr or ():
-            self.lines.put(line)
-
-    def wait_for(self, prefix: str) -> None:
-        while not self.lines.get(timeout=120).startswith(prefix):
-            pass
-
-    def finish(self) -> tuple[int, str, str]:
-        """(exit status, stdout, the rest of stderr) once it exits; killed if it does not in time."""
-        try:
-            self.process.wait(timeout=180)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-        self.reader.join(30)
-        self.out_reader.join(30)
-        rest = []
-        while not self.lines.empty():
-            rest.append(self.lines.get())
-        return self.process.returncode, "".join(self.out), "".join(rest)
-
-
 # A stability no run reaches: without an interruption the first step would take its 1000 windows.
 NEVER_STABLE = ["--stability-percentage", "1e-9", "--max-trials", "1000", "--measurement-interval", "200"]
+
+
+def background_perf(model: Path, device: str, *args: str) -> CliRun:
+    """perf running in the background, its stderr lines read as they come."""
+    return CliRun(["perf", str(model), "--device", device, "--no-progress", *args])
 
 
 def test_ctrl_c_stops_cleanly_and_prints_what_was_measured(
     host_daemon: DaemonProcess, cnn_model: Path
 ) -> None:
-    perf_run = Background(cnn_model, host_daemon.url, "--concurrency-range", "2:4", "--json", *NEVER_STABLE)
-    perf_run.wait_for("  window 2: ")
+    perf_run = background_perf(
+        cnn_model, host_daemon.url, "--concurrency-range", "2:4", "--json", *NEVER_STABLE
+    )
+    perf_run.wait_for({"  window 2: "})
     perf_run.process.send_signal(signal.SIGINT)
-    status, out, err = perf_run.finish()
+    status, out, err = perf_run.finish(timeout=180)
     assert status == 130, err
     sweep = json.loads(out)
     assert sweep["interrupted"] is True and sweep["error"] is None
@@ -250,10 +209,10 @@ def test_a_daemon_lost_mid_sweep_ends_it_with_what_was_measured_and_why(
     make_daemon: DaemonFactory, cnn_model: Path
 ) -> None:
     daemon = make_daemon()
-    perf_run = Background(cnn_model, daemon.url, "--concurrency-range", "1:2", *NEVER_STABLE)
-    perf_run.wait_for("  window 2: ")
+    perf_run = background_perf(cnn_model, daemon.url, "--concurrency-range", "1:2", *NEVER_STABLE)
+    perf_run.wait_for({"  window 2: "})
     daemon.stop()
-    status, out, err = perf_run.finish()
+    status, out, err = perf_run.finish(timeout=180)
     assert status == 1, err
     _, row = out.splitlines()
     assert row.split("|")[0].strip() == "1" and row.split("|")[-1].strip() == "failed"

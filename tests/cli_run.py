@@ -1,0 +1,68 @@
+"""`rknn-client` as a background subprocess whose stderr lines a test reads as they come (progress,
+windows), for tests that act mid-run (Ctrl-C, a daemon stopped)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable
+
+EOF_MARK = "<eof>"
+
+
+class CliRun:
+    """Each pipe has its one reader thread: communicate() would read stderr too, racing the line
+    reader, and the last lines (a final error message) could be lost to it."""
+
+    def __init__(self, args: Iterable[str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rknn_client.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self._out: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read_stderr, daemon=True),
+            threading.Thread(target=lambda: self._out.extend(self.process.stdout or ()), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_stderr(self) -> None:
+        for line in self.process.stderr or ():
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.lines.append(EOF_MARK)
+            self.changed.notify_all()
+
+    def wait_for(self, wanted: set[str], timeout: float = 120) -> None:
+        """Until a stderr line starting with each of `wanted` arrived (fails if the run ended first)."""
+        with self.changed:
+            done = self.changed.wait_for(
+                lambda: (
+                    all(any(line.startswith(w) for line in self.lines) for w in wanted)
+                    or EOF_MARK in self.lines
+                ),
+                timeout,
+            )
+        assert done and EOF_MARK not in self.lines, "".join(self.lines)[-3000:]
+
+    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) once it exits; killed if it does not in time."""
+        try:
+            self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        for reader in self._readers:
+            reader.join(timeout)
+        return self.process.returncode, "".join(self._out), "".join(self.lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 import rknn_server
 from bench.grpc_ceiling import measure_ceiling
 from bench.run import RESULTS, bench_cpu_one_core, bench_cpu_per_frame, bench_latency
-from demo.daemon_process import start_daemon
+from rknn_server.testing import start_daemon
 
 
 def one_round(work: Path) -> dict[str, float]:

@@ -26,6 +26,7 @@ import numpy as np
 
 from rknn_client import __version__, shared_memory
 from rknn_client.digest_cache import DigestCache
+from rknn_client.doorbell import Doorbell
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
@@ -301,6 +302,13 @@ class Device:
     def run_shared(self, header: rknn_pb2.InferenceHeader) -> rknn_pb2.RunResponse:
         """One frame whose inputs and outputs live in registered regions (the header names them)."""
         return self._call("RunShared", self._stub.RunShared, rknn_pb2.RunRequest(header=header))
+
+    def open_doorbell(self, header: rknn_pb2.InferenceHeader) -> Doorbell:
+        """A doorbell ringing frames of this RunShared header without a call each (client/doorbell.py)."""
+        reply = self._call(
+            "OpenDoorbell", self._stub.OpenDoorbell, rknn_pb2.OpenDoorbellRequest(header=header)
+        )
+        return Doorbell(reply, f"the doorbell of {self.endpoint.description}")
 
     def upload(
         self, model: Path | str, progress: Progress | None = None, *, hashing: Progress | None = None

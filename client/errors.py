@@ -114,15 +114,23 @@ def from_rpc_error(exc: grpc.RpcError, where: str) -> RknnError:
         for key, value in trailing
         if str(key).startswith(HINT_PREFIX)
     }
-    reason = parse_reason(next((value for key, value in trailing if key == REASON_METADATA_KEY), None))
+    reason = next((value for key, value in trailing if key == REASON_METADATA_KEY), None)
+    return from_status(code, details, reason, hints, where)
+
+
+def from_status(
+    code: grpc.StatusCode, details: str, reason: str | bytes | None, hints: dict[str, str], where: str
+) -> RknnError:
+    """The typed exception for a status the daemon answered (a failed call's, or a doorbell reply's)."""
+    parsed = parse_reason(reason)
     if code == grpc.StatusCode.UNAVAILABLE:
         return ConnectionFailed(
             f"{where}: the daemon is not reachable ({details}). Check that rknn_server runs on the board "
             "(rknn-client doctor --device ID walks the whole chain)"
         )
-    kind = _BY_REASON.get(reason) if reason is not None else None
+    kind = _BY_REASON.get(parsed) if parsed is not None else None
     kind = kind or _BY_CODE.get(code, RknnError)
-    return kind(f"{details} [{code.name} from {where}]", hints=hints, reason=reason)
+    return kind(f"{details} [{code.name} from {where}]", hints=hints, reason=parsed)
 
 
 def advice(error: BaseException, interface: str) -> str:

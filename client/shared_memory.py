@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rknn_client.doorbell import Doorbell, DoorbellLost
 from rknn_client.errors import NotFound, RknnError, SessionLost
 from rknn_proto import codec, rknn_pb2
 
@@ -140,10 +141,18 @@ def _discard(region_map: mmap.mmap, path: Path | None) -> None:
 
 @dataclass
 class _Bound:
-    """A session's region and the session id it was registered for."""
+    """A session's region and the session id it was registered for; the doorbell ringing its
+    frames, and the header (less its frame id) that doorbell was opened for."""
 
     session_id: str
     region: Region
+    doorbell: Doorbell | None = None
+    plan: bytes = b""
+
+    def hang_up(self) -> None:
+        if self.doorbell is not None:
+            self.doorbell.close()
+            self.doorbell = None
 
 
 _DEVICES: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()
@@ -151,6 +160,7 @@ _SESSIONS: weakref.WeakKeyDictionary[Session, _Bound] = weakref.WeakKeyDictionar
 _KINDS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: memfd works
 _LOCKS: weakref.WeakKeyDictionary[Session, threading.Lock] = weakref.WeakKeyDictionary()
 _LENT: weakref.WeakSet[Session] = weakref.WeakSet()  # sessions whose outputs are lent, not copied
+_DOORBELLS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: offered, works
 _GUARD = threading.Lock()
 
 
@@ -165,6 +175,7 @@ def usable(device: Device) -> bool:
             except RknnError:
                 info = rknn_pb2.SharedMemoryInfo()
             known = info.allowed and bool(info.boot_id) and info.boot_id == local_boot_id()
+            _DOORBELLS[device] = known and info.doorbell
             if not known:
                 log.debug("shared memory not used with %s: %s", device.endpoint.description, info.reason)
         _DEVICES[device] = known
@@ -174,6 +185,13 @@ def usable(device: Device) -> bool:
 def disable(device: Device) -> None:
     """Keep this device's frames on the wire from now on (e.g. RKNN_SHM was not enough: tests)."""
     _DEVICES[device] = False
+
+
+def use_doorbell(device: Device, use: bool = True) -> None:
+    """Ring this device's frames on doorbells (the default where the daemon offers them) or send
+    each as a RunShared call (`use=False`: e.g. to measure one against the other)."""
+    usable(device)
+    _DOORBELLS[device] = use and _DOORBELLS.get(device, False)
 
 
 def lend_outputs(session: Session, lend: bool = True) -> None:
@@ -238,6 +256,7 @@ def _region(session: Session, size: int) -> Region | None:
 
 
 def _unregister(device: Device, bound: _Bound) -> None:
+    bound.hang_up()
     with contextlib.suppress(RknnError):  # gone with its session already
         device.unregister_shared_memory(bound.region.key)
     bound.region.close()
@@ -282,7 +301,6 @@ def _run_frame(
     room: list[int],
     progress: Callable[[int, int], None],
 ) -> list[np.ndarray] | None:
-    device = session.device
     inputs_size = sum(_aligned(a.nbytes) for a in wire)
     region = _region(session, inputs_size + sum(_aligned(r) for r in room))
     if region is None:
@@ -298,16 +316,17 @@ def _run_frame(
     shared.input_regions.extend(input_slots)
     shared.output_regions.extend(output_slots)
     try:
-        reply = device.run_shared(shared)
+        ran = _outputs_header(session, _SESSIONS[session], shared)
     except SessionLost:
         raise
     except NotFound:  # the region is gone (unregistered, reaped): the next frame registers another
         bound = _SESSIONS.pop(session, None)
         if bound is not None:
+            bound.hang_up()
             bound.region.close()
         return None
-    session.last_run_time_us = reply.header.run_time_us
-    metas = reply.header.outputs
+    session.last_run_time_us = ran.run_time_us
+    metas = ran.outputs
     layouts = codec.check_metas(metas, _OUTPUT_LIMITS, "output")
     lent = session in _LENT
     outputs = []
@@ -323,4 +342,33 @@ def _run_frame(
     return session.real_outputs(outputs)
 
 
-__all__ = ["ENV", "disable", "enabled_by_env", "lend_outputs", "run_frame", "usable"]
+def _outputs_header(
+    session: Session, bound: _Bound, header: rknn_pb2.InferenceHeader
+) -> rknn_pb2.OutputsHeader:
+    """Ring the frame on the session's doorbell for this header (opened on first use), else send it
+    as one RunShared call: where the daemon offers no doorbell, refuses one, or the doorbell is lost."""
+    device = session.device
+    if _DOORBELLS.get(device, False):
+        plan = rknn_pb2.InferenceHeader()
+        plan.CopyFrom(header)
+        plan.frame_id = 0
+        key = plan.SerializeToString(deterministic=True)
+        if bound.doorbell is None or bound.plan != key:
+            bound.hang_up()
+            try:
+                bound.doorbell, bound.plan = device.open_doorbell(plan), key
+            except (SessionLost, NotFound):
+                raise
+            except RknnError as exc:  # refused (an older daemon, another network namespace...)
+                log.debug("no doorbell from %s: %s", device.endpoint.description, exc)
+                _DOORBELLS[device] = False
+        if bound.doorbell is not None:
+            try:
+                return bound.doorbell.ring(header.frame_id)
+            except DoorbellLost as exc:
+                log.debug("%s; the frame goes as a RunShared call", exc)
+                bound.hang_up()
+    return device.run_shared(header).header
+
+
+__all__ = ["ENV", "disable", "enabled_by_env", "lend_outputs", "run_frame", "usable", "use_doorbell"]

@@ -1614,6 +1614,7 @@ class SharedMemoryInfo(_message.Message):
     BOOT_ID_FIELD_NUMBER: _builtins.int
     MAX_REGIONS_PER_CLIENT_FIELD_NUMBER: _builtins.int
     MAX_BYTES_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    DOORBELL_FIELD_NUMBER: _builtins.int
     allowed: _builtins.bool
     """True when this caller may register regions (--shm on, a loopback caller the kernel names)."""
     reason: _builtins.str
@@ -1625,6 +1626,8 @@ class SharedMemoryInfo(_message.Message):
     max_regions_per_client: _builtins.int
     """Most regions, and most bytes of regions, one client may have registered at once."""
     max_bytes_per_client: _builtins.int
+    doorbell: _builtins.bool
+    """True when OpenDoorbell is offered to this caller."""
     def __init__(
         self,
         *,
@@ -1633,10 +1636,11 @@ class SharedMemoryInfo(_message.Message):
         boot_id: _builtins.str = ...,
         max_regions_per_client: _builtins.int = ...,
         max_bytes_per_client: _builtins.int = ...,
+        doorbell: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "boot_id", b"boot_id", "max_bytes_per_client", b"max_bytes_per_client", "max_regions_per_client", b"max_regions_per_client", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "boot_id", b"boot_id", "doorbell", b"doorbell", "max_bytes_per_client", b"max_bytes_per_client", "max_regions_per_client", b"max_regions_per_client", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1866,3 +1870,141 @@ class SharedMemoryStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SharedMemoryStatusResponse: _TypeAlias = SharedMemoryStatusResponse  # noqa: Y015
+
+@_typing.final
+class OpenDoorbellRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___InferenceHeader:
+        """What every ring runs: a RunShared header (session_id, inputs, input_regions, output_regions,
+        native_outputs); its frame_id is ignored (each ring carries its own).
+        """
+
+    def __init__(
+        self,
+        *,
+        header: Global___InferenceHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenDoorbellRequest: _TypeAlias = OpenDoorbellRequest  # noqa: Y015
+
+@_typing.final
+class OpenDoorbellResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    TICKET_FIELD_NUMBER: _builtins.int
+    TICKET_TTL_S_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    """The doorbell's unix socket in the abstract namespace, without the leading NUL byte."""
+    ticket: _builtins.bytes
+    """Sent as the first message on the socket; good once, for ticket_ttl_s seconds."""
+    ticket_ttl_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        ticket: _builtins.bytes = ...,
+        ticket_ttl_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "ticket", b"ticket", "ticket_ttl_s", b"ticket_ttl_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenDoorbellResponse: _TypeAlias = OpenDoorbellResponse  # noqa: Y015
+
+@_typing.final
+class DoorbellRing(_message.Message):
+    """One frame, rung on an open doorbell. On SOCK_SEQPACKET an empty message reads like the end of the
+    connection, so no doorbell message is ever empty: frame_id is always present (explicit presence),
+    and a reply always carries outputs (empty for the ticket's) or a non-zero code.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAME_ID_FIELD_NUMBER: _builtins.int
+    frame_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        frame_id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_frame_id", b"_frame_id", "frame_id", b"frame_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frame_id", b"_frame_id", "frame_id", b"frame_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__frame_id: _TypeAlias = _typing.Literal["frame_id"]  # noqa: Y015
+    _WhichOneofArgType__frame_id: _TypeAlias = _typing.Literal["_frame_id", b"_frame_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_id) -> _WhichOneofReturnType__frame_id | None: ...
+
+Global___DoorbellRing: _TypeAlias = DoorbellRing  # noqa: Y015
+
+@_typing.final
+class DoorbellReply(_message.Message):
+    """The answer to a ticket (code 0: the doorbell is open) and to each ring."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HintsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    HINTS_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A gRPC status code: 0 when the frame ran (its outputs are in their slots, described by
+    `outputs`), else why not, as a RunShared call would have failed.
+    """
+    message: _builtins.str
+    reason: _builtins.str
+    """The error's rknn_proto.reasons value and hints, as the rknn-error-reason and rknn-hint-*
+    trailing metadata of a failed call carry them.
+    """
+    @_builtins.property
+    def hints(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def outputs(self) -> Global___OutputsHeader: ...
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        hints: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        outputs: Global___OutputsHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outputs", b"outputs"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "hints", b"hints", "message", b"message", "outputs", b"outputs", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DoorbellReply: _TypeAlias = DoorbellReply  # noqa: Y015

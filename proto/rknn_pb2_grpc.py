@@ -130,6 +130,11 @@ class RknnServerStub:
                 request_serializer=rknn__proto_dot_rknn__pb2.RunRequest.SerializeToString,
                 response_deserializer=rknn__proto_dot_rknn__pb2.RunResponse.FromString,
                 _registered_method=True)
+        self.OpenDoorbell = channel.unary_unary(
+                '/rknn.v1.RknnServer/OpenDoorbell',
+                request_serializer=rknn__proto_dot_rknn__pb2.OpenDoorbellRequest.SerializeToString,
+                response_deserializer=rknn__proto_dot_rknn__pb2.OpenDoorbellResponse.FromString,
+                _registered_method=True)
 
 
 class RknnServerServicer:
@@ -298,6 +303,21 @@ class RknnServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenDoorbell(self, request, context):
+        """A doorbell for RunShared frames: the header (a RunShared header: the session, the inputs' metas,
+        the input and output regions, native_outputs) is checked once, here, and every ring of the
+        doorbell then runs one frame of it, its inputs read afresh from the regions, with no gRPC call
+        per frame. The reply names a unix socket (SOCK_SEQPACKET, abstract namespace, in the daemon's
+        network namespace) and a one-use ticket; the caller connects, sends the ticket as its first
+        message and reads a DoorbellReply (code 0: open). Each DoorbellRing it sends after that is
+        answered by one DoorbellReply. The connection must come from the caller's user (SO_PEERCRED);
+        it closes with its session, when the header's regions are unregistered, and when either side
+        closes it. Offered when GetInfo's shared_memory.doorbell is true.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RknnServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -395,6 +415,11 @@ def add_RknnServerServicer_to_server(servicer, server):
                     servicer.RunShared,
                     request_deserializer=rknn__proto_dot_rknn__pb2.RunRequest.FromString,
                     response_serializer=rknn__proto_dot_rknn__pb2.RunResponse.SerializeToString,
+            ),
+            'OpenDoorbell': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenDoorbell,
+                    request_deserializer=rknn__proto_dot_rknn__pb2.OpenDoorbellRequest.FromString,
+                    response_serializer=rknn__proto_dot_rknn__pb2.OpenDoorbellResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -911,6 +936,33 @@ class RknnServer:
             '/rknn.v1.RknnServer/RunShared',
             rknn__proto_dot_rknn__pb2.RunRequest.SerializeToString,
             rknn__proto_dot_rknn__pb2.RunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenDoorbell(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rknn.v1.RknnServer/OpenDoorbell',
+            rknn__proto_dot_rknn__pb2.OpenDoorbellRequest.SerializeToString,
+            rknn__proto_dot_rknn__pb2.OpenDoorbellResponse.FromString,
             options,
             channel_credentials,
             insecure,

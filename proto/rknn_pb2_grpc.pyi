@@ -120,6 +120,17 @@ class RknnServerStub:
     tensor bytes travel in the request or the reply (RunResponse.outputs stays empty, its header's
     metas say what was written where).
     """
+    OpenDoorbell: _grpc.UnaryUnaryMultiCallable[_rknn_pb2.OpenDoorbellRequest, _rknn_pb2.OpenDoorbellResponse]
+    """A doorbell for RunShared frames: the header (a RunShared header: the session, the inputs' metas,
+    the input and output regions, native_outputs) is checked once, here, and every ring of the
+    doorbell then runs one frame of it, its inputs read afresh from the regions, with no gRPC call
+    per frame. The reply names a unix socket (SOCK_SEQPACKET, abstract namespace, in the daemon's
+    network namespace) and a one-use ticket; the caller connects, sends the ticket as its first
+    message and reads a DoorbellReply (code 0: open). Each DoorbellRing it sends after that is
+    answered by one DoorbellReply. The connection must come from the caller's user (SO_PEERCRED);
+    it closes with its session, when the header's regions are unregistered, and when either side
+    closes it. Offered when GetInfo's shared_memory.doorbell is true.
+    """
 
 @_typing.type_check_only
 class RknnServerAsyncStub(RknnServerStub):
@@ -201,6 +212,17 @@ class RknnServerAsyncStub(RknnServerStub):
     the header's input_regions and output_regions name them (one per input, one per output); no
     tensor bytes travel in the request or the reply (RunResponse.outputs stays empty, its header's
     metas say what was written where).
+    """
+    OpenDoorbell: _aio.UnaryUnaryMultiCallable[_rknn_pb2.OpenDoorbellRequest, _rknn_pb2.OpenDoorbellResponse]  # type: ignore[assignment]
+    """A doorbell for RunShared frames: the header (a RunShared header: the session, the inputs' metas,
+    the input and output regions, native_outputs) is checked once, here, and every ring of the
+    doorbell then runs one frame of it, its inputs read afresh from the regions, with no gRPC call
+    per frame. The reply names a unix socket (SOCK_SEQPACKET, abstract namespace, in the daemon's
+    network namespace) and a one-use ticket; the caller connects, sends the ticket as its first
+    message and reads a DoorbellReply (code 0: open). Each DoorbellRing it sends after that is
+    answered by one DoorbellReply. The connection must come from the caller's user (SO_PEERCRED);
+    it closes with its session, when the header's regions are unregistered, and when either side
+    closes it. Offered when GetInfo's shared_memory.doorbell is true.
     """
 
 class RknnServerServicer(metaclass=_abc_1.ABCMeta):
@@ -394,6 +416,23 @@ class RknnServerServicer(metaclass=_abc_1.ABCMeta):
         the header's input_regions and output_regions name them (one per input, one per output); no
         tensor bytes travel in the request or the reply (RunResponse.outputs stays empty, its header's
         metas say what was written where).
+        """
+
+    @_abc_1.abstractmethod
+    def OpenDoorbell(
+        self,
+        request: _rknn_pb2.OpenDoorbellRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rknn_pb2.OpenDoorbellResponse, _abc.Awaitable[_rknn_pb2.OpenDoorbellResponse]]:
+        """A doorbell for RunShared frames: the header (a RunShared header: the session, the inputs' metas,
+        the input and output regions, native_outputs) is checked once, here, and every ring of the
+        doorbell then runs one frame of it, its inputs read afresh from the regions, with no gRPC call
+        per frame. The reply names a unix socket (SOCK_SEQPACKET, abstract namespace, in the daemon's
+        network namespace) and a one-use ticket; the caller connects, sends the ticket as its first
+        message and reads a DoorbellReply (code 0: open). Each DoorbellRing it sends after that is
+        answered by one DoorbellReply. The connection must come from the caller's user (SO_PEERCRED);
+        it closes with its session, when the header's regions are unregistered, and when either side
+        closes it. Offered when GetInfo's shared_memory.doorbell is true.
         """
 
 def add_RknnServerServicer_to_server(servicer: RknnServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

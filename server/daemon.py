@@ -26,6 +26,7 @@ from rknn_server import __version__
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.calls import Recorder
 from rknn_server.data_plane import DataPlane
+from rknn_server.doorbell import Doorbells
 from rknn_server.guard import Guard
 from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
 from rknn_server.kserve import grpc_service as v2
@@ -341,6 +342,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         ShmLimits(enabled=config.shm), limits.session_idle_timeout_s, security.access.listeners
     )
     plane.on_close.append(shared.session_closed)
+    doorbells = Doorbells(plane, shared, metrics)
+    if config.shm:
+        doorbells.start()
+    plane.on_close.append(doorbells.session_closed)
     facts = ServiceConfig(
         runtime_reason=reason,
         board=probe.board_model,
@@ -363,7 +368,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         config,
         security,
         guard,
-        RknnService(plane, reservations, facts, limits, shared),
+        RknnService(plane, reservations, facts, limits, shared, doorbells),
         v2.InferenceService(models, serving.is_set),
     )
 
@@ -427,6 +432,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     await legacy_listener.close()
     reaper.cancel()
     maintenance.cancel()
+    doorbells.close_all()
     plane.close_all("daemon shutting down")
     shared.close_all()
     plane.executor.shutdown(wait=False, cancel_futures=True)

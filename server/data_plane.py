@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -23,7 +23,7 @@ import structlog
 from rknn_proto import codec
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump
 from rknn_proto.reasons import Reason
-from rknn_server.errors import FailedPrecondition, InvalidInput
+from rknn_server.errors import FailedPrecondition, InvalidInput, NotFound
 from rknn_server.memory import MemoryBudget, MemoryLimits
 from rknn_server.metrics import DaemonMetrics
 from rknn_server.model_cache import ModelCache
@@ -166,29 +166,44 @@ class DataPlane:
     # -- Calls in a session ------------------------------------------------------------------
 
     async def in_session(self, session: Session, fn: Callable[..., T], *args: Any, timed: bool = False) -> T:
-        """Run one runtime call of a session, alone; a lost worker marks the session broken.
+        """Run one runtime call of a session, alone, in the executor (DataPlane.alone).
 
         `timed` calls (model runs) count the wait for the session's lock as queueing and the runtime
         call as compute, per model."""
         queued = time.perf_counter()
         async with session.lock:
-            started = time.perf_counter()
-            if session.broken:
-                raise FailedPrecondition(
-                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again",
-                    reason=Reason.SESSION_BROKEN,
-                )
-            work = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+            work = asyncio.get_running_loop().run_in_executor(
+                self.executor, self.alone, session, queued, timed, fn, *args
+            )
             try:
-                result = await asyncio.shield(work)
-                if timed:
-                    self.metrics.model_run(session.digest, started - queued, time.perf_counter() - started)
-                return result
+                return await asyncio.shield(work)
             except asyncio.CancelledError:
                 # The caller went away, but the runtime is still busy: keep the session locked (so that
                 # the reaper cannot free a model mid-call) until the call really ends.
                 await asyncio.wait([work])
                 raise
+
+    def alone(self, session: Session, queued: float, timed: bool, fn: Callable[..., T], *args: Any) -> T:
+        """One runtime call of a session on this thread, under its compute lock: an executor job of
+        `in_session`, or a doorbell's frame (server/doorbell.py). A closed session does not run, and a
+        lost worker marks the session broken."""
+        with session.compute:
+            started = time.perf_counter()
+            if session.closed:
+                raise NotFound(
+                    f"session {session.id!r} was closed (released, or idle for its lease); call init_runtime again",
+                    reason=Reason.SESSION_NOT_FOUND,
+                )
+            if session.broken:
+                raise FailedPrecondition(
+                    f"session {session.id!r} is broken ({session.broken}); release it and call init_runtime again",
+                    reason=Reason.SESSION_BROKEN,
+                )
+            try:
+                result = fn(*args)
+                if timed:
+                    self.metrics.model_run(session.digest, started - queued, time.perf_counter() - started)
+                return result
             except WorkerLost as exc:
                 session.broken = str(exc)
                 log.warning("session_broken", session=session.id, reason=str(exc))
@@ -226,13 +241,33 @@ class DataPlane:
         self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]
     ) -> AsyncGenerator[LayerDump, None]:
         """The session's layer dump of one frame, one layer at a time, the session held throughout."""
-        async with session.lock:
+        # Its steps run on several executor threads, so the compute lock is held for the whole dump.
+        async with session.lock, self._computing(session):
+            if session.closed:
+                raise NotFound(f"session {session.id!r} was closed", reason=Reason.SESSION_NOT_FOUND)
             # Some runtimes start their capture when asked for the iterator: that call blocks too.
             dump = await self.blocking(session.runtime.dump_layers, arrays, formats)
             async with aclosing(self._step(dump)) as layers:
                 async for layer in layers:
                     yield layer
                     session.renew()
+
+    @asynccontextmanager
+    async def _computing(self, session: Session) -> AsyncIterator[None]:
+        """Hold the session's compute lock across several executor jobs (a threading.Lock may be
+        released by another thread than the one that took it); taken in the executor, as a doorbell's
+        frame may hold it, and given back even when the caller is cancelled meanwhile."""
+        taking = asyncio.get_running_loop().run_in_executor(self.executor, session.compute.acquire)
+        try:
+            await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            await asyncio.wait([taking])
+            session.compute.release()
+            raise
+        try:
+            yield
+        finally:
+            session.compute.release()
 
     async def _step(self, layers: Iterator[LayerDump]) -> AsyncGenerator[LayerDump, None]:
         """Advance a runtime's blocking layer iterator in the executor, one layer at a time.

@@ -96,6 +96,12 @@ class DaemonMetrics:
             ["reason"],
             registry=r,
         )
+        self.doorbell_frames = Counter(
+            "rknn_doorbell_frames",
+            "Shared-memory frames rung on doorbells (server/doorbell.py: no gRPC call each), by outcome",
+            ["code"],
+            registry=r,
+        )
 
     def rpc_done(self, method: str, outcome: str, seconds: float, bytes_in: int, bytes_out: int) -> None:
         series = self._rpc_series.get((method, outcome))
@@ -119,6 +125,9 @@ class DaemonMetrics:
         model = self._model_label(digest)
         self.queue_seconds.labels(model).observe(queue_s)
         self.compute_seconds.labels(model).observe(compute_s)
+
+    def doorbell_frame(self, code: str) -> None:
+        self.doorbell_frames.labels(code).inc()
 
     def worker_lost(self, reason: str) -> None:
         self.workers_lost.labels(reason).inc()

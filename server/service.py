@@ -23,7 +23,8 @@ from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RESERVATI
 from rknn_server import __version__
 from rknn_server.calls import Call
 from rknn_server.data_plane import DataPlane, OpenRequest
-from rknn_server.errors import InvalidInput
+from rknn_server.doorbell import TICKET_TTL_S, Doorbells
+from rknn_server.errors import FailedPrecondition, InvalidInput
 from rknn_server.frames import check_chunk
 from rknn_server.guard import Codecs, client_identity, current_call
 from rknn_server.limits import Limits
@@ -31,7 +32,7 @@ from rknn_server.pipeline import Pipeline, Traffic
 from rknn_server.reservations import ReservationBook
 from rknn_server.sessions import Session
 from rknn_server.shm import SharedMemoryRegistry, ShmLimits
-from rknn_server.shm_run import run_shared
+from rknn_server.shm_run import prepare, run_shared
 from rknn_server.upload_wire import Chunk, parse_upload_request, upload_chunk
 from rknn_server.uploads import Upload
 
@@ -114,6 +115,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         config: ServiceConfig,
         limits: Limits,
         shared: SharedMemoryRegistry | None = None,
+        doorbells: Doorbells | None = None,
     ) -> None:
         self.plane = plane
         self.reservations = reservations
@@ -121,6 +123,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         self.limits = limits
         self.pipeline = Pipeline(plane)
         self.shared = shared if shared is not None else SharedMemoryRegistry(ShmLimits(enabled=False), 0.0)
+        self.doorbells = doorbells
 
     # -- GetInfo -----------------------------------------------------------------------------
 
@@ -344,6 +347,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             boot_id=self.shared.boot_id,
             max_regions_per_client=limits.max_regions_per_client,
             max_bytes_per_client=limits.max_bytes_per_client,
+            doorbell=refused is None and self.doorbells is not None and self.doorbells.available,
         )
 
     async def RegisterSharedMemory(
@@ -399,6 +403,23 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             header=rknn_pb2.OutputsHeader(
                 outputs=result.metas, run_time_us=result.run_time_us, frame_id=header.frame_id
             )
+        )
+
+    async def OpenDoorbell(
+        self, request: rknn_pb2.OpenDoorbellRequest, context: grpc.aio.ServicerContext
+    ) -> rknn_pb2.OpenDoorbellResponse:
+        uid = self.shared.admit(context.peer() or "")  # the doorbell's connection must come from it
+        if self.doorbells is None or not self.doorbells.available:
+            raise FailedPrecondition(
+                "this daemon offers no doorbell (GetInfo's shared_memory.doorbell is false); use RunShared"
+            )
+        header = request.header
+        owner = client_identity()
+        frame = prepare(self.plane, self.shared, self._session(header.session_id), header, owner)
+        return rknn_pb2.OpenDoorbellResponse(
+            address=self.doorbells.address,
+            ticket=self.doorbells.open(uid, frame),
+            ticket_ttl_s=TICKET_TTL_S,
         )
 
 

@@ -2,13 +2,16 @@
 
 A session whose client stops calling (crash, cable pulled) is released by the reaper after the
 idle timeout, freeing its runtime memory and unpinning its model: nothing needs a daemon restart.
-Calls into one session are serialised by its lock; different sessions run in parallel.
+Calls into one session are serialised by its lock (the event loop's callers queue on it) and run
+under its compute lock (a thread's: the doorbells' threads ring frames without the event loop);
+different sessions run in parallel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,8 +35,12 @@ class Session:
     owner: str = ""
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Held by whichever thread runs the runtime: an executor job or a doorbell's thread.
+    compute: threading.Lock = field(default_factory=threading.Lock)
     # Why the session can no longer run (its worker was killed); empty while it is healthy.
     broken: str = ""
+    # Set (under `compute`) once its runtime is freed: a doorbell holding the session stops there.
+    closed: bool = False
 
     def renew(self) -> None:
         self.last_used = time.monotonic()
@@ -123,9 +130,11 @@ class SessionRegistry:
 
     def close(self, session: Session, reason: str) -> None:
         """Free a session's runtime (the data plane unpins its model); never raises (a failing close
-        must not hurt other sessions)."""
-        try:
-            session.runtime.close()
-        except Exception as exc:
-            log.warning("session_close_failed", session=session.id, error=str(exc))
+        must not hurt other sessions). A frame in flight on a doorbell's thread ends first."""
+        with session.compute:
+            session.closed = True
+            try:
+                session.runtime.close()
+            except Exception as exc:
+                log.warning("session_close_failed", session=session.id, error=str(exc))
         log.info("session_released", session=session.id, reason=reason, model=session.digest[:12])

@@ -24,7 +24,7 @@ from rknn_proto import codec, rknn_pb2
 from rknn_proto.messages import QuantType, TensorAttr
 from rknn_server.data_plane import DataPlane
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.frames import arrange, check_inputs, wire_outputs
+from rknn_server.frames import InputPlan, arrange, check_inputs, wire_outputs
 from rknn_server.sessions import Session
 from rknn_server.shm import Region, SharedMemoryRegistry
 
@@ -122,6 +122,64 @@ def _inputs(
     return arrays
 
 
+@dataclass
+class SharedFrame:
+    """A RunShared header checked against its session and regions, ready to run: once for a
+    RunShared call, once per ring for a doorbell (server/doorbell.py), inputs read afresh each time."""
+
+    session: Session
+    inputs: list[Slot]
+    outputs: list[Slot]
+    layouts: list[tuple[np.dtype, tuple[int, ...]]]
+    plans: list[InputPlan]
+    buffers: list[np.ndarray | None]  # a /dev/shm file's input bytes are read into these
+    targets: list[np.ndarray] | None  # where the runtime writes the outputs, when it can in place
+    native: bool
+
+    @property
+    def regions(self) -> list[Region]:
+        return [slot.region for slot in self.inputs + self.outputs]
+
+    def run(self) -> list[rknn_pb2.TensorMeta]:
+        """Read the inputs, run, write the outputs (on the thread that holds the session)."""
+        arrays = _inputs(self.inputs, self.buffers, self.layouts)
+        formats = [p.format for p in self.plans]
+        runtime = self.session.runtime
+        if self.targets is None:
+            ran = runtime.run(arrange(arrays, self.plans), formats)
+        else:
+            ran = runtime.run_into(arrange(arrays, self.plans), self.targets, formats)
+        del arrays
+        metas, wire = wire_outputs(ran, runtime.outputs, self.native)
+        for i, (slot, array) in enumerate(zip(self.outputs, wire, strict=True)):
+            _check_fits(i, array.nbytes, slot)
+        for i, (slot, array) in enumerate(zip(self.outputs, wire, strict=True)):
+            if self.targets is None or array is not self.targets[i]:  # else the runtime wrote it there
+                slot.region.write(array, slot.offset)
+        return metas
+
+
+def prepare(
+    plane: DataPlane,
+    registry: SharedMemoryRegistry,
+    session: Session,
+    header: rknn_pb2.InferenceHeader,
+    owner: str,
+) -> SharedFrame:
+    """Check a frame whose tensors live in the owner's regions; nothing is read yet. A /dev/shm
+    file's inputs need buffers, held against --max-memory for as long as the frame is kept."""
+    layouts = codec.check_metas(header.inputs, plane.tensor_limits, "input")
+    plans = check_inputs(session.runtime.inputs, header.inputs)
+    inputs, outputs = _plan(header, session, registry, owner)
+    buffers = [
+        None if slot.region.map is not None else np.empty(m.byte_length, dtype=np.uint8)
+        for slot, m in zip(inputs, header.inputs, strict=True)
+    ]
+    plane.frame_memory.hold([b for b in buffers if b is not None], f"the inputs of frame {header.frame_id}")
+    targets = _in_place(outputs, session.runtime.outputs, header.native_outputs)
+    return SharedFrame(session, inputs, outputs, layouts, plans, buffers, targets, header.native_outputs)
+
+
 async def run_shared(
     plane: DataPlane,
     registry: SharedMemoryRegistry,
@@ -129,48 +187,17 @@ async def run_shared(
     header: rknn_pb2.InferenceHeader,
     owner: str,
 ) -> SharedResult:
-    """Run one frame whose tensors live in the owner's regions.
-
-    Reading the inputs, the run and writing the outputs are one job in the executor under the
-    session's lock (DataPlane.in_session): one thread hop per frame, as on the wire."""
-    layouts = codec.check_metas(header.inputs, plane.tensor_limits, "input")
-    plans = check_inputs(session.runtime.inputs, header.inputs)
-    inputs, outputs = _plan(header, session, registry, owner)
-    # A mapped region is read in place; a file's bytes need a buffer, held against --max-memory.
-    buffers = [
-        None if slot.region.map is not None else np.empty(m.byte_length, dtype=np.uint8)
-        for slot, m in zip(inputs, header.inputs, strict=True)
-    ]
-    plane.frame_memory.hold([b for b in buffers if b is not None], f"the inputs of frame {header.frame_id}")
-    specs = session.runtime.outputs
-
-    targets = _in_place(outputs, specs, header.native_outputs)
-
-    def work() -> list[rknn_pb2.TensorMeta]:
-        arrays = _inputs(inputs, buffers, layouts)
-        buffers.clear()  # the arrays hold them now, and go (with their budget) once the run is done
-        formats = [p.format for p in plans]
-        if targets is None:
-            ran = session.runtime.run(arrange(arrays, plans), formats)
-        else:
-            ran = session.runtime.run_into(arrange(arrays, plans), targets, formats)
-        del arrays
-        metas, wire = wire_outputs(ran, specs, header.native_outputs)
-        for i, (slot, array) in enumerate(zip(outputs, wire, strict=True)):
-            _check_fits(i, array.nbytes, slot)
-        for i, (slot, array) in enumerate(zip(outputs, wire, strict=True)):
-            if targets is None or array is not targets[i]:  # else the runtime wrote it there
-                slot.region.write(array, slot.offset)
-        return metas
-
-    used = [slot.region for slot in inputs + outputs]
-    registry.acquire(used)
+    """Run one frame whose tensors live in the owner's regions: reading the inputs, the run and
+    writing the outputs are one job in the executor under the session's lock (DataPlane.in_session),
+    one thread hop per frame, as on the wire."""
+    frame = prepare(plane, registry, session, header, owner)
+    registry.acquire(frame.regions)
     start = time.perf_counter()
     try:
-        metas = await plane.in_session(session, work, timed=True)
+        metas = await plane.in_session(session, frame.run, timed=True)
     finally:
-        registry.release(used)
+        registry.release(frame.regions)
     return SharedResult(metas, int((time.perf_counter() - start) * 1e6))
 
 
-__all__ = ["SharedResult", "run_shared"]
+__all__ = ["SharedFrame", "SharedResult", "prepare", "run_shared"]

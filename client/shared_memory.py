@@ -28,6 +28,7 @@ import mmap
 import os
 import secrets
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ SHM_DIR = Path("/dev/shm")
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 ALIGN = 64
 MIN_REGION_BYTES = 1 << 20
+DOORBELL_RETRY_S = 5.0
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
 log = logging.getLogger("rknn_client.shared_memory")
 
@@ -148,6 +150,7 @@ class _Bound:
     region: Region
     doorbell: Doorbell | None = None
     plan: bytes = b""
+    retry_at: float = 0.0  # a doorbell that could not be had is asked for again after this
 
     def hang_up(self) -> None:
         if self.doorbell is not None:
@@ -346,20 +349,25 @@ def _outputs_header(
     session: Session, bound: _Bound, header: rknn_pb2.InferenceHeader
 ) -> rknn_pb2.OutputsHeader:
     """Ring the frame on the session's doorbell for this header (opened on first use), else send it
-    as one RunShared call: where the daemon offers no doorbell, refuses one, or the doorbell is lost."""
+    as one RunShared call: where the daemon offers no doorbell or refuses one (then never again on
+    this device), where it cannot take one now (asked again after DOORBELL_RETRY_S), or where the
+    doorbell is lost (a newer one is opened for the next frame)."""
     device = session.device
     if _DOORBELLS.get(device, False):
         plan = rknn_pb2.InferenceHeader()
         plan.CopyFrom(header)
         plan.frame_id = 0
         key = plan.SerializeToString(deterministic=True)
-        if bound.doorbell is None or bound.plan != key:
+        if (bound.doorbell is None or bound.plan != key) and time.monotonic() >= bound.retry_at:
             bound.hang_up()
             try:
                 bound.doorbell, bound.plan = device.open_doorbell(plan), key
+            except DoorbellLost as exc:  # the daemon's socket is crowded, or not in this namespace
+                log.debug("%s; frames go as RunShared calls for now", exc)
+                bound.retry_at = time.monotonic() + DOORBELL_RETRY_S
             except (SessionLost, NotFound):
                 raise
-            except RknnError as exc:  # refused (an older daemon, another network namespace...)
+            except RknnError as exc:  # refused: an older daemon, a policy
                 log.debug("no doorbell from %s: %s", device.endpoint.description, exc)
                 _DOORBELLS[device] = False
         if bound.doorbell is not None:

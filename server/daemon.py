@@ -426,13 +426,13 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(plane.registry))
     serving.clear()  # /v2/health/ready answers 503 while the calls in flight finish
     await health.enter_graceful_shutdown()
-    await server.stop(config.grace_s)
+    # Calls in flight and doorbell frames in flight finish within the grace period, side by side.
+    await asyncio.gather(server.stop(config.grace_s), asyncio.to_thread(doorbells.close_all, config.grace_s))
     if http_server is not None:
         http_server.close()
     await legacy_listener.close()
     reaper.cancel()
     maintenance.cancel()
-    doorbells.close_all()
     plane.close_all("daemon shutting down")
     shared.close_all()
     plane.executor.shutdown(wait=False, cancel_futures=True)

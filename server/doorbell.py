@@ -69,11 +69,12 @@ class _Bell:
         return self.frame.session.id
 
     def hang_up(self, reason: str) -> None:
-        """Wake the connection's thread from its wait for the next ring (it then ends)."""
+        """Wake the connection's thread from its wait for the next ring (it then ends); a frame in
+        flight still sends its reply (only the reading side is shut)."""
         self.ended_by = reason
         if self.connection is not None:
             with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
+                self.connection.shutdown(socket.SHUT_RD)
 
 
 def _peer_uid(connection: socket.socket) -> int:
@@ -145,14 +146,15 @@ class Doorbells:
     def session_closed(self, session_id: str) -> None:
         """Its doorbell (and any ticket for it) goes with the session."""
         with self._lock:
-            for key, bell in list(self._pending.items()):
-                if bell.session_id == session_id:
-                    del self._pending[key]
+            for key in [k for k, pending in self._pending.items() if pending.session_id == session_id]:
+                del self._pending[key]
             bell = self._open.pop(session_id, None)
         if bell is not None:
             bell.hang_up("its session closed")
 
-    def close_all(self) -> None:
+    def close_all(self, grace_s: float) -> None:
+        """Stop: no new connections, every doorbell hung up once its frame in flight (if any) is
+        answered, waiting for those up to `grace_s` in all (as gRPC's stop waits for its calls)."""
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -163,8 +165,9 @@ class Doorbells:
             self._pending.clear()
         for bell in bells:
             bell.hang_up("the daemon is stopping")
+        deadline = time.monotonic() + grace_s
         for thread in list(self._threads):
-            thread.join(timeout=2.0)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- Threads ---------------------------------------------------------------------------------
 

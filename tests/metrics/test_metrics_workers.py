@@ -49,8 +49,9 @@ def _scrape_until(
 
 
 def test_a_stalled_call_is_in_flight_then_its_killed_worker_is_counted(
-    metrics_daemon_factory, tmp_path: Path, _stall_backend: Path
+    metrics_daemon_factory, tmp_path: Path, _stall_backend: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("RKNN_SHM", "off")  # a call: a frame rung on a doorbell is none
     daemon = metrics_daemon_factory(
         "--isolation",
         "process",

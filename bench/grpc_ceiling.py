@@ -7,7 +7,7 @@ options on both sides, and answers three methods:
 - Bounce: a bidirectional stream whose messages are all sent back once the last has arrived (a
   round trip's ceiling: a model's outputs follow its whole inputs);
 - Call: one unary call (a MobileNetV2-size input in, a small reply out);
-- Echo and Doorbell: a shared-memory frame's floors (`measure_doorbell`): a no-op unary call of a few
+- Echo and Answer: a shared-memory frame's floors (`measure_frame_calls`): a no-op unary call of a few
   hundred bytes, and one such message answered on an open bidirectional stream.
 `measure_ceiling` gives the general figures; `NoOpServer` lets a benchmark measure its ceiling
 alternately with the daemon, side by side.
@@ -35,8 +35,8 @@ STREAM_CHUNK = 1 << 20
 CALL_BYTES = 3 * 224 * 224 * 4
 CALLS = 300
 # A shared-memory frame's request (a header naming slots) and reply (output metas): a few hundred bytes.
-DOORBELL_BYTES = 300
-DOORBELL_REPLY_BYTES = 120
+FRAME_BYTES = 300
+FRAME_REPLY_BYTES = 120
 _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -60,13 +60,13 @@ async def _echo_small(request: bytes, context: grpc.aio.ServicerContext) -> byte
     return b"\0" * 4000
 
 
-async def _doorbell_unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-    return request[:DOORBELL_REPLY_BYTES]
+async def _echo_frame(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    return request[:FRAME_REPLY_BYTES]
 
 
-async def _doorbell(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+async def _answer_each(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
     async for request in requests:
-        yield request[:DOORBELL_REPLY_BYTES]
+        yield request[:FRAME_REPLY_BYTES]
 
 
 async def _serve(port: Any) -> None:
@@ -75,8 +75,8 @@ async def _serve(port: Any) -> None:
         "Drain": grpc.stream_unary_rpc_method_handler(_drain),
         "Bounce": grpc.stream_stream_rpc_method_handler(_bounce),
         "Call": grpc.unary_unary_rpc_method_handler(_echo_small),
-        "Echo": grpc.unary_unary_rpc_method_handler(_doorbell_unary),
-        "Doorbell": grpc.stream_stream_rpc_method_handler(_doorbell),
+        "Echo": grpc.unary_unary_rpc_method_handler(_echo_frame),
+        "Answer": grpc.stream_stream_rpc_method_handler(_answer_each),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ceiling.NoOp", handlers),))
     port.value = server.add_insecure_port("127.0.0.1:0")
@@ -119,7 +119,7 @@ class NoOpServer:
         self.bounce = self._channel.stream_stream("/ceiling.NoOp/Bounce")
         self.call = self._channel.unary_unary("/ceiling.NoOp/Call")
         self.echo = self._channel.unary_unary("/ceiling.NoOp/Echo")
-        self.doorbell = self._channel.stream_stream("/ceiling.NoOp/Doorbell")
+        self.answer = self._channel.stream_stream("/ceiling.NoOp/Answer")
         self.stream_seconds(8 * STREAM_CHUNK, STREAM_CHUNK)  # connected and warm
         return self
 
@@ -146,22 +146,22 @@ class NoOpServer:
         return elapsed
 
 
-def measure_doorbell(calls: int = CALLS, rounds: int = 3) -> dict[str, Any]:
+def measure_frame_calls(calls: int = CALLS, rounds: int = 3) -> dict[str, Any]:
     """The per-frame floors of a shared-memory frame: p50 of a no-op unary call, and of one message
-    answered on an open bidirectional stream, each carrying DOORBELL_BYTES (alternated, per round)."""
-    payload = b"\1" * DOORBELL_BYTES
+    answered on an open bidirectional stream, each carrying FRAME_BYTES (alternated, per round)."""
+    payload = b"\1" * FRAME_BYTES
     unary_p50: list[float] = []
     stream_p50: list[float] = []
     with NoOpServer() as server:
-        bell: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        answers = server.doorbell(iter(bell.get, None))
+        asked: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        answers = server.answer(iter(asked.get, None))
 
-        def ring() -> None:
-            bell.put(payload)
+        def message() -> None:
+            asked.put(payload)
             next(answers)
 
         for _ in range(rounds):
-            for fn, into in ((lambda: server.echo(payload), unary_p50), (ring, stream_p50)):
+            for fn, into in ((lambda: server.echo(payload), unary_p50), (message, stream_p50)):
                 for _ in range(20):
                     fn()
                 times = []
@@ -170,10 +170,10 @@ def measure_doorbell(calls: int = CALLS, rounds: int = 3) -> dict[str, Any]:
                     fn()
                     times.append(time.perf_counter() - start)
                 into.append(statistics.median(times) * 1e3)
-        bell.put(None)
+        asked.put(None)
     return {
-        f"no_op_unary_call_{DOORBELL_BYTES}_bytes_p50_ms": unary_p50,
-        f"no_op_stream_message_{DOORBELL_BYTES}_bytes_p50_ms": stream_p50,
+        f"no_op_unary_call_{FRAME_BYTES}_bytes_p50_ms": unary_p50,
+        f"no_op_stream_message_{FRAME_BYTES}_bytes_p50_ms": stream_p50,
     }
 
 

@@ -1,10 +1,12 @@
 """The shared-memory rows of `make bench`: frames through /dev/shm against ONNX Runtime in-process.
 
-- MobileNetV2: remote p50 with shared memory over in-process p50 (target <= 1.05);
+- MobileNetV2: remote p50 with shared memory over in-process p50 (target <= 1.05), frames rung on a
+  doorbell (the default) and, for comparison, each sent as a RunShared call;
 - a 64 MiB identity round trip with shared memory against the in-process identity (target >= 0.9),
   with the outputs copied out of the region (the default) and lent as views of it (lend_outputs);
-- the per-frame floors: a no-op unary call and a no-op stream message of a frame's size
-  (bench/grpc_ceiling.py), as the p50 ratio they alone would give.
+- the per-frame floors, as the p50 ratio each alone would give: ONNX Runtime in another process woken
+  by one unix-socket message (bench/ring_floor.py: a doorbell's), and a no-op unary call or stream
+  message of a frame's size (bench/grpc_ceiling.py: a RunShared call's).
 
 Interleaved with the in-process runs, so both see the same machine noise. The other rows of
 bench/run.py measure the wire: they run with RKNN_SHM=off, this one with it on.
@@ -24,7 +26,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.grpc_ceiling import measure_doorbell
+from bench import ring_floor
+from bench.grpc_ceiling import measure_frame_calls
 from demo.models import save_mobilenet_v2
 from rknn_client import connect, shared_memory
 from rknn_server.runtime.host import default_threads, session_options
@@ -54,9 +57,16 @@ def _side_by_side(
 
 
 def _measure(
-    daemon: DaemonProcess, model: Path, x: np.ndarray, runs: int, warm: int, lend: bool = False
+    daemon: DaemonProcess,
+    model: Path,
+    x: np.ndarray,
+    runs: int,
+    warm: int,
+    lend: bool = False,
+    doorbell: bool = True,
 ) -> tuple[float, float]:
-    """In-process and shared-memory p50, side by side; `lend`: outputs lent, not copied out."""
+    """In-process and shared-memory p50, side by side; `lend`: outputs lent, not copied out;
+    `doorbell=False`: each frame a RunShared call."""
     threads = default_threads()
     local = ort.InferenceSession(str(model), session_options(threads), providers=["CPUExecutionProvider"])
     name = local.get_inputs()[0].name
@@ -67,6 +77,7 @@ def _measure(
             if not shared_memory.usable(device):
                 raise RuntimeError("the daemon does not allow shared memory to this client")
             shared_memory.lend_outputs(session, lend)
+            shared_memory.use_doorbell(device, doorbell)
             return _side_by_side(lambda: local.run(None, {name: x}), lambda: session.run([x]), runs, warm)
     finally:
         if previous is None:
@@ -79,7 +90,9 @@ def bench_shared_memory(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
     mobilenet = save_mobilenet_v2(work / "mobilenet_v2_shm.onnx")
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     local_p50, shm_p50 = _measure(daemon, mobilenet, x, LATENCY_RUNS, 20)
-    floors = measure_doorbell()
+    call_local_p50, call_p50 = _measure(daemon, mobilenet, x, LATENCY_RUNS, 20, doorbell=False)
+    ring_local_p50, ring_p50 = ring_floor.measure(mobilenet, x, LATENCY_RUNS)
+    floors = measure_frame_calls()
     unary, stream = (statistics.median(v) for v in floors.values())
     elements = TENSOR_BYTES // 4
     identity = big_identity(work / "identity_64mib_shm.onnx", elements)
@@ -90,6 +103,9 @@ def bench_shared_memory(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
         "mobilenet_v2_in_process_p50_ms": local_p50 * 1e3,
         "mobilenet_v2_shm_p50_ms": shm_p50 * 1e3,
         "shm_over_in_process_p50": shm_p50 / local_p50,
+        "mobilenet_v2_shm_runshared_calls_p50_ms": call_p50 * 1e3,
+        "shm_runshared_calls_over_in_process_p50": call_p50 / call_local_p50,
+        "floor_over_in_process_p50_ring": ring_p50 / ring_local_p50,
         **floors,
         # The best any frame could do that costs one Python gRPC call or one stream message.
         "floor_over_in_process_p50_unary": (local_p50 * 1e3 + unary) / (local_p50 * 1e3),

@@ -78,6 +78,26 @@ def test_a_known_workload_is_counted_exactly(
     assert samples(found["rknn_reservation_held"]) == {(): 0}
 
 
+def test_doorbell_frames_are_counted_by_outcome_and_as_model_runs(
+    metered: MetricsDaemon, tmp_path: Path
+) -> None:
+    model = models.small_cnn(tmp_path / "cnn.onnx", seed=8)  # a model of its own: its own label
+    label = describe_files([model]).digest[:12]
+    before = samples(scrape(metered.metrics_url)["rknn_doorbell_frames"], "rknn_doorbell_frames_total")
+    with connect(metered.daemon.url) as device, device.load(model) as session:
+        for _ in range(RUNS):
+            session.run([INPUT])
+        found = scrape(metered.metrics_url)
+    frames = samples(found["rknn_doorbell_frames"], "rknn_doorbell_frames_total")
+    assert frames[(("code", "OK"),)] - before.get((("code", "OK"),), 0) == RUNS
+    assert (
+        samples(found["rknn_model_compute_seconds"], "rknn_model_compute_seconds_count")[(("model", label),)]
+        == RUNS
+    )
+    rpcs = samples(found["rknn_rpc"], "rknn_rpc_total")
+    assert rpcs[(("method", "OpenDoorbell"), ("outcome", "OK"))] >= 1
+
+
 def test_board_telemetry_comes_from_the_probe_root(metered: MetricsDaemon) -> None:
     found = scrape(metered.metrics_url)
     assert samples(found["rknn_npu_load_ratio"]) == {

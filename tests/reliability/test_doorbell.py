@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_client import shared_memory
+from rknn_client import RKNN, shared_memory
 from rknn_client.api import Device, Session
 from rknn_client.doorbell import DoorbellLost
 from rknn_client.errors import NotFound, SessionLost
@@ -91,6 +91,23 @@ def test_frames_ring_the_doorbell_with_the_wires_outputs_bit_for_bit(
     assert wait_until(lambda: events(daemon, "doorbell_closed"))  # logged by the doorbell's own thread
     closed = events(daemon, "doorbell_closed")
     assert [(e["frames"], e["reason"]) for e in closed] == [(len(FRAMES), "its session closed")]
+
+
+def test_the_compat_rknn_inference_rings_the_doorbell(daemons: StartDaemon, cnn: Path) -> None:
+    daemon = daemons()
+    rknn = RKNN()
+    try:
+        assert rknn.load_onnx(str(cnn)) == 0
+        assert rknn.build(do_quantization=False) == 0
+        assert rknn.init_runtime(device_id=daemon.url) == 0
+        image = np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+        outputs = [rknn.inference(inputs=[image]) for _ in range(3)]
+        assert all(o is not None and o[0].shape == (1, 10) for o in outputs)
+    finally:
+        rknn.release()
+    assert rpcs(daemon, "OpenDoorbell") == 1 and rpcs(daemon, "RunShared") == 0 and rpcs(daemon, "Run") == 0
+    assert wait_until(lambda: events(daemon, "doorbell_closed"))
+    assert events(daemon, "doorbell_closed")[0]["frames"] == 3
 
 
 def test_without_the_doorbell_each_frame_is_a_runshared_call(daemons: StartDaemon, cnn: Path) -> None:

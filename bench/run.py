@@ -24,7 +24,6 @@ bench-results/results-only.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -49,7 +48,7 @@ from bench.adb_forward import measure_adb
 from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import NoOpServer, measure_ceiling
 from bench.raw_socket import transfer_seconds
-from bench.shared_memory import bench_shared_memory
+from bench.shared_memory import bench_shared_memory, shared_memory_on
 from demo.models import save_mobilenet_v2
 from rknn_client import connect
 from rknn_client.digest_cache import DigestCache
@@ -262,22 +261,32 @@ def bench_cpu_per_frame(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
     identity = big_identity(work / "identity_602112_bytes.onnx", x.size)
     cpu, wall = _daemon_cpu_per_call(daemon, mobilenet, x)
     serving, _ = _daemon_cpu_per_call(daemon, identity, x.reshape(1, -1))
+    with shared_memory_on():  # the same frames from a client on the daemon's host: rung on a doorbell
+        shared_cpu, shared_wall = _daemon_cpu_per_call(daemon, mobilenet, x)
+        shared_serving, _ = _daemon_cpu_per_call(daemon, identity, x.reshape(1, -1))
     return {
         "frames": CPU_FRAMES,
         "daemon_cpu_ms_per_mobilenet_v2_frame": cpu * 1e3,
         "remote_wall_ms_per_mobilenet_v2_frame": wall * 1e3,
         "daemon_cpu_ms_per_identity_call_602112_bytes_each_way": serving * 1e3,
+        "shared_memory_daemon_cpu_ms_per_mobilenet_v2_frame": shared_cpu * 1e3,
+        "shared_memory_wall_ms_per_mobilenet_v2_frame": shared_wall * 1e3,
+        "shared_memory_daemon_cpu_ms_per_identity_frame": shared_serving * 1e3,
     }
 
 
 def bench_cpu_one_core(work: Path) -> dict[str, Any]:
-    """The same with the daemon pinned to one core (every thread, as `taskset -a -c 0`): what a
-    board's core pays per frame."""
-    daemon = start_daemon(work / "cache-pinned", RESULTS / "bench-daemon-pinned.log", ["--runtime", "host"])
+    """The same with the daemon started on one core (as `taskset -c 0 rknn_server`: it sizes its
+    ONNX Runtime threads for the one core it sees): what a board's core pays per frame."""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})  # the daemon inherits it; this process goes back at once
     try:
-        for task in Path(f"/proc/{daemon.pid}/task").iterdir():
-            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-                os.sched_setaffinity(int(task.name), {0})
+        daemon = start_daemon(
+            work / "cache-pinned", RESULTS / "bench-daemon-pinned.log", ["--runtime", "host"]
+        )
+    finally:
+        os.sched_setaffinity(0, mine)
+    try:
         return {"daemon_pinned_to_core": 0, **bench_cpu_per_frame(daemon, work)}
     finally:
         daemon.stop()

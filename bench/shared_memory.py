@@ -14,12 +14,13 @@ bench/run.py measure the wire: they run with RKNN_SHM=off, this one with it on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +71,21 @@ def _measure(
     threads = default_threads()
     local = ort.InferenceSession(str(model), session_options(threads), providers=["CPUExecutionProvider"])
     name = local.get_inputs()[0].name
+    with shared_memory_on(), connect(daemon.url) as device, device.load(model) as session:
+        if not shared_memory.usable(device):
+            raise RuntimeError("the daemon does not allow shared memory to this client")
+        shared_memory.lend_outputs(session, lend)
+        shared_memory.use_doorbell(device, doorbell)
+        return _side_by_side(lambda: local.run(None, {name: x}), lambda: session.run([x]), runs, warm)
+
+
+@contextlib.contextmanager
+def shared_memory_on() -> Iterator[None]:
+    """RKNN_SHM=on for the Devices made inside (bench.run turns it off for the wire's rows)."""
     previous = os.environ.get(shared_memory.ENV)
     os.environ[shared_memory.ENV] = "on"
     try:
-        with connect(daemon.url) as device, device.load(model) as session:
-            if not shared_memory.usable(device):
-                raise RuntimeError("the daemon does not allow shared memory to this client")
-            shared_memory.lend_outputs(session, lend)
-            shared_memory.use_doorbell(device, doorbell)
-            return _side_by_side(lambda: local.run(None, {name: x}), lambda: session.run([x]), runs, warm)
+        yield
     finally:
         if previous is None:
             os.environ.pop(shared_memory.ENV, None)

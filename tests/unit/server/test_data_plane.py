@@ -178,3 +178,45 @@ def test_the_reaper_spares_a_busy_session_and_closes_an_idle_one(tmp_path, execu
         assert busy_runtime.closed and pins(plane, digest) == 0
 
     asyncio.run(main())
+
+
+def test_a_frame_run_off_the_loop_and_the_executors_calls_take_turns(tmp_path, executor) -> None:
+    """A doorbell's thread runs frames through `alone`: a call from the loop waits for its frame in
+    flight, a close waits for it too, and a closed session's next frame does not run."""
+
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor)
+        session = await plane.open(OpenRequest(digest, "alice"))
+        runtime = runtime_of(plane, session.id, "alice")
+        x = np.ones((1, 3, 4, 4), np.float32)
+        formats = [InputFormat("NCHW")]
+        loop = asyncio.get_running_loop()
+        runtime.proceed.clear()
+        doorbell = loop.run_in_executor(
+            None, plane.alone, session, 0.0, True, session.runtime.run, [x], formats
+        )
+        await loop.run_in_executor(None, runtime.running.wait, 30)
+        runtime.running.clear()
+        queued = asyncio.create_task(plane.run(session, [x], formats))
+        await asyncio.sleep(0.2)
+        assert not runtime.running.is_set() and not queued.done()  # it waits for the frame in flight
+        runtime.proceed.set()
+        np.testing.assert_array_equal((await doorbell)[0], x * 2)
+        np.testing.assert_array_equal((await queued).outputs[0], x * 2)
+        runtime.proceed.clear()
+        doorbell = loop.run_in_executor(
+            None, plane.alone, session, 0.0, True, session.runtime.run, [x], formats
+        )
+        await loop.run_in_executor(None, runtime.running.wait, 30)
+        closing = asyncio.create_task(plane.close(session.id, "alice"))
+        await asyncio.sleep(0.2)
+        assert not runtime.closed and not closing.done()  # the runtime is not freed under a frame
+        runtime.proceed.set()
+        await doorbell
+        await closing
+        assert runtime.closed and session.closed and pins(plane, digest) == 0
+        with pytest.raises(NotFound) as gone:
+            plane.alone(session, 0.0, True, session.runtime.run, [x], formats)
+        assert gone.value.reason is Reason.SESSION_NOT_FOUND
+
+    asyncio.run(main())

@@ -114,10 +114,13 @@ class SessionRegistry:
         return session
 
     def expired(self) -> list[Session]:
-        """Remove and return the sessions whose lease ran out (and that are not busy)."""
+        """Remove and return the sessions whose lease ran out (and that are not busy: no call waiting or
+        running, no doorbell frame running)."""
         now = time.monotonic()
         gone = [
-            s for s in self._sessions.values() if now - s.last_used > s.idle_timeout_s and not s.lock.locked()
+            s
+            for s in self._sessions.values()
+            if now - s.last_used > s.idle_timeout_s and not s.lock.locked() and not s.compute.locked()
         ]
         for s in gone:
             del self._sessions[s.id]

@@ -182,10 +182,10 @@ def test_the_reaper_spares_a_busy_session_and_closes_an_idle_one(tmp_path, execu
 
 def test_a_frame_run_off_the_loop_and_the_executors_calls_take_turns(tmp_path, executor) -> None:
     """A doorbell's thread runs frames through `alone`: a call from the loop waits for its frame in
-    flight, a close waits for it too, and a closed session's next frame does not run."""
+    flight, the reaper spares it, a close waits for it, and a closed session's next frame does not run."""
 
     async def main() -> None:
-        plane, digest = make_plane(tmp_path, executor)
+        plane, digest = make_plane(tmp_path, executor, idle_timeout_s=0.1)
         session = await plane.open(OpenRequest(digest, "alice"))
         runtime = runtime_of(plane, session.id, "alice")
         x = np.ones((1, 3, 4, 4), np.float32)
@@ -197,6 +197,9 @@ def test_a_frame_run_off_the_loop_and_the_executors_calls_take_turns(tmp_path, e
         )
         await loop.run_in_executor(None, runtime.running.wait, 30)
         runtime.running.clear()
+        await asyncio.sleep(0.3)
+        await plane.reap()
+        assert len(plane.registry) == 1  # past its lease, but running a frame: not reaped
         queued = asyncio.create_task(plane.run(session, [x], formats))
         await asyncio.sleep(0.2)
         assert not runtime.running.is_set() and not queued.done()  # it waits for the frame in flight

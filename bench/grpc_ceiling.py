@@ -37,7 +37,7 @@ CALLS = 300
 # A shared-memory frame's request (a header naming slots) and reply (output metas): a few hundred bytes.
 FRAME_BYTES = 300
 FRAME_REPLY_BYTES = 120
-_OPTIONS = [
+GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     *HTTP2_OPTIONS,
@@ -70,7 +70,7 @@ async def _answer_each(requests: AsyncIterator[bytes], context: grpc.aio.Service
 
 
 async def _serve(port: Any) -> None:
-    server = grpc.aio.server(options=_OPTIONS)
+    server = grpc.aio.server(options=GRPC_OPTIONS)
     handlers = {
         "Drain": grpc.stream_unary_rpc_method_handler(_drain),
         "Bounce": grpc.stream_stream_rpc_method_handler(_bounce),
@@ -114,7 +114,7 @@ class NoOpServer:
             if not self._process.is_alive():
                 raise RuntimeError("the no-op gRPC server did not start")
             time.sleep(0.05)
-        self._channel = grpc.insecure_channel(f"127.0.0.1:{port.value}", options=_OPTIONS)
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{port.value}", options=GRPC_OPTIONS)
         self.drain = self._channel.stream_unary("/ceiling.NoOp/Drain")
         self.bounce = self._channel.stream_stream("/ceiling.NoOp/Bounce")
         self.call = self._channel.unary_unary("/ceiling.NoOp/Call")

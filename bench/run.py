@@ -43,7 +43,7 @@ import onnxruntime as ort
 import psutil
 from onnx import helper
 
-from bench import throughput
+from bench import ort_server, throughput
 from bench.adb_forward import measure_adb
 from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import NoOpServer, measure_ceiling
@@ -92,12 +92,17 @@ def bench_latency(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
             t = time.perf_counter()
             session.run([x])
             remote_s.append(time.perf_counter() - t)
+    floor_local_s, floor_s = ort_server.measure(model, x, LATENCY_RUNS)
     return {
         "model": "MobileNetV2 1x3x224x224 float32",
         "onnxruntime_threads": threads,
         "in_process_p50_ms": p50(local_s) * 1e3,
         "remote_p50_ms": p50(remote_s) * 1e3,
         "remote_over_in_process_p50": p50(remote_s) / p50(local_s),
+        # The same frame through ONNX Runtime behind the smallest gRPC server (bench/ort_server.py).
+        "minimal_grpc_server_p50_ms": floor_s * 1e3,
+        "minimal_grpc_server_in_process_p50_ms": floor_local_s * 1e3,
+        "minimal_grpc_server_over_in_process_p50": floor_s / floor_local_s,
         "target": "<= 1.10",
     }
 
@@ -361,9 +366,13 @@ def main(argv: list[str] | None = None) -> int:
                 _measure(results, name, measure)
         if "latency" in results and "grpc_ceiling" in results:
             latency = results["latency"]
+            call_ms = results["grpc_ceiling"]["no_op_unary_call_with_602112_bytes_p50_ms"]
             latency["overhead_over_no_op_unary_call"] = (
                 latency["remote_p50_ms"] - latency["in_process_p50_ms"]
-            ) / results["grpc_ceiling"]["no_op_unary_call_with_602112_bytes_p50_ms"]
+            ) / call_ms
+            latency["minimal_grpc_server_overhead_over_no_op_unary_call"] = (
+                latency["minimal_grpc_server_p50_ms"] - latency["minimal_grpc_server_in_process_p50_ms"]
+            ) / call_ms
             print(
                 f"per-call overhead over the no-op unary call: {latency['overhead_over_no_op_unary_call']:.2f}"
             )

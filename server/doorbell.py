@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -166,20 +167,24 @@ class Doorbells:
         for bell in bells:
             bell.hang_up("the daemon is stopping")
         deadline = time.monotonic() + grace_s
-        for thread in list(self._threads):
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- Threads ---------------------------------------------------------------------------------
 
-    def _spawn(self, target: object, *args: object, name: str) -> None:
+    def _spawn(self, target: Callable[..., None], *args: object, name: str) -> None:
         def run() -> None:
             try:
-                target(*args)  # type: ignore[operator]
+                target(*args)
             finally:
-                self._threads.discard(threading.current_thread())
+                with self._lock:
+                    self._threads.discard(threading.current_thread())
 
         thread = threading.Thread(target=run, name=name, daemon=True)
-        self._threads.add(thread)
+        with self._lock:
+            self._threads.add(thread)
         thread.start()
 
     def _accept(self, listener: socket.socket) -> None:

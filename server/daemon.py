@@ -428,6 +428,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     reaper.cancel()
     maintenance.cancel()
     plane.close_all("daemon shutting down")
+    plane.cache.close()
     shared.close_all()
     plane.executor.shutdown(wait=False, cancel_futures=True)
     if config.ready_file is not None:

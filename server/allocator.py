@@ -3,10 +3,12 @@
 Every received chunk (4 MiB) and every large tensor is a new allocation. glibc serves those over its
 mmap threshold with a fresh mapping, and hands the top of a heap back to the kernel once more than
 its trim threshold is free there, so the daemon faulted in and zeroed new pages for about every byte
-it received (profiled here: a seventh of its CPU during an upload, ~0.15-0.3 CPU-seconds per GiB).
-With these settings buffers up to `MMAP_THRESHOLD` come from the heaps, whose tops keep up to
-`TRIM_THRESHOLD` free for the next ones. Elsewhere (another C library; 32-bit glibc, whose heaps
-are too small for the threshold) nothing changes and `reuse_large_buffers` says so.
+it received (profiled here: a seventh of its CPU during an upload, ~0.2 CPU-seconds per GiB). With
+these settings buffers up to `MMAP_THRESHOLD` come from the heaps, whose tops keep up to
+`TRIM_THRESHOLD` free for the next ones, and the daemon's threads share at most `ARENAS` heaps (with
+one per thread, each keeping free memory of its own, the daemon grew by 78-106 MiB over its first
+uploads here; with two, 46-58 MiB). Elsewhere (another C library; 32-bit glibc, whose heaps are too
+small for the threshold) nothing changes and `reuse_large_buffers` says so.
 """
 
 from __future__ import annotations
@@ -16,17 +18,22 @@ import ctypes
 # mallopt's parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 MMAP_THRESHOLD = 16 << 20  # above a chunk message (4 MiB) and the largest message taken (8 MiB)
-TRIM_THRESHOLD = 64 << 20  # the most a heap keeps free for reuse
+TRIM_THRESHOLD = 32 << 20  # the most a heap keeps free for reuse
+ARENAS = 2
 
 
 def reuse_large_buffers() -> bool:
-    """Set the thresholds in this process; whether the C library took them."""
+    """Set the thresholds in this process (before its threads start); whether the C library took them."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    settings = (
+        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+        (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+        (_M_ARENA_MAX, ARENAS),
     )
+    return all([bool(mallopt(param, value)) for param, value in settings])

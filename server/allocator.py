@@ -5,9 +5,10 @@ mmap threshold with a fresh mapping, and hands the top of a heap back to the ker
 its trim threshold is free there, so the daemon faulted in and zeroed new pages for about every byte
 it received (profiled here: a seventh of its CPU during an upload, ~0.2 CPU-seconds per GiB). With
 these settings buffers up to `MMAP_THRESHOLD` come from the heaps, whose tops keep up to
-`TRIM_THRESHOLD` free for the next ones, and the daemon's threads share at most `ARENAS` heaps (with
-one per thread, each keeping free memory of its own, the daemon grew by 78-106 MiB over its first
-uploads here; with two, 46-58 MiB). Elsewhere (another C library; 32-bit glibc, whose heaps are too
+`TRIM_THRESHOLD` free for the next ones, and the daemon's threads share `ARENAS` heap (with one per
+thread, each keeping free memory of its own, the daemon grew by 78-106 MiB over its first uploads
+here; with two, 54-69 MiB; with one, 46-52 MiB, for the same CPU: small allocations do not take the
+heap's lock, each thread has a cache of its own for them). Elsewhere (another C library; 32-bit glibc, whose heaps are too
 small for the threshold) nothing changes and `reuse_large_buffers` says so.
 """
 
@@ -21,7 +22,7 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 MMAP_THRESHOLD = 16 << 20  # above a chunk message (4 MiB) and the largest message taken (8 MiB)
 TRIM_THRESHOLD = 32 << 20  # the most a heap keeps free for reuse
-ARENAS = 2
+ARENAS = 1
 
 
 def reuse_large_buffers() -> bool:

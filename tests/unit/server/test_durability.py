@@ -99,3 +99,22 @@ def test_a_model_evicted_while_it_waits_for_its_sync_is_left_alone(
     cache.close()
     assert not cache.model_dir(digest).exists()
     assert cache.prepare(manifest.one_file_manifest("m.onnx", data)) == (False, [0])
+
+
+def test_a_model_left_without_its_record_is_hashed_again_after_a_restart(
+    tmp_path: Path, held_sync: HeldSync
+) -> None:
+    """A power cut before the sync: the restarted cache trusts nothing, and a torn file is removed."""
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    digest = cache.store_bytes("m.onnx", os.urandom(5000))
+    path = cache.main_file(digest)
+    stat = path.stat()
+    path.write_bytes(bytes(5000))  # the bytes the disk kept: zeros, same size and times
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    restarted = ModelCache(tmp_path / "c", CacheLimits())
+    with pytest.raises(DataLoss):
+        restarted.verify(digest)
+    assert not restarted.has(digest)
+    held_sync.release.set()
+    cache.close()
+    assert not (cache.model_dir(digest) / RECORD_FILE).exists()

@@ -23,6 +23,7 @@ from rknn_proto.kserve import grpc_service_pb2_grpc as v2_grpc
 from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
 from rknn_proto.version import HTTP2_OPTIONS, MAX_RUN_REPLY_BYTES
 from rknn_server import __version__
+from rknn_server.allocator import reuse_large_buffers
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.calls import Recorder
 from rknn_server.data_plane import DataPlane
@@ -434,6 +435,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     reaper.cancel()
     maintenance.cancel()
     plane.close_all("daemon shutting down")
+    plane.cache.close()
     shared.close_all()
     plane.executor.shutdown(wait=False, cancel_futures=True)
     if config.ready_file is not None:
@@ -444,6 +446,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
 
 def run(config: DaemonConfig) -> int:
     """Run the daemon on uvloop when it is installed (it has no armv7 wheels), else asyncio."""
+    reuse_large_buffers()
     try:
         import uvloop
     except ImportError:

@@ -15,6 +15,10 @@ cache looks. Models used by a live session are pinned and never evicted. The fre
 is checked the same way, so a cache on a disk smaller than its quota refuses clearly instead of
 filling it; a full disk while writing still discards that upload's bytes and fails with a clear error.
 
+Files are written through the page cache and a committed model is synced to the disk in the
+background (`rknn_server.durability`): its record is written only once it is durable, and until then
+the stamps taken when it verified on arrival stand in for it, in memory.
+
 Before a session opens a model its files are checked against their last verification (a record
 beside them: size, mtime, inode and hash per file, kept across restarts); changed files are hashed
 again. `verify_due` re-hashes models on a schedule and `verify_all` at start-up (--verify-cache):
@@ -45,7 +49,8 @@ from rknn_proto.manifest import (
     valid_file_name,
 )
 from rknn_proto.reasons import Reason
-from rknn_server.cache_records import FileStamp, read_record, stamp_of, write_record
+from rknn_server.cache_records import FileStamp, Record, read_record, stamp_of, write_record
+from rknn_server.durability import Syncer, sync_path
 from rknn_server.errors import (
     Aborted,
     DataLoss,
@@ -150,6 +155,8 @@ class ModelCache:
         self._pins: Counter[str] = Counter()
         self._claims: dict[str, Claim] = {}
         self._damaged: dict[str, float] = {}  # digest -> when found damaged and removed
+        self._arrived: dict[str, Record] = {}  # committed, not yet durable: what was verified on arrival
+        self._syncer = Syncer()
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(root, 0o700)
         for sub in ("models", "partial", "staging"):
@@ -255,15 +262,9 @@ class ModelCache:
                 if f.size == 0:
                     src.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                     src.touch()
-                with src.open("rb") as fh:
-                    os.fsync(fh.fileno())
                 os.replace(src, staging / f.name)
                 stamps.append(FileStamp(*stamp_of(staging / f.name), f.sha256))
-            marker = staging / MAIN_FILE_MARKER
-            marker.write_text(manifest.files[0].name)
-            with marker.open("rb") as fh:
-                os.fsync(fh.fileno())
-            write_record(staging, stamps)
+            (staging / MAIN_FILE_MARKER).write_text(manifest.files[0].name)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(partial, ignore_errors=True)
@@ -273,6 +274,10 @@ class ModelCache:
             shutil.rmtree(staging)
         else:
             os.replace(staging, target)
+            record = Record(time.time(), tuple(stamps))
+            with self._lock:
+                self._arrived[manifest.digest] = record
+            self._syncer.submit(lambda: self._make_durable(manifest.digest, record))
         shutil.rmtree(partial, ignore_errors=True)
         with self._lock:
             self._damaged.pop(manifest.digest, None)
@@ -280,6 +285,46 @@ class ModelCache:
         with self._lock:
             self.stats.stored += 1
         return target / manifest.files[0].name
+
+    def _make_durable(self, digest: str, record: Record) -> None:
+        """In the syncer: sync a committed model's files, marker and folders, then write its record.
+        A model evicted meanwhile is left alone; one that cannot be synced is removed (its bytes on
+        the disk are not known to be the ones verified)."""
+        folder = self.model_dir(digest)
+        try:
+            for path in (
+                *(folder / f.name for f in record.files),
+                folder / MAIN_FILE_MARKER,
+                folder,
+                folder.parent,
+            ):
+                sync_path(path)
+            if read_record(folder) is None and record.describes(
+                [stamp_of(folder / f.name) for f in record.files]
+            ):
+                write_record(folder, list(record.files), record.verified_at)
+        except FileNotFoundError:
+            pass  # evicted or replaced since it was committed
+        except OSError as exc:
+            log.error("model_not_durable", digest=digest, error=exc.strerror, action="removed")
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            with self._lock:
+                if self._arrived.get(digest) is record:
+                    del self._arrived[digest]
+
+    def _record(self, digest: str) -> Record | None:
+        """What the cache last verified of a model: its record, else what it verified on arrival
+        and has not yet made durable."""
+        record = read_record(self.model_dir(digest))
+        if record is None:
+            with self._lock:
+                record = self._arrived.get(digest)
+        return record
+
+    def close(self) -> None:
+        """Make durable the models committed so far (at a clean stop)."""
+        self._syncer.close()
 
     def store_bytes(self, name: str, data: bytes) -> str:
         """Cache a one-file model received whole (as an upload of it would) and return its digest: for
@@ -330,7 +375,7 @@ class ModelCache:
                 raise FileNotFoundError(main)
             paths = [folder / main, *(folder / n for n in names if n != main)]
             stamps = [stamp_of(p) for p in paths]
-            record = read_record(folder)
+            record = self._record(digest)
             if not rehash and record is not None and record.describes(stamps):
                 remembered = [FileEntry(f.name, f.size, f.sha256) for f in record.files]
                 if manifest_digest(remembered) == digest:
@@ -355,8 +400,11 @@ class ModelCache:
                 intact=intact,
             )
         if intact:
-            with contextlib.suppress(OSError):  # a record not written only means hashing again next time
-                write_record(folder, [FileStamp(*s, h) for s, h in zip(stamps, hashes, strict=True)])
+            with self._lock:
+                syncing = digest in self._arrived  # its record follows once it is durable
+            if not syncing:
+                with contextlib.suppress(OSError):  # a record not written only means hashing again next time
+                    write_record(folder, [FileStamp(*s, h) for s, h in zip(stamps, hashes, strict=True)])
             return
         self._remove_damaged(digest)
         raise DataLoss(
@@ -384,7 +432,7 @@ class ModelCache:
         now = time.time()
         due = []
         for digest in self.cached_digests():
-            record = read_record(self.model_dir(digest))
+            record = self._record(digest)
             if record is None or now - record.verified_at >= max_age_s:
                 due.append(digest)
         return self._verify(due)

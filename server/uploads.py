@@ -2,11 +2,11 @@
 written in one call while the next chunks arrive.
 
 The event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes to the
-executor (`store`), which queues its write to the partial file (one call, in the upload's write
-thread) and hashes it meanwhile, so that receiving, hashing and writing overlap instead of taking
-turns, and every byte is hashed once. A file
-is created by its first bytes, never from the header; resuming re-hashes the bytes already held; a
-full disk discards this upload's bytes and says so.
+executor (`store`), which queues the write of the received views themselves to the partial file (one
+call, in the upload's write thread) and hashes those same views meanwhile (hashlib lets go of the GIL
+for them), so that receiving, hashing and writing overlap instead of taking turns, and every byte is
+hashed once and copied by nobody but the kernel. A file is created by its first bytes, never from the
+header; resuming re-hashes the bytes already held; a full disk discards this upload's bytes and says so.
 """
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ class Upload:
                 while i < len(block.parts) and block.parts[i][0] == file_index:
                     run.append(block.parts[i][1])
                     i += 1
+                self._writer(file_index).write(run)
                 hasher = self._hashers[file_index]
-                for data in self._writer(file_index).write(run):
+                for data in run:
                     hasher.update(data)
                 size = sum(len(d) for d in run)
                 self._written[file_index] += size

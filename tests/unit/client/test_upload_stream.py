@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from rknn_client.upload_stream import UPLOAD_CHUNK_BYTES, chunk_request, upload_chunk_bytes, upload_requests
+from rknn_client.upload_stream import (
+    PREFIX_ROOM,
+    UPLOAD_CHUNK_BYTES,
+    chunk_prefix,
+    upload_chunk_bytes,
+    upload_requests,
+)
 from rknn_proto import rknn_pb2
 from rknn_proto.version import CHUNK_BYTES
 
@@ -22,7 +28,8 @@ def test_a_chunk_request_is_the_bytes_protobuf_writes(file_index: int, offset: i
     expected = rknn_pb2.UploadModelRequest(
         chunk=rknn_pb2.UploadChunk(file_index=file_index, offset=offset, data=data)
     ).SerializeToString()
-    assert chunk_request(file_index, offset, data) == expected
+    prefix = chunk_prefix(file_index, offset, size)
+    assert prefix + data == expected and len(prefix) <= PREFIX_ROOM
 
 
 def test_the_chunk_size_follows_the_daemons_limits() -> None:
@@ -32,8 +39,8 @@ def test_the_chunk_size_follows_the_daemons_limits() -> None:
     assert upload_chunk_bytes({"max_chunk_bytes": 300_000, "max_message_bytes": 8 << 20}) == 300_000
     small_messages = upload_chunk_bytes({"max_chunk_bytes": 8 << 20, "max_message_bytes": 2 << 20})
     assert small_messages < 2 << 20
-    framed = chunk_request(2**32 - 1, 2**64 - 1, bytes(small_messages))
-    assert len(framed) <= 2 << 20  # the whole message fits the daemon's message limit
+    framing = chunk_prefix(2**32 - 1, 2**64 - 1, small_messages)
+    assert len(framing) + small_messages <= 2 << 20  # the whole message fits the daemon's message limit
     assert upload_chunk_bytes({}) == CHUNK_BYTES  # a daemon that does not say: the protocol's chunk
 
 

@@ -198,4 +198,5 @@ def test_only_files_still_being_written_are_held_open(tmp_path: Path) -> None:
     _send(upload, _chunked(b, 1 << 20, 1, start=BLOCK_BYTES))
     upload.finish()
     upload.close()
+    cache.close()  # the model made durable: the syncer's handles are closed too
     assert _open_under(tmp_path) == []

@@ -457,6 +457,7 @@ class Device:
         )
 
     def close(self) -> None:
+        shared_memory.device_closed(self)
         self._channel.close()
         self.endpoint.close()
 

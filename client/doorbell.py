@@ -10,6 +10,7 @@ frame's outputs depend on its inputs alone).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import weakref
 
@@ -55,6 +56,9 @@ class Doorbell:
         return self._answer().outputs
 
     def close(self) -> None:
+        """Hang up; a thread waiting in `ring` wakes (shut down first: closing alone would not wake it)."""
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
         self._finalizer()
 
     def _answer(self) -> rknn_pb2.DoorbellReply:

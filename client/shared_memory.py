@@ -190,6 +190,15 @@ def disable(device: Device) -> None:
     _DEVICES[device] = False
 
 
+def device_closed(device: Device) -> None:
+    """Hang up the device's doorbells: closing a Device ends what runs on it (its gRPC calls are
+    cancelled; a thread waiting on a doorbell gets DoorbellLost, then the closed channel's error)."""
+    _DOORBELLS[device] = False
+    for session, bound in list(_SESSIONS.items()):
+        if session.device is device:
+            bound.hang_up()
+
+
 def use_doorbell(device: Device, use: bool = True) -> None:
     """Ring this device's frames on doorbells (the default where the daemon offers them) or send
     each as a RunShared call (`use=False`: e.g. to measure one against the other)."""

@@ -79,6 +79,9 @@ def _rpcs(stub: rknn_pb2_grpc.RknnServerStub) -> dict[str, object]:
         "RunShared": lambda md: stub.RunShared(
             rknn_pb2.RunRequest(header=infer.header), metadata=md, timeout=30
         ),
+        "OpenDoorbell": lambda md: stub.OpenDoorbell(
+            rknn_pb2.OpenDoorbellRequest(header=infer.header), metadata=md, timeout=30
+        ),
     }
 
 

@@ -9,20 +9,34 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rknn_client import RKNN, shared_memory
 from rknn_client.api import Device, Session
 from rknn_client.doorbell import DoorbellLost
 from rknn_client.errors import NotFound, SessionLost
 from rknn_proto import rknn_pb2
-from rknn_server.testing import DaemonProcess
+from rknn_server.testing import DaemonProcess, start_daemon
 from tests.reliability.conftest import StartDaemon, cnn_input, device, kill, python_child, wait_line
 from tests.reliability.test_shared_memory import ROOT, held, wait_until
+
+
+@pytest.fixture(scope="module")
+def doorbell_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One daemon for the many examples of a property test."""
+    folder = tmp_path_factory.mktemp("doorbell")
+    daemon = start_daemon(folder / "cache", folder / "daemon.log", ["--runtime", "host"])
+    yield daemon
+    daemon.stop()
+
 
 FRAMES = [np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32) for seed in range(4)]
 
@@ -292,3 +306,52 @@ def test_strangers_on_the_socket_neither_hurt_the_daemon_nor_keep_the_owner_out(
             assert raw.recv(16) == b""  # and hung up
         assert session.run([FRAMES[0]])[0].tobytes() == want
     assert daemon.process.poll() is None
+
+
+def test_closing_the_device_ends_a_loop_of_frames_on_its_doorbell(daemons: StartDaemon, cnn: Path) -> None:
+    """Closing a Device cancels what runs on it (the farm's Ctrl-C relies on it): a doorbell is no
+    gRPC call, so the client hangs it up itself."""
+    daemon = daemons()
+    dev = device(daemon)
+    session = dev.load(cnn)
+    ran, ended = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def frames() -> None:
+        try:
+            while True:
+                session.run([cnn_input()])
+                ran.set()
+        except Exception as exc:  # the closed device's error, whatever its type
+            errors.append(exc)
+        finally:
+            ended.set()
+
+    worker = threading.Thread(target=frames, daemon=True)
+    worker.start()
+    assert ran.wait(30) and rpcs(daemon, "OpenDoorbell") == 1
+    dev.close()
+    assert ended.wait(30), "frames went on after the device was closed"
+    assert errors
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(message=st.binary(min_size=1, max_size=6000))
+def test_any_message_on_an_open_doorbell_is_a_ring_or_refused(
+    doorbell_daemon: DaemonProcess, cnn: Path, message: bytes
+) -> None:
+    with device(doorbell_daemon) as dev, dev.load(cnn) as session:
+        session.run([cnn_input()])
+        reply = open_raw(dev, session)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as raw:
+            raw.settimeout(60)
+            raw.connect("\0" + reply.address)
+            raw.send(reply.ticket)
+            assert rknn_pb2.DoorbellReply.FromString(raw.recv(1 << 16)).code == 0
+            raw.send(message)
+            answer = rknn_pb2.DoorbellReply.FromString(raw.recv(1 << 16))
+            assert answer.code in (0, 3), answer  # ran (it parsed as a ring), or INVALID_ARGUMENT
+            if answer.code == 3:
+                assert raw.recv(16) == b""
+        assert session.run([cnn_input()])[0].shape == (1, 10)
+    assert doorbell_daemon.process.poll() is None

@@ -220,6 +220,9 @@ def test_every_rpc_survives_malformed_and_extreme_messages(daemons: StartDaemon,
                 rknn_pb2.SharedMemoryStatusRequest(key=d.draw(TEXT)), timeout=30
             ),
             "RunShared": lambda d: stub.RunShared(rknn_pb2.RunRequest(header=shared_header(d)), timeout=30),
+            "OpenDoorbell": lambda d: stub.OpenDoorbell(
+                rknn_pb2.OpenDoorbellRequest(header=shared_header(d)), timeout=30
+            ),
         }
         assert set(rpcs) == set(rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].methods_by_name)
         outcomes: dict[str, set[str]] = {name: set() for name in rpcs}

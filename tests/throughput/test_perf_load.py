@@ -79,10 +79,13 @@ def test_concurrency_steps_count_every_request_as_the_daemon_does(
         assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"]
         assert step["daemon_run_ms"]["p50"] <= latency["p50"]  # the round trip holds the daemon's run
     # The daemon saw exactly the requests the sweep says it made, on 4 sessions opened once.
-    rpcs = samples(scrape(metered.metrics_url)["rknn_rpc"], "rknn_rpc_total")
-    # A frame goes by Run, RunShared (a loopback caller's shared memory) or an Inference stream.
+    found = scrape(metered.metrics_url)
+    rpcs = samples(found["rknn_rpc"], "rknn_rpc_total")
+    # A frame goes by Run, RunShared (a loopback caller's shared memory), an Inference stream, or is
+    # rung on a doorbell (shared memory without a call: counted apart, no RPC).
     frame_methods = {"Run", "RunShared", "Inference"}
     runs = sum(v for labels, v in rpcs.items() if dict(labels)["method"] in frame_methods)
+    runs += sum(samples(found["rknn_doorbell_frames"], "rknn_doorbell_frames_total").values())
     assert runs == sum(s["requests"] for s in sweep["steps"])
     assert rpcs[(("method", "InitRuntime"), ("outcome", "OK"))] == 4
     assert rpcs[(("method", "Release"), ("outcome", "OK"))] == 4

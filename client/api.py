@@ -62,7 +62,8 @@ _UPLOAD_RETRY_S = 0.1
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
 # Room in a unary Run request for its header beside the inputs' bytes.
 _HEADER_ROOM = 64 << 10
-_RUN_METHOD = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}/Run"
+_SERVICE_PATH = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}"
+_RUN_METHOD = f"{_SERVICE_PATH}/Run"
 # How long the version handshake (and the health check) may take unless the caller says otherwise.
 HANDSHAKE_TIMEOUT_S = 30.0
 # Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
@@ -157,6 +158,7 @@ class Device:
             endpoint.close()  # the Device owns the endpoint from the start, even when it fails
             raise
         self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
+        self._frame_streams: dict[str, grpc.StreamStreamMultiCallable] = {}
         self._info: DeviceInfo | None = None
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
@@ -271,15 +273,22 @@ class Device:
         admits only its holder's sessions)."""
         self.metadata = (*self.metadata, (RESERVATION_METADATA_KEY, token))
 
-    def inference_pipeline(
-        self, requests: Iterator[rknn_pb2.InferenceRequest]
-    ) -> ResponseStream[rknn_pb2.InferenceResponse]:
-        """An InferencePipeline stream fed from `requests` (read by gRPC's own thread), no deadline."""
+    def inference_pipeline(self, requests: Iterator[bytes]) -> ResponseStream[framing.StreamResponse]:
+        """An InferencePipeline stream fed from serialized `requests` (read by gRPC's own thread), no
+        deadline."""
         self._negotiate()
-        return cast(
-            ResponseStream[rknn_pb2.InferenceResponse],
-            self._stub.InferencePipeline(requests, metadata=self.metadata),
-        )
+        return self._frame_stream("InferencePipeline")(requests, metadata=self.metadata)
+
+    def _frame_stream(self, method: str) -> Callable[..., ResponseStream[framing.StreamResponse]]:
+        """A frame stream (Inference, InferencePipeline) whose requests go as framing wrote them and
+        whose responses framing reads (chunks as views of what gRPC received); made once."""
+        if method not in self._frame_streams:
+            self._frame_streams[method] = self._channel.stream_stream(
+                f"{_SERVICE_PATH}/{method}",
+                request_serializer=None,
+                response_deserializer=framing.parse_inference_response,
+            )
+        return cast(Callable[..., ResponseStream[framing.StreamResponse]], self._frame_streams[method])
 
     # -- Shared-memory tensors (client/shared_memory.py drives these) ---------------------------
 
@@ -592,20 +601,15 @@ class Session:
         reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
             outputs_named, describe_header="OutputsHeader"
         )
-        requests: Iterator[rknn_pb2.InferenceRequest] = framing.frame_messages(
-            rknn_pb2.InferenceRequest, header, wire
+        requests = framing.frame_bytes(
+            _serialized_header(header), wire, (lambda moved: progress(moved, total)) if progress else None
         )
         try:
-            responses = cast(
-                Iterator[rknn_pb2.InferenceResponse],
-                self.device._stub.Inference(
-                    _reported(requests, lambda moved: progress(moved, total)) if progress else requests,
-                    metadata=self.device.metadata,
-                    timeout=self.device.timeout_s,
-                ),
+            responses: Iterator[framing.StreamResponse] = self.device._frame_stream("Inference")(
+                requests, metadata=self.device.metadata, timeout=self.device.timeout_s
             )
             if progress:
-                responses = _reported(responses, lambda _: progress(sent + reader.bytes, total))
+                responses = _after_each(responses, lambda: progress(sent + reader.bytes, total))
             frames = framing.read_frames(responses, reader)
             frame = next(frames, None)
             # Read on to the end of the stream: the call ends OK on both sides (a stream left unread
@@ -635,6 +639,19 @@ class Session:
         """One frame's request messages: the header now (inputs are checked here), chunks lazily."""
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id)
         return framing.frame_messages(rknn_pb2.InferenceRequest, header, wire)
+
+    def frame_bytes(
+        self,
+        inputs: Sequence[np.ndarray],
+        layouts: Sequence[str] | None = None,
+        *,
+        pass_through: Sequence[bool] | None = None,
+        strict: bool = True,
+        frame_id: int = 0,
+    ) -> Iterator[bytes]:
+        """The same messages serialized (framing.frame_bytes: one copy of each chunk's bytes)."""
+        header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id)
+        return framing.frame_bytes(_serialized_header(header), wire)
 
     def _frame(
         self,
@@ -804,18 +821,16 @@ class LayerFrame(codec.TensorAssembler):
         return convert.layer_dump_from_wire(self.header, self.arrays()[0])
 
 
-M = TypeVar("M", rknn_pb2.InferenceRequest, rknn_pb2.InferenceResponse)
+def _serialized_header(header: rknn_pb2.InferenceHeader) -> bytes:
+    """A frame's first request message, serialized."""
+    return rknn_pb2.InferenceRequest(header=header).SerializeToString()
 
 
-def _reported(messages: Iterable[M], moved: Callable[[int], object]) -> Iterator[M]:
-    """`messages`, telling `moved` the chunk bytes passed so far after each one (for a progress
-    display only: reading a chunk's data copies it)."""
-    total = 0
+def _after_each(messages: Iterable[T], then: Callable[[], object]) -> Iterator[T]:
+    """`messages`, calling `then` after each one has been taken (for a progress display)."""
     for message in messages:
         yield message
-        if message.WhichOneof("part") == "chunk":
-            total += len(message.chunk.data)
-        moved(total)
+        then()
 
 
 def connect(

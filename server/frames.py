@@ -152,7 +152,7 @@ class IncomingFrame:
     def complete(self) -> bool:
         return self.assembler.complete
 
-    def add(self, chunk: rknn_pb2.TensorChunk) -> int:
+    def add(self, chunk: codec.Chunk) -> int:
         """Take one chunk; returns its size."""
         size = self.assembler.add(chunk)
         check_chunk(size, self.limits)

@@ -30,6 +30,7 @@ from rknn_client.doorbell import Doorbell
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
+from rknn_client.output_buffers import OutputBuffers
 from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_client.reservation import PendingReservation, Reservation
 from rknn_client.transport.base import Endpoint
@@ -498,6 +499,8 @@ class Session:
         # Run with its messages written and read by framing (run_request_bytes, parse_run_response; made
         # on first use).
         self._run_call: grpc.UnaryUnaryMultiCallable | None = None
+        # The memory of outputs the caller has dropped takes the next frames' (no fresh pages).
+        self._output_buffers = OutputBuffers()
         self._adopt(reply)
 
     def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
@@ -716,7 +719,7 @@ class Session:
         return self.real_outputs(frame.arrays())
 
     def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> OutputFrame:
-        return OutputFrame(header)
+        return OutputFrame(header, self._output_buffers)
 
     def real_outputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Received outputs as float32 where they came as quantized integers (native outputs)."""
@@ -803,10 +806,10 @@ class Session:
 
 
 class OutputFrame(codec.TensorAssembler):
-    """One frame's outputs being received: the daemon's header and the outputs' bytes."""
+    """One frame's outputs being received: the daemon's header and the outputs' bytes (in `buffers`)."""
 
-    def __init__(self, header: rknn_pb2.OutputsHeader) -> None:
-        super().__init__(header.outputs, _OUTPUT_LIMITS, "output")
+    def __init__(self, header: rknn_pb2.OutputsHeader, buffers: OutputBuffers) -> None:
+        super().__init__(header.outputs, _OUTPUT_LIMITS, "output", buffers.take)
         self.header = header
 
 

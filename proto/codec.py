@@ -7,7 +7,7 @@ writes chunks into one preallocated buffer per tensor that numpy then wraps with
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
@@ -225,16 +225,25 @@ class Chunk(Protocol):
     def data(self) -> bytes | memoryview: ...
 
 
+def _new_buffer(nbytes: int) -> np.ndarray:
+    """np.empty, not bytearray: every byte is written by a chunk, so zero-filling first is waste."""
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 class TensorAssembler:
     """Collects the chunks of several tensors into preallocated buffers, checking order and size."""
 
     def __init__(
-        self, metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
+        self,
+        metas: Sequence[rknn_pb2.TensorMeta],
+        limits: TensorLimits,
+        what: str = "tensor",
+        allocate: Callable[[int], np.ndarray] = _new_buffer,
     ) -> None:
+        """`allocate` gives each tensor's uint8 buffer of a byte length (its bytes need not be zero)."""
         self._layouts = check_metas(metas, limits, what)
         self._metas = list(metas)
-        # np.empty, not bytearray: every byte is written by a chunk, so zero-filling first is waste.
-        self._buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in metas]
+        self._buffers = [allocate(m.byte_length) for m in metas]
         self._views = [b.data for b in self._buffers]
         self._filled = [0] * len(metas)
         self._remaining = sum([m.byte_length for m in metas])

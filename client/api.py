@@ -30,7 +30,6 @@ from rknn_client.doorbell import Doorbell
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, VersionMismatch, from_rpc_error
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
-from rknn_client.output_buffers import OutputBuffers
 from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_client.reservation import PendingReservation, Reservation
 from rknn_client.transport.base import Endpoint
@@ -39,6 +38,7 @@ from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
 from rknn_client.upload_stream import UPLOAD_METHOD, upload_chunk_bytes, upload_requests
 from rknn_proto import codec, convert, framing, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.buffers import BufferPool
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump, reply_bytes_bound
 from rknn_proto.version import (
     MAX_MESSAGE_BYTES,
@@ -500,7 +500,7 @@ class Session:
         # on first use).
         self._run_call: grpc.UnaryUnaryMultiCallable | None = None
         # The memory of outputs the caller has dropped takes the next frames' (no fresh pages).
-        self._output_buffers = OutputBuffers()
+        self._output_buffers = BufferPool()
         self._adopt(reply)
 
     def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
@@ -808,7 +808,7 @@ class Session:
 class OutputFrame(codec.TensorAssembler):
     """One frame's outputs being received: the daemon's header and the outputs' bytes (in `buffers`)."""
 
-    def __init__(self, header: rknn_pb2.OutputsHeader, buffers: OutputBuffers) -> None:
+    def __init__(self, header: rknn_pb2.OutputsHeader, buffers: BufferPool) -> None:
         super().__init__(header.outputs, _OUTPUT_LIMITS, "output", buffers.take)
         self.header = header
 

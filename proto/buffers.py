@@ -1,11 +1,13 @@
-"""Output buffers that are used again once the caller has let go of every array over them.
+"""Tensor buffers that are used again once every array over them has been freed.
 
-A large array the client hands out is fresh memory each time, and the kernel zeroes every fresh page
-before the bytes received are copied in (measured here: a sixth of the client's CPU in a 64 MiB
-round trip). The memory of an output the caller has dropped can take the next frame's bytes instead.
-Each buffer goes out behind a lease, a small object whose memory is the buffer's and over which the
-caller's arrays are made, so every array and view of it keeps the lease alive: only when the last of
-them is freed does the buffer come back (a finalizer), never while the caller can still read it.
+A large array is fresh memory each time, and the kernel zeroes every fresh page before a byte is
+copied in (measured here in a 64 MiB round trip: a sixth of the client's CPU for its outputs, and on
+the daemon about as much as a copy for each of a frame's inputs and outputs). The memory of a tensor
+nobody holds any more can take the next frame's bytes instead: the client's outputs, the daemon's
+frame inputs and its host runtime's outputs come from a pool of their session's. Each buffer goes out
+behind a lease, a small object whose memory is the buffer's and over which the arrays are made, so
+every array and view of it keeps the lease alive: only when the last of them is freed does the buffer
+come back (a finalizer), never while anyone can still read it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 
 # Below this, malloc's own free lists already serve a buffer again without fresh pages.
 MIN_POOLED_BYTES = 1 << 20
+# What a pool keeps of buffers nobody holds: a few frames of a large model's tensors.
+KEEP_BYTES = 256 << 20
 
 
 @functools.lru_cache(maxsize=64)
@@ -27,13 +31,13 @@ def _lease_type(nbytes: int) -> type[ctypes.Array[ctypes.c_char]]:
     return type(f"Lease{nbytes}", (ctypes.c_char * nbytes,), {})
 
 
-class OutputBuffers:
-    """Byte buffers for a session's outputs: one that came back is used again for the same size.
+class BufferPool:
+    """Byte buffers for one session's tensors: one that came back is used again for the same size.
 
-    Keeps at most `keep_bytes` of buffers nobody holds (a session's outputs take the same sizes
-    frame after frame; a few frames in flight need a few of each)."""
+    Keeps at most `keep_bytes` of buffers nobody holds (a session's tensors take the same sizes
+    frame after frame; a few frames in flight need a few of each); larger ones go back to the system."""
 
-    def __init__(self, keep_bytes: int = 256 << 20) -> None:
+    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
         self._keep_bytes = keep_bytes
         self._spare: dict[int, list[np.ndarray]] = {}
         self._spare_bytes = 0

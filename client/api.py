@@ -280,16 +280,17 @@ class Device:
         self._negotiate()
         return self._frame_stream("InferencePipeline")(requests, metadata=self.metadata)
 
-    def _frame_stream(self, method: str) -> Callable[..., ResponseStream[framing.StreamResponse]]:
-        """A frame stream (Inference, InferencePipeline) whose requests go as framing wrote them and
-        whose responses framing reads (chunks as views of what gRPC received); made once."""
+    def _frame_stream(
+        self, method: str, parse: Callable[[bytes], Any] = framing.parse_inference_response
+    ) -> Callable[..., ResponseStream[Any]]:
+        """A frame stream (Inference, InferencePipeline, DumpLayers) whose requests go as framing
+        wrote them and whose responses `parse` reads (framing's: chunks as views of what gRPC
+        received); made once."""
         if method not in self._frame_streams:
             self._frame_streams[method] = self._channel.stream_stream(
-                f"{_SERVICE_PATH}/{method}",
-                request_serializer=None,
-                response_deserializer=framing.parse_inference_response,
+                f"{_SERVICE_PATH}/{method}", request_serializer=None, response_deserializer=parse
             )
-        return cast(Callable[..., ResponseStream[framing.StreamResponse]], self._frame_streams[method])
+        return cast(Callable[..., ResponseStream[Any]], self._frame_streams[method])
 
     # -- Shared-memory tensors (client/shared_memory.py drives these) ---------------------------
 
@@ -630,19 +631,6 @@ class Session:
         self.last_run_time_us = frame.header.run_time_us
         return self.real_outputs(frame.arrays())
 
-    def frame_requests(
-        self,
-        inputs: Sequence[np.ndarray],
-        layouts: Sequence[str] | None = None,
-        *,
-        pass_through: Sequence[bool] | None = None,
-        strict: bool = True,
-        frame_id: int = 0,
-    ) -> Iterator[rknn_pb2.InferenceRequest]:
-        """One frame's request messages: the header now (inputs are checked here), chunks lazily."""
-        header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id)
-        return framing.frame_messages(rknn_pb2.InferenceRequest, header, wire)
-
     def frame_bytes(
         self,
         inputs: Sequence[np.ndarray],
@@ -652,7 +640,8 @@ class Session:
         strict: bool = True,
         frame_id: int = 0,
     ) -> Iterator[bytes]:
-        """The same messages serialized (framing.frame_bytes: one copy of each chunk's bytes)."""
+        """One frame's request messages, serialized (framing.frame_bytes: one copy of each chunk's
+        bytes): the header now (inputs are checked here), chunks lazily."""
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id)
         return framing.frame_bytes(_serialized_header(header), wire)
 
@@ -746,16 +735,16 @@ class Session:
         """Run once with per-layer capture and yield every captured tensor, one layer at a time
         (only one layer's bytes are held here at once). Stopping early cancels the call. With
         `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
-        requests = self.frame_requests(inputs, layouts, strict=layouts is None)
+        requests = self.frame_bytes(inputs, layouts, strict=layouts is None)
         where = f"DumpLayers on {self.device.endpoint.description}"
-        call = self.device._stub.DumpLayers(
-            requests, metadata=self.device.metadata, timeout=self.device.timeout_s
-        )
+        call: ResponseStream[rknn_pb2.DumpLayersResponse] = self.device._frame_stream(
+            "DumpLayers", rknn_pb2.DumpLayersResponse.FromString
+        )(requests, metadata=self.device.metadata, timeout=self.device.timeout_s)
         reader: framing.FrameReader[rknn_pb2.LayerDumpHeader, LayerFrame] = framing.FrameReader(
             LayerFrame, header="layer", what="layer", describe_header="LayerDumpHeader"
         )
         try:
-            for layer in framing.read_frames(cast(Iterator[rknn_pb2.DumpLayersResponse], call), reader):
+            for layer in framing.read_frames(call, reader):
                 yield layer.dumped()
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None

@@ -21,8 +21,9 @@ import numpy as np
 
 # Below this, malloc's own free lists already serve a buffer again without fresh pages.
 MIN_POOLED_BYTES = 1 << 20
-# What a pool keeps of buffers nobody holds: a few frames of a large model's tensors.
-KEEP_BYTES = 256 << 20
+# What a pool keeps of buffers nobody holds: a frame or two of a large model's tensors. The memory
+# stays with the session (the daemon's idle sessions are reaped) instead of going back at once.
+KEEP_BYTES = 128 << 20
 
 
 @functools.lru_cache(maxsize=64)
@@ -41,7 +42,9 @@ class BufferPool:
         self._keep_bytes = keep_bytes
         self._spare: dict[int, list[np.ndarray]] = {}
         self._spare_bytes = 0
-        self._lock = threading.Lock()  # buffers come back on whichever thread frees the last array
+        # Buffers come back on whichever thread frees the last array, even inside this lock (a
+        # garbage collection that an allocation sets off): reentrant.
+        self._lock = threading.RLock()
 
     def take(self, nbytes: int) -> np.ndarray:
         """A writable uint8 array of `nbytes` (its bytes whatever they were)."""
@@ -49,11 +52,11 @@ class BufferPool:
             return np.empty(nbytes, np.uint8)
         with self._lock:
             spares = self._spare.get(nbytes)
-            if spares:
-                store = spares.pop()
+            store = spares.pop() if spares else None
+            if store is not None:
                 self._spare_bytes -= nbytes
-            else:
-                store = np.empty(nbytes, np.uint8)
+        if store is None:
+            store = np.empty(nbytes, np.uint8)
         lease = _lease_type(nbytes).from_buffer(store.data)
         weakref.finalize(lease, self._give_back, store)
         return np.frombuffer(memoryview(lease), np.uint8)

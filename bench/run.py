@@ -24,6 +24,7 @@ bench-results/results-only.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os

@@ -130,6 +130,11 @@ class NoOpServer:
         self._process.kill()
         self._process.join()
 
+    @property
+    def pid(self) -> int:
+        """The server's process (for its CPU time)."""
+        return int(self._process.pid or 0)
+
     def stream_seconds(self, nbytes: int, chunk: int) -> float:
         """Seconds to stream `nbytes` to the server in `chunk`-byte messages."""
         start = time.perf_counter()

@@ -24,6 +24,7 @@ bench-results/results-only.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -33,7 +34,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,15 +116,20 @@ def bench_round_trip(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
     x = np.random.default_rng(1).standard_normal((1, elements)).astype(np.float32)
     chunk = codec.chunk_bytes_for(TENSOR_BYTES)
     raw, grpc_s, ceiling_s = [], [], []
+    # CPU seconds of each round trip (client, server side): steadier than time on a shared machine.
+    ceiling_cpu: list[tuple[float, float]] = []
+    daemon_cpu: list[tuple[float, float]] = []
     with NoOpServer() as ceiling, connect(daemon.url) as device, device.load(model) as session:
         session.run([x])
         ceiling.bounce_seconds(TENSOR_BYTES, chunk)
         for _ in range(ROUND_TRIPS):  # interleaved, so all three see the same machine noise
             raw.append(transfer_seconds(x.data, echo=True))
-            ceiling_s.append(ceiling.bounce_seconds(TENSOR_BYTES, chunk))
-            t = time.perf_counter()
-            session.run([x])
-            grpc_s.append(time.perf_counter() - t)
+            with _cpu(ceiling.pid, ceiling_cpu):
+                ceiling_s.append(ceiling.bounce_seconds(TENSOR_BYTES, chunk))
+            with _cpu(daemon.pid, daemon_cpu):
+                t = time.perf_counter()
+                session.run([x])
+                grpc_s.append(time.perf_counter() - t)
     ratios = [c / d for c, d in zip(ceiling_s, grpc_s, strict=True)]
     return {
         "bytes_each_way": TENSOR_BYTES,
@@ -134,6 +140,8 @@ def bench_round_trip(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
         "daemon_throughput_vs_raw_socket": p50(raw) / p50(grpc_s),
         "daemon_vs_no_op_grpc_stream": p50(ratios),
         "daemon_vs_no_op_grpc_stream_min_max": [min(ratios), max(ratios)],
+        "no_op_grpc_bounce_cpu_ms_client_server": _p50_ms(ceiling_cpu),
+        "daemon_round_trip_cpu_ms_client_daemon": _p50_ms(daemon_cpu),
         "target": ">= 0.95 of the no-op gRPC stream (bounced)",
     }
 
@@ -237,6 +245,19 @@ def bench_upload(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
 def daemon_cache(work: Path) -> Path:
     """The model cache of the benchmark's daemon."""
     return work / "cache"
+
+
+@contextlib.contextmanager
+def _cpu(server_pid: int, into: list[tuple[float, float]]) -> Iterator[None]:
+    """Append the CPU seconds this process and the server `server_pid` spent in the block."""
+    client, server = time.process_time(), _cpu_seconds(server_pid)
+    yield
+    into.append((time.process_time() - client, _cpu_seconds(server_pid) - server))
+
+
+def _p50_ms(pairs: list[tuple[float, float]]) -> list[float]:
+    """The median of each side of (client, server) seconds, in ms."""
+    return [p50([pair[side] for pair in pairs]) * 1e3 for side in (0, 1)]
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -38,6 +38,7 @@ from rknn_client.transport.resolve import resolve
 from rknn_client.transport.security import Credentials, open_channel
 from rknn_client.upload_stream import UPLOAD_METHOD, upload_chunk_bytes, upload_requests
 from rknn_proto import codec, convert, framing, manifest, rknn_pb2, rknn_pb2_grpc
+from rknn_proto.buffers import BufferPool
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump, reply_bytes_bound
 from rknn_proto.version import (
     MAX_MESSAGE_BYTES,
@@ -62,7 +63,8 @@ _UPLOAD_RETRY_S = 0.1
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
 # Room in a unary Run request for its header beside the inputs' bytes.
 _HEADER_ROOM = 64 << 10
-_RUN_METHOD = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}/Run"
+_SERVICE_PATH = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}"
+_RUN_METHOD = f"{_SERVICE_PATH}/Run"
 # How long the version handshake (and the health check) may take unless the caller says otherwise.
 HANDSHAKE_TIMEOUT_S = 30.0
 # Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
@@ -157,6 +159,7 @@ class Device:
             endpoint.close()  # the Device owns the endpoint from the start, even when it fails
             raise
         self._stub = rknn_pb2_grpc.RknnServerStub(self._channel)
+        self._frame_streams: dict[str, grpc.StreamStreamMultiCallable] = {}
         self._info: DeviceInfo | None = None
 
     def _call(self, name: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
@@ -271,15 +274,23 @@ class Device:
         admits only its holder's sessions)."""
         self.metadata = (*self.metadata, (RESERVATION_METADATA_KEY, token))
 
-    def inference_pipeline(
-        self, requests: Iterator[rknn_pb2.InferenceRequest]
-    ) -> ResponseStream[rknn_pb2.InferenceResponse]:
-        """An InferencePipeline stream fed from `requests` (read by gRPC's own thread), no deadline."""
+    def inference_pipeline(self, requests: Iterator[bytes]) -> ResponseStream[framing.StreamResponse]:
+        """An InferencePipeline stream fed from serialized `requests` (read by gRPC's own thread), no
+        deadline."""
         self._negotiate()
-        return cast(
-            ResponseStream[rknn_pb2.InferenceResponse],
-            self._stub.InferencePipeline(requests, metadata=self.metadata),
-        )
+        return self._frame_stream("InferencePipeline")(requests, metadata=self.metadata)
+
+    def _frame_stream(
+        self, method: str, parse: Callable[[bytes], Any] = framing.parse_inference_response
+    ) -> Callable[..., ResponseStream[Any]]:
+        """A frame stream (Inference, InferencePipeline, DumpLayers) whose requests go as framing
+        wrote them and whose responses `parse` reads (framing's: chunks as views of what gRPC
+        received); made once."""
+        if method not in self._frame_streams:
+            self._frame_streams[method] = self._channel.stream_stream(
+                f"{_SERVICE_PATH}/{method}", request_serializer=None, response_deserializer=parse
+            )
+        return cast(Callable[..., ResponseStream[Any]], self._frame_streams[method])
 
     # -- Shared-memory tensors (client/shared_memory.py drives these) ---------------------------
 
@@ -490,6 +501,8 @@ class Session:
         # Run with its messages written and read by framing (run_request_bytes, parse_run_response; made
         # on first use).
         self._run_call: grpc.UnaryUnaryMultiCallable | None = None
+        # The memory of outputs the caller has dropped takes the next frames' (no fresh pages).
+        self._output_buffers = BufferPool()
         self._adopt(reply)
 
     def _adopt(self, reply: rknn_pb2.InitRuntimeResponse) -> None:
@@ -593,20 +606,15 @@ class Session:
         reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
             outputs_named, describe_header="OutputsHeader"
         )
-        requests: Iterator[rknn_pb2.InferenceRequest] = framing.frame_messages(
-            rknn_pb2.InferenceRequest, header, wire
+        requests = framing.frame_bytes(
+            _serialized_header(header), wire, (lambda moved: progress(moved, total)) if progress else None
         )
         try:
-            responses = cast(
-                Iterator[rknn_pb2.InferenceResponse],
-                self.device._stub.Inference(
-                    _reported(requests, lambda moved: progress(moved, total)) if progress else requests,
-                    metadata=self.device.metadata,
-                    timeout=self.device.timeout_s,
-                ),
+            responses: Iterator[framing.StreamResponse] = self.device._frame_stream("Inference")(
+                requests, metadata=self.device.metadata, timeout=self.device.timeout_s
             )
             if progress:
-                responses = _reported(responses, lambda _: progress(sent + reader.bytes, total))
+                responses = _after_each(responses, lambda: progress(sent + reader.bytes, total))
             frames = framing.read_frames(responses, reader)
             frame = next(frames, None)
             # Read on to the end of the stream: the call ends OK on both sides (a stream left unread
@@ -624,7 +632,7 @@ class Session:
         self.last_run_time_us = frame.header.run_time_us
         return self.real_outputs(frame.arrays())
 
-    def frame_requests(
+    def frame_bytes(
         self,
         inputs: Sequence[np.ndarray],
         layouts: Sequence[str] | None = None,
@@ -632,10 +640,11 @@ class Session:
         pass_through: Sequence[bool] | None = None,
         strict: bool = True,
         frame_id: int = 0,
-    ) -> Iterator[rknn_pb2.InferenceRequest]:
-        """One frame's request messages: the header now (inputs are checked here), chunks lazily."""
+    ) -> Iterator[bytes]:
+        """One frame's request messages, serialized (framing.frame_bytes: one copy of each chunk's
+        bytes): the header now (inputs are checked here), chunks lazily."""
         header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id)
-        return framing.frame_messages(rknn_pb2.InferenceRequest, header, wire)
+        return framing.frame_bytes(_serialized_header(header), wire)
 
     def _frame(
         self,
@@ -700,7 +709,7 @@ class Session:
         return self.real_outputs(frame.arrays())
 
     def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> OutputFrame:
-        return OutputFrame(header)
+        return OutputFrame(header, self._output_buffers)
 
     def real_outputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Received outputs as float32 where they came as quantized integers (native outputs)."""
@@ -727,16 +736,16 @@ class Session:
         """Run once with per-layer capture and yield every captured tensor, one layer at a time
         (only one layer's bytes are held here at once). Stopping early cancels the call. With
         `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
-        requests = self.frame_requests(inputs, layouts, strict=layouts is None)
+        requests = self.frame_bytes(inputs, layouts, strict=layouts is None)
         where = f"DumpLayers on {self.device.endpoint.description}"
-        call = self.device._stub.DumpLayers(
-            requests, metadata=self.device.metadata, timeout=self.device.timeout_s
-        )
+        call: ResponseStream[rknn_pb2.DumpLayersResponse] = self.device._frame_stream(
+            "DumpLayers", rknn_pb2.DumpLayersResponse.FromString
+        )(requests, metadata=self.device.metadata, timeout=self.device.timeout_s)
         reader: framing.FrameReader[rknn_pb2.LayerDumpHeader, LayerFrame] = framing.FrameReader(
             LayerFrame, header="layer", what="layer", describe_header="LayerDumpHeader"
         )
         try:
-            for layer in framing.read_frames(cast(Iterator[rknn_pb2.DumpLayersResponse], call), reader):
+            for layer in framing.read_frames(call, reader):
                 yield layer.dumped()
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, where) from None
@@ -787,10 +796,10 @@ class Session:
 
 
 class OutputFrame(codec.TensorAssembler):
-    """One frame's outputs being received: the daemon's header and the outputs' bytes."""
+    """One frame's outputs being received: the daemon's header and the outputs' bytes (in `buffers`)."""
 
-    def __init__(self, header: rknn_pb2.OutputsHeader) -> None:
-        super().__init__(header.outputs, _OUTPUT_LIMITS, "output")
+    def __init__(self, header: rknn_pb2.OutputsHeader, buffers: BufferPool) -> None:
+        super().__init__(header.outputs, _OUTPUT_LIMITS, "output", buffers.take)
         self.header = header
 
 
@@ -805,18 +814,16 @@ class LayerFrame(codec.TensorAssembler):
         return convert.layer_dump_from_wire(self.header, self.arrays()[0])
 
 
-M = TypeVar("M", rknn_pb2.InferenceRequest, rknn_pb2.InferenceResponse)
+def _serialized_header(header: rknn_pb2.InferenceHeader) -> bytes:
+    """A frame's first request message, serialized."""
+    return rknn_pb2.InferenceRequest(header=header).SerializeToString()
 
 
-def _reported(messages: Iterable[M], moved: Callable[[int], object]) -> Iterator[M]:
-    """`messages`, telling `moved` the chunk bytes passed so far after each one (for a progress
-    display only: reading a chunk's data copies it)."""
-    total = 0
+def _after_each(messages: Iterable[T], then: Callable[[], object]) -> Iterator[T]:
+    """`messages`, calling `then` after each one has been taken (for a progress display)."""
     for message in messages:
         yield message
-        if message.WhichOneof("part") == "chunk":
-            total += len(message.chunk.data)
-        moved(total)
+        then()
 
 
 def connect(

@@ -36,7 +36,7 @@ class Pipeline:
         self.session = session
         self.depth = depth
         self._where = f"InferencePipeline on {session.device.endpoint.description}"
-        self._outbox: queue.Queue[Iterator[rknn_pb2.InferenceRequest] | None] = queue.Queue()
+        self._outbox: queue.Queue[Iterator[bytes] | None] = queue.Queue()
         self._pending: collections.deque[int] = collections.deque()
         self._last_id = 0
         self._closed = False
@@ -44,9 +44,9 @@ class Pipeline:
         reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
             session.new_output_assembler, describe_header="OutputsHeader"
         )
-        self._frames = framing.read_frames(cast(Iterator[rknn_pb2.InferenceResponse], self._call), reader)
+        self._frames = framing.read_frames(self._call, reader)
 
-    def _requests(self) -> Iterator[rknn_pb2.InferenceRequest]:
+    def _requests(self) -> Iterator[bytes]:
         while (frame := self._outbox.get()) is not None:
             yield from frame
 
@@ -72,7 +72,7 @@ class Pipeline:
         if self._closed:
             raise RknnError(f"{self._where}: the pipeline is closed")
         frame_id = self._last_id + 1
-        messages = self.session.frame_requests(
+        messages = self.session.frame_bytes(
             inputs, layouts, pass_through=pass_through, strict=strict, frame_id=frame_id
         )
         self._last_id = frame_id

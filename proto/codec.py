@@ -7,9 +7,9 @@ writes chunks into one preallocated buffer per tensor that numpy then wraps with
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -128,27 +128,31 @@ def chunk_bytes_for(total: int) -> int:
     return SMALL_CHUNK_BYTES if total < SMALL_TRANSFER_BYTES else CHUNK_BYTES
 
 
+def chunk_views(
+    arrays: Sequence[np.ndarray], chunk_bytes: int | None = None
+) -> Iterator[tuple[int, int, memoryview]]:
+    """(tensor index, offset, bytes) of each chunk of wire-ready arrays (see wire_array), in order,
+    each a view of the array's own buffer (no copy); an empty tensor has no chunk."""
+    if chunk_bytes is None:
+        chunk_bytes = chunk_bytes_for(sum(a.nbytes for a in arrays))
+    for index, array in enumerate(arrays):
+        view = array.reshape(-1).view(np.uint8).data
+        for offset in range(0, array.nbytes, chunk_bytes):
+            yield index, offset, view[offset : offset + chunk_bytes]
+
+
 def iter_chunk_fields(
     arrays: Sequence[np.ndarray], chunk_bytes: int | None = None
 ) -> Iterator[dict[str, Any]]:
-    """The fields of each TensorChunk of wire-ready arrays (see wire_array), in order; an empty
-    tensor sends no chunk.
+    """The fields of each TensorChunk of wire-ready arrays (see chunk_views), in order.
 
     Each chunk's bytes are copied once out of the array's own buffer (protobuf wants `bytes`); no
     full-size intermediate is made. Fields rather than messages: the Python protobuf runtime
     deep-copies a sub-message handed to a constructor, which costs several times the copy itself,
     while building the sub-message from a dict inside the outer message does not.
     """
-    if chunk_bytes is None:
-        chunk_bytes = chunk_bytes_for(sum(a.nbytes for a in arrays))
-    for index, array in enumerate(arrays):
-        view = array.reshape(-1).view(np.uint8).data
-        for offset in range(0, array.nbytes, chunk_bytes):
-            yield {
-                "tensor_index": index,
-                "offset": offset,
-                "data": view[offset : offset + chunk_bytes].tobytes(),
-            }
+    for index, offset, data in chunk_views(arrays, chunk_bytes):
+        yield {"tensor_index": index, "offset": offset, "data": data.tobytes()}
 
 
 def iter_chunks(
@@ -208,23 +212,45 @@ def check_metas(
     return layouts
 
 
+class Chunk(Protocol):
+    """A TensorChunk: protobuf's message, or one read by hand (`framing.WireChunk`)."""
+
+    @property
+    def tensor_index(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def data(self) -> bytes | memoryview: ...
+
+
+def _new_buffer(nbytes: int) -> np.ndarray:
+    """np.empty, not bytearray: every byte is written by a chunk, so zero-filling first is waste."""
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 class TensorAssembler:
     """Collects the chunks of several tensors into preallocated buffers, checking order and size."""
 
     def __init__(
-        self, metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
+        self,
+        metas: Sequence[rknn_pb2.TensorMeta],
+        limits: TensorLimits,
+        what: str = "tensor",
+        allocate: Callable[[int], np.ndarray] = _new_buffer,
     ) -> None:
+        """`allocate` gives each tensor's uint8 buffer of a byte length (its bytes need not be zero)."""
         self._layouts = check_metas(metas, limits, what)
         self._metas = list(metas)
-        # np.empty, not bytearray: every byte is written by a chunk, so zero-filling first is waste.
-        self._buffers = [np.empty(m.byte_length, dtype=np.uint8) for m in metas]
+        self._buffers = [allocate(m.byte_length) for m in metas]
         self._views = [b.data for b in self._buffers]
         self._filled = [0] * len(metas)
         self._remaining = sum([m.byte_length for m in metas])
         self._current = 0
         self._what = what
 
-    def add(self, chunk: rknn_pb2.TensorChunk) -> int:
+    def add(self, chunk: Chunk) -> int:
         """Copy a chunk into place; returns its size. Reads `chunk.data` once: protobuf makes a new
         `bytes` object (a full copy of the chunk) on every access of a bytes field."""
         return self.add_bytes(chunk.tensor_index, chunk.offset, chunk.data)

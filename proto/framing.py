@@ -9,19 +9,21 @@ bytes go into is the caller's: a `TensorAssembler` on the client, the daemon's c
 `frame_messages` writes one frame; `whole_frame` takes a frame whose tensors came in one message
 (the unary Run), through the same assembly; `run_request_bytes` and `run_response_bytes` write
 such a message and `parse_unary_frame` reads one, each tensor's bytes copied once or not at all.
+The streams' chunk messages are written and read by hand too (`frame_bytes`, `parse_inference_request`,
+`parse_inference_response`): a chunk's bytes copied once into its message, a received chunk a view.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from rknn_proto import rknn_pb2
-from rknn_proto.codec import CodecError, iter_chunk_fields
-from rknn_proto.wire import LENGTH_DELIMITED, read_varint, tag, varint
+from rknn_proto.codec import Chunk, CodecError, chunk_views, iter_chunk_fields
+from rknn_proto.wire import LENGTH_DELIMITED, VARINT, read_varint, tag, varint
 
 
 class FrameError(CodecError):
@@ -38,7 +40,7 @@ class Assembly(Protocol):
     @property
     def complete(self) -> bool: ...
 
-    def add(self, chunk: rknn_pb2.TensorChunk) -> int: ...
+    def add(self, chunk: Chunk) -> int: ...
 
     def add_bytes(self, i: int, offset: int, data: Bytes) -> int: ...
 
@@ -54,6 +56,16 @@ class Part(Protocol):
 
 
 Bytes = bytes | memoryview  # a tensor's bytes: their own object, or a view into a received message
+
+
+class WireChunk(NamedTuple):
+    """A chunk message read by hand (`parse_inference_request`): its data a view of the message."""
+
+    tensor_index: int
+    offset: int
+    data: Bytes
+
+
 H = TypeVar("H")
 A = TypeVar("A", bound=Assembly)
 M = TypeVar("M", bound=Part)
@@ -77,15 +89,16 @@ class FrameReader(Generic[H, A]):
         self._count = 0
         self.bytes = 0  # chunk bytes taken, for the caller's accounting
 
-    def feed(self, message: Part) -> A | None:
-        part = message.WhichOneof("part")
+    def feed(self, message: Part | WireChunk) -> A | None:
+        part = "chunk" if isinstance(message, WireChunk) else message.WhichOneof("part")
         if part == "chunk":
             if self._current is None:
                 raise FrameError(
                     f"a TensorChunk arrived before any {self._expected}; the first message of each "
                     f"{self._what} must be an {self._expected}"
                 )
-            self.bytes += self._current.add(message.chunk)  # type: ignore[attr-defined]
+            chunk = message if isinstance(message, WireChunk) else message.chunk  # type: ignore[attr-defined]
+            self.bytes += self._current.add(chunk)
         elif part == self._header:
             if self._current is not None:
                 raise FrameError(
@@ -116,7 +129,7 @@ class FrameReader(Generic[H, A]):
             self._current = None
 
 
-def read_frames(messages: Iterable[Part], reader: FrameReader[Any, A]) -> Iterator[A]:
+def read_frames(messages: Iterable[Part | WireChunk], reader: FrameReader[Any, A]) -> Iterator[A]:
     """Each complete frame of a blocking message stream, in order (raises on a framing error)."""
     try:
         for message in messages:
@@ -128,7 +141,9 @@ def read_frames(messages: Iterable[Part], reader: FrameReader[Any, A]) -> Iterat
         reader.drop()
 
 
-async def aread_frames(messages: AsyncIterable[Part], reader: FrameReader[Any, A]) -> AsyncGenerator[A, None]:
+async def aread_frames(
+    messages: AsyncIterable[Part | WireChunk], reader: FrameReader[Any, A]
+) -> AsyncGenerator[A, None]:
     """Each complete frame of an async message stream, in order (raises on a framing error)."""
     try:
         async for message in messages:
@@ -302,15 +317,117 @@ def frame_messages(
         yield message(chunk=fields)
 
 
+# The streams' messages (InferenceRequest, InferenceResponse, DumpLayersResponse) all carry a chunk
+# as field 2 of their `oneof part`, a TensorChunk{tensor_index = 1, offset = 2, data = 3}: one-byte keys.
+_CHUNK_FIELDS = rknn_pb2.TensorChunk.DESCRIPTOR.fields_by_name
+_CHUNK_TAG = tag(rknn_pb2.InferenceRequest.CHUNK_FIELD_NUMBER, LENGTH_DELIMITED)
+_INDEX_TAG = tag(_CHUNK_FIELDS["tensor_index"].number, VARINT)
+_OFFSET_TAG = tag(_CHUNK_FIELDS["offset"].number, VARINT)
+_DATA_TAG = tag(_CHUNK_FIELDS["data"].number, LENGTH_DELIMITED)
+_UINT32_END, _UINT64_END = 1 << 32, 1 << 64
+
+
+def chunk_message(tensor_index: int, offset: int, data: Bytes) -> bytes:
+    """A serialized stream message carrying one chunk, exactly as protobuf writes it (fields equal to
+    zero left out); `data` (a byte view) is copied once, into the result."""
+    fields = b"".join(
+        (
+            _INDEX_TAG + varint(tensor_index) if tensor_index else b"",
+            _OFFSET_TAG + varint(offset) if offset else b"",
+            _DATA_TAG + varint(len(data)) if data else b"",
+        )
+    )
+    return b"".join((_CHUNK_TAG, varint(len(fields) + len(data)), fields, data))
+
+
+def frame_bytes(
+    header: bytes, arrays: Sequence[np.ndarray], moved: Callable[[int], object] | None = None
+) -> Iterator[bytes]:
+    """One frame's serialized messages: `header` (a serialized header part), then its wire-ready
+    arrays' chunks, built lazily, each chunk's bytes copied once (protobuf's constructor and
+    serializer copy them two more times); `moved` hears the chunk bytes taken so far after each."""
+    yield header
+    total = 0
+    for index, offset, data in chunk_views(arrays):
+        yield chunk_message(index, offset, data)
+        total += len(data)
+        if moved is not None:
+            moved(total)
+
+
+def _plain_chunk(raw: bytes) -> WireChunk | None:
+    """The chunk of a message in protobuf's plain layout (the chunk part alone, each of its fields at
+    most once and in order), its data a view of `raw`; None for any other message."""
+    end = len(raw)
+    if not end or raw[0] != _CHUNK_TAG[0]:
+        return None
+    length, at = read_varint(raw, 1)
+    if at + length != end:
+        return None
+    index = offset = 0
+    if at < end and raw[at] == _INDEX_TAG[0]:
+        index, at = read_varint(raw, at + 1)
+    if at < end and raw[at] == _OFFSET_TAG[0]:
+        offset, at = read_varint(raw, at + 1)
+    data: Bytes = b""
+    if at < end and raw[at] == _DATA_TAG[0]:
+        size, at = read_varint(raw, at + 1)
+        if at + size != end:
+            return None
+        data, at = memoryview(raw)[at:], end
+    if at != end or index >= _UINT32_END or offset >= _UINT64_END:
+        return None
+    return WireChunk(index, offset, data)
+
+
+def _parse_stream_message(raw: bytes, message_type: Any) -> Any:
+    """A received stream message: a WireChunk where it is a plain chunk, else what protobuf's parser
+    makes of it (a header, or a chunk written otherwise), so what is accepted stays protobuf's.
+    Raises FrameError for bytes protobuf cannot parse."""
+    try:
+        chunk = _plain_chunk(raw)
+    except DecodeError:
+        chunk = None
+    if chunk is not None:
+        return chunk
+    try:
+        return message_type.FromString(raw)
+    except DecodeError as exc:
+        raise FrameError(f"a message that is no {message_type.DESCRIPTOR.name} arrived ({exc})") from None
+
+
+# A frame stream's message as read by the deserializers below.
+StreamRequest = rknn_pb2.InferenceRequest | WireChunk
+StreamResponse = rknn_pb2.InferenceResponse | WireChunk
+
+
+def parse_inference_request(raw: bytes) -> StreamRequest:
+    """The daemon's request deserializer of the frame streams (Inference, InferencePipeline, DumpLayers)."""
+    return _parse_stream_message(raw, rknn_pb2.InferenceRequest)
+
+
+def parse_inference_response(raw: bytes) -> StreamResponse:
+    """The client's response deserializer of Inference and InferencePipeline."""
+    return _parse_stream_message(raw, rknn_pb2.InferenceResponse)
+
+
 __all__ = [
     "Assembly",
+    "Chunk",
     "FrameError",
     "FrameReader",
+    "StreamRequest",
+    "StreamResponse",
     "TruncatedFrame",
     "UnaryFrame",
+    "WireChunk",
     "aread_frames",
+    "chunk_message",
+    "frame_bytes",
     "frame_messages",
     "in_place",
+    "parse_inference_request",
+    "parse_inference_response",
     "parse_run_request",
     "parse_run_response",
     "parse_unary_frame",

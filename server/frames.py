@@ -141,7 +141,7 @@ class IncomingFrame:
         """Check the declared inputs against the limits (the assembler does, before its buffers,
         which np.empty only reserves) and then the model, and reserve the buffers against the
         daemon's memory budget, before any byte arrives."""
-        assembler = codec.TensorAssembler(header.inputs, limits, "input")
+        assembler = codec.TensorAssembler(header.inputs, limits, "input", session.buffers.take)
         plans = check_inputs(session.runtime.inputs, header.inputs)
         budget.hold(assembler.buffers, f"the inputs of frame {header.frame_id}")
         return cls(header, session, plans, assembler, limits)
@@ -152,7 +152,7 @@ class IncomingFrame:
     def complete(self) -> bool:
         return self.assembler.complete
 
-    def add(self, chunk: rknn_pb2.TensorChunk) -> int:
+    def add(self, chunk: codec.Chunk) -> int:
         """Take one chunk; returns its size."""
         size = self.assembler.add(chunk)
         check_chunk(size, self.limits)

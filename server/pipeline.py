@@ -79,15 +79,17 @@ class Pipeline:
         )
 
     @staticmethod
-    def _send(done: Done, traffic: Traffic) -> Iterator[rknn_pb2.InferenceResponse]:
-        yield from framing.frame_messages(rknn_pb2.InferenceResponse, done.header, done.wire)
+    def _send(done: Done, traffic: Traffic) -> Iterator[bytes]:
+        """A frame's serialized response messages (the frame streams' replies are written by framing)."""
+        header = rknn_pb2.InferenceResponse(header=done.header).SerializeToString()
+        yield from framing.frame_bytes(header, done.wire)
         traffic.bytes_out += _nbytes(done.wire)
         traffic.frames += 1
 
     # -- One frame -----------------------------------------------------------------------------
 
     async def receive_one(
-        self, requests: AsyncIterator[rknn_pb2.InferenceRequest], traffic: Traffic, method: str
+        self, requests: AsyncIterator[framing.StreamRequest], traffic: Traffic, method: str
     ) -> IncomingFrame:
         """The one frame of a request stream (which must end after it)."""
         reader = self._reader(traffic)
@@ -107,8 +109,8 @@ class Pipeline:
         return frame
 
     async def one(
-        self, requests: AsyncIterator[rknn_pb2.InferenceRequest], traffic: Traffic
-    ) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+        self, requests: AsyncIterator[framing.StreamRequest], traffic: Traffic
+    ) -> AsyncGenerator[bytes, None]:
         """The Inference RPC: a pipeline of one frame, its stages in series."""
         done = await self._run(await self.receive_one(requests, traffic, "Inference"))
         for message in self._send(done, traffic):
@@ -137,8 +139,8 @@ class Pipeline:
     # -- Many frames ---------------------------------------------------------------------------
 
     async def stream(
-        self, requests: AsyncIterator[rknn_pb2.InferenceRequest], traffic: Traffic
-    ) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+        self, requests: AsyncIterator[framing.StreamRequest], traffic: Traffic
+    ) -> AsyncGenerator[bytes, None]:
         """The InferencePipeline response stream; raises the first error of any stage (frames
         before it were sent)."""
         ready: asyncio.Queue[IncomingFrame | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
@@ -160,7 +162,7 @@ class Pipeline:
 
     async def _receive(
         self,
-        requests: AsyncIterator[rknn_pb2.InferenceRequest],
+        requests: AsyncIterator[framing.StreamRequest],
         ready: asyncio.Queue[IncomingFrame | BaseException | None],
         traffic: Traffic,
     ) -> None:

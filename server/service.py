@@ -64,11 +64,18 @@ def _serialized(reply: bytes) -> bytes:
 _SERVICE_PATH = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}"
 # The methods whose handlers take and give wire bytes rather than protobuf objects (the guard
 # registers them so): Run's inputs are read in place and its outputs written once, where protobuf
-# would copy each twice each way; an upload's chunk data is not copied at all. Method path ->
-# (request deserializer, response serializer).
+# would copy each twice each way; the frame streams' chunks are read as views and written with one
+# copy; an upload's chunk data is not copied at all. Method path -> (request deserializer,
+# response serializer).
 CODECS: Mapping[str, Codecs] = MappingProxyType(
     {
         f"{_SERVICE_PATH}/Run": (framing.parse_run_request, _serialized),
+        f"{_SERVICE_PATH}/Inference": (framing.parse_inference_request, _serialized),
+        f"{_SERVICE_PATH}/InferencePipeline": (framing.parse_inference_request, _serialized),
+        f"{_SERVICE_PATH}/DumpLayers": (
+            framing.parse_inference_request,
+            rknn_pb2.DumpLayersResponse.SerializeToString,
+        ),
         # An upload's chunks are read as views of what gRPC received (rknn_server.upload_wire).
         f"{_SERVICE_PATH}/UploadModel": (
             parse_upload_request,
@@ -78,13 +85,10 @@ CODECS: Mapping[str, Codecs] = MappingProxyType(
 )
 
 
-_Frames = Callable[
-    [Pipeline, AsyncIterator[rknn_pb2.InferenceRequest], Traffic],
-    AsyncGenerator[rknn_pb2.InferenceResponse, None],
-]
+_Frames = Callable[[Pipeline, AsyncIterator[framing.StreamRequest], Traffic], AsyncGenerator[bytes, None]]
 # A servicer method (self, request_iterator, context); `...`: the generated base types its arguments
 # more loosely than the handler takes them.
-_FrameHandler = Callable[..., AsyncGenerator[rknn_pb2.InferenceResponse, None]]
+_FrameHandler = Callable[..., AsyncGenerator[bytes, None]]
 
 
 def _frame_stream(frames: _Frames) -> _FrameHandler:
@@ -93,9 +97,9 @@ def _frame_stream(frames: _Frames) -> _FrameHandler:
 
     async def handler(
         self: RknnService,
-        request_iterator: AsyncIterator[rknn_pb2.InferenceRequest],
+        request_iterator: AsyncIterator[framing.StreamRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncGenerator[rknn_pb2.InferenceResponse, None]:
+    ) -> AsyncGenerator[bytes, None]:
         call, traffic = current_call(), Traffic()
         try:
             async with aclosing(frames(self.pipeline, request_iterator, traffic)) as responses:
@@ -257,9 +261,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             runtime_driver_version=version.driver,
         )
 
-    # The frame-moving streams: one frame in series (Inference), frames in flight (InferencePipeline).
-    Inference = _frame_stream(Pipeline.one)
-    InferencePipeline = _frame_stream(Pipeline.stream)
+    # The frame-moving streams: one frame in series (Inference), frames in flight (InferencePipeline);
+    # their messages are read and written by framing (CODECS).
+    Inference = _frame_stream(Pipeline.one)  # type: ignore[assignment]
+    InferencePipeline = _frame_stream(Pipeline.stream)  # type: ignore[assignment]
 
     async def Run(  # type: ignore[override]  # its messages are read and written by framing (CODECS)
         self, request: framing.UnaryFrame[rknn_pb2.InferenceHeader], context: grpc.aio.ServicerContext
@@ -271,8 +276,8 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             _account(current_call(), traffic)
         return framing.run_response_bytes(done.header, done.wire)
 
-    async def DumpLayers(
-        self, request_iterator: AsyncIterator[rknn_pb2.InferenceRequest], context: grpc.aio.ServicerContext
+    async def DumpLayers(  # its requests are read by framing (CODECS)
+        self, request_iterator: AsyncIterator[framing.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
         call, traffic = current_call(), Traffic()
         frame = await self.pipeline.receive_one(request_iterator, traffic, "DumpLayers")

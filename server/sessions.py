@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from rknn_proto.buffers import BufferPool
 from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
@@ -41,6 +42,8 @@ class Session:
     broken: str = ""
     # Set (under `compute`) once its runtime is freed: a doorbell holding the session stops there.
     closed: bool = False
+    # Its frames' input buffers, used again once a frame is done with them (rknn_proto.buffers).
+    buffers: BufferPool = field(default_factory=BufferPool)
 
     def renew(self) -> None:
         self.last_used = time.monotonic()

@@ -25,6 +25,7 @@ import onnxruntime as ort
 import psutil
 
 from rknn_proto import model_container
+from rknn_proto.buffers import BufferPool
 from rknn_proto.messages import (
     EvalMemoryResponse,
     EvalPerfResponse,
@@ -279,12 +280,29 @@ class HostModel(ModelRuntime):
         self.inputs = [_spec(i, a) for i, a in enumerate(self._session.get_inputs())]
         self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self._session.get_outputs())]
         self._input_names = [s.name for s in self.inputs]
+        # Outputs of static shapes are written into arrays allocated here (see run); off for good once
+        # ONNX Runtime refuses one (a model whose declared shape is not what it computes).
+        self._outputs_in_place = not any(s.is_dynamic for s in self.outputs)
+        self._output_buffers = BufferPool()
 
     def run(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
     ) -> list[np.ndarray]:
-        """The service hands inputs over in the model's layout and dtype already, so formats change nothing."""
-        return self._run(self._session, inputs)
+        """The service hands inputs over in the model's layout and dtype already, so formats change nothing.
+
+        Static outputs go into buffers of the model's own (rknn_proto.buffers), used again once the
+        arrays of an earlier run are freed: ONNX Runtime's own, with no memory arena, are fresh pages
+        every run, faulted in 4 KiB at a time (measured here on a 64 MiB identity: 40 ms of CPU a
+        run, 14 ms into np.empty, 6.5 ms into memory used before)."""
+        if not self._outputs_in_place:
+            return self._run(self._session, inputs)
+        targets = [
+            self._output_buffers.take(spec.size_bytes).view(spec.dtype).reshape(spec.shape)
+            for spec in self.outputs
+        ]
+        outputs = self.run_into(inputs, targets, formats)
+        self._outputs_in_place = all(o is t for o, t in zip(outputs, targets, strict=True))
+        return outputs
 
     def run_into(
         self,
@@ -308,7 +326,7 @@ class HostModel(ModelRuntime):
             # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
             # refuses the given array before writing it. Run as `run` does (a real failure fails again).
             log.debug("outputs not written in place: %s", exc)
-            return self.run(inputs, formats)
+            return self._run(self._session, inputs)
         return list(outputs)
 
     def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -49,6 +49,31 @@ def test_small_frames_go_unary_and_large_ones_stream(
     assert not [e for e in events if e.get("method") == other]
 
 
+@pytest.mark.parametrize("mib", [3, 5])
+def test_outputs_held_by_the_caller_are_never_overwritten(
+    make_daemon: DaemonFactory, tmp_path: Path, mib: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outputs are assembled into memory used before (rknn_proto.buffers) on both paths, on both
+    sides: a later run writes into none the caller still holds, through any view of it."""
+    monkeypatch.setenv("RKNN_SHM", "off")
+    daemon = make_daemon()
+    elements = mib * (1 << 20) // 4
+    model = models.big_identity(tmp_path / "big.onnx", elements)
+    frames = [np.full((1, elements), value, np.float32) for value in (1.0, 2.0, 3.0)]
+    with connect(daemon.url) as device, device.load(model) as session:
+        first = session.run([frames[0]])[0]
+        view = first.reshape(-1)[::2]
+        del first
+        pipelined = list(session.map([[f] for f in frames[1:]]))
+        for _ in range(3):
+            session.run([frames[1]])  # outputs dropped at once: their memory is used again
+        last = session.run([frames[2]])[0]
+    assert (view == 1.0).all()
+    np.testing.assert_array_equal(pipelined[0][0], frames[1])
+    np.testing.assert_array_equal(pipelined[1][0], frames[2])
+    np.testing.assert_array_equal(last, frames[2])
+
+
 def test_int64_and_several_inputs_through_the_compat_class(
     host_daemon: DaemonProcess, tmp_path: Path
 ) -> None:

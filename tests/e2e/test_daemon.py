@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rknn_client import connect
 from rknn_client.errors import SessionLost
+from rknn_proto import rknn_pb2
 from rknn_server.testing import DaemonProcess
 from tests.conftest import DaemonFactory
 
@@ -137,7 +138,8 @@ def test_outputs_of_unknown_size_take_the_unary_run(make_daemon: DaemonFactory, 
         assert session.outputs[0].is_dynamic
         for rows in (2, len(x)):
             np.testing.assert_array_equal(session.run([x[:rows]])[0], x[:rows])
-        streamed = list(session.device._stub.Inference(session.frame_requests([x]), metadata=device.metadata))
+        requests = (rknn_pb2.InferenceRequest.FromString(m) for m in session.frame_bytes([x]))
+        streamed = list(session.device._stub.Inference(requests, metadata=device.metadata))
         assert streamed[0].header.outputs[0].shape == list(x.shape)
     daemon.stop()  # every call's log event written
     events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]

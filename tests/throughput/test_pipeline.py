@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -71,9 +72,14 @@ def test_cancelled_stream_leaves_the_session_usable(make_daemon: DaemonFactory, 
     assert sorted(_pipeline_outcomes(daemon)) == ["CANCELLED", "OK"]
 
 
+def frame_requests(session, inputs: list[np.ndarray], **options: Any) -> list[rknn_pb2.InferenceRequest]:
+    """A frame's request messages as the client writes them, for a stub driven by hand."""
+    return [rknn_pb2.InferenceRequest.FromString(m) for m in session.frame_bytes(inputs, **options)]
+
+
 def _half_frame(session, image: np.ndarray) -> list[rknn_pb2.InferenceRequest]:
     """The header of a frame and the first half of its input's bytes."""
-    header, *chunks = session.frame_requests([image], frame_id=1)
+    header, *chunks = frame_requests(session, [image], frame_id=1)
     data = b"".join(m.chunk.data for m in chunks)
     return [header, rknn_pb2.InferenceRequest(chunk=rknn_pb2.TensorChunk(data=data[: len(data) // 2]))]
 
@@ -129,8 +135,8 @@ def test_bad_frame_mid_stream_answers_earlier_frames_then_fails(host_daemon, cam
     want = reference(host_daemon, camera_model, images[:2])
     with connect(host_daemon.url) as device, device.load(camera_model) as session:
         wrong = np.zeros((1, 3, 8, 8), dtype=np.uint8)
-        frames = [list(session.frame_requests([x], frame_id=i + 1)) for i, x in enumerate(images[:2])]
-        frames.append(list(session.frame_requests([wrong], strict=False, frame_id=3)))
+        frames = [frame_requests(session, [x], frame_id=i + 1) for i, x in enumerate(images[:2])]
+        frames.append(frame_requests(session, [wrong], strict=False, frame_id=3))
         with grpc.insecure_channel(host_daemon.address) as channel:
             stub = rknn_pb2_grpc.RknnServerStub(channel)
             metadata = ((PROTOCOL_VERSION_METADATA_KEY, str(PROTOCOL_VERSION)),)

@@ -73,3 +73,41 @@ def test_external_data_loads_from_beside_the_model(tmp_path: Path) -> None:
     model = HostBackend(threads=1).open(path, RuntimeOptions())
     assert model.memory().weight_memory == 4 * 64 * 4
     assert model.run([np.ones((1, 4), dtype=np.float32)])[0].shape == (1, 64)
+
+
+def test_outputs_written_in_place_are_never_overwritten_while_held(tmp_path: Path) -> None:
+    """Static outputs go into the model's pooled buffers: a later run never writes into an output
+    the caller still holds, and takes its memory once it is dropped."""
+    model = HostBackend(threads=1).open(models.big_identity(tmp_path / "id.onnx", 1 << 19), RuntimeOptions())
+    first_input, second_input = (np.full((1, 1 << 19), v, np.float32) for v in (1.0, 2.0))
+    first = model.run([first_input])[0]
+    second = model.run([second_input])[0]
+    np.testing.assert_array_equal(first, first_input)
+    np.testing.assert_array_equal(second, second_input)
+    where = first.ctypes.data
+    del first
+    np.testing.assert_array_equal(model.run([second_input])[0], second_input)
+    assert model.run([first_input])[0].ctypes.data == where
+    model.close()
+
+
+def test_a_model_whose_declared_output_shape_is_wrong_runs_as_onnx_runtime_answers(tmp_path: Path) -> None:
+    """A static output shape the model does not compute: ONNX Runtime refuses the buffer given, and
+    the run (and every later one) gets ONNX Runtime's own outputs."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "wrong_declared_shape",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    path = tmp_path / "wrong.onnx"
+    onnx.save(models.onnx_model(graph), str(path))
+    model = HostBackend(threads=1).open(path, RuntimeOptions())
+    assert model.outputs[0].shape == (3,)
+    x = np.arange(4, dtype=np.float32)
+    for _ in range(2):
+        np.testing.assert_array_equal(model.run([x, np.array([4])])[0], x)
+    model.close()

@@ -51,7 +51,7 @@ async def stream(messages: Iterable[rknn_pb2.InferenceRequest]) -> AsyncIterator
         yield message
 
 
-def outputs(responses: list[rknn_pb2.InferenceResponse]) -> list[tuple[int, np.ndarray]]:
+def outputs(responses: list[bytes]) -> list[tuple[int, np.ndarray]]:
     """Each answered frame's id and output, read back with the client's own framing."""
 
     class Out(codec.TensorAssembler):
@@ -59,7 +59,8 @@ def outputs(responses: list[rknn_pb2.InferenceResponse]) -> list[tuple[int, np.n
             super().__init__(head.outputs, codec.TensorLimits(), "output")
             self.frame_id = head.frame_id
 
-    return [(f.frame_id, f.arrays()[0]) for f in framing.read_frames(responses, framing.FrameReader(Out))]
+    messages = [framing.parse_inference_response(r) for r in responses]
+    return [(f.frame_id, f.arrays()[0]) for f in framing.read_frames(messages, framing.FrameReader(Out))]
 
 
 async def opened(tmp_path: Path, executor: ThreadPoolExecutor) -> tuple[DataPlane, Pipeline, str]:
@@ -120,7 +121,7 @@ def test_a_stream_ending_inside_a_frame_answers_the_earlier_ones_then_fails(tmp_
     async def main() -> None:
         plane, pipeline, sid = await opened(tmp_path, executor)
         messages = frame(sid, image(0), 1) + frame(sid, image(1), 2)[:1]
-        got: list[rknn_pb2.InferenceResponse] = []
+        got: list[bytes] = []
         with pytest.raises(framing.TruncatedFrame, match="the stream ended inside frame 2"):
             async for message in pipeline.stream(stream(messages), Traffic()):
                 got.append(message)

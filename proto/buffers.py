@@ -24,6 +24,36 @@ MIN_POOLED_BYTES = 1 << 20
 # What a pool keeps of buffers nobody holds: a frame or two of a large model's tensors. The memory
 # stays with the session (the daemon's idle sessions are reaped) instead of going back at once.
 KEEP_BYTES = 128 << 20
+# What all the pools of a process keep together, however many sessions it has: the daemon's memory
+# held between frames stays bounded (16 sessions would otherwise keep 16 x KEEP_BYTES of each kind).
+KEEP_TOTAL_BYTES = 256 << 20
+
+
+class KeptBytes:
+    """The bytes all pools keep, against KEEP_TOTAL_BYTES."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def claim(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.bytes + nbytes > self.limit:
+                return False
+            self.bytes += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes -= nbytes
+
+    def forget(self, spare: dict[int, list[np.ndarray]]) -> None:
+        """A pool went away with these spares."""
+        self.give(sum(size * len(stores) for size, stores in spare.items()))
+
+
+KEPT = KeptBytes(KEEP_TOTAL_BYTES)
 
 
 @functools.lru_cache(maxsize=64)
@@ -36,12 +66,15 @@ class BufferPool:
     """Byte buffers for one session's tensors: one that came back is used again for the same size.
 
     Keeps at most `keep_bytes` of buffers nobody holds (a session's tensors take the same sizes
-    frame after frame; a few frames in flight need a few of each); larger ones go back to the system."""
+    frame after frame; a few frames in flight need a few of each), and only while all the pools of
+    the process keep less than `kept`'s limit; the rest go back to the system."""
 
-    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
+    def __init__(self, keep_bytes: int = KEEP_BYTES, kept: KeptBytes = KEPT) -> None:
         self._keep_bytes = keep_bytes
+        self._kept = kept
         self._spare: dict[int, list[np.ndarray]] = {}
         self._spare_bytes = 0
+        weakref.finalize(self, kept.forget, self._spare)
         # Buffers come back on whichever thread frees the last array, even inside this lock (a
         # garbage collection that an allocation sets off): reentrant.
         self._lock = threading.RLock()
@@ -55,6 +88,7 @@ class BufferPool:
             store = spares.pop() if spares else None
             if store is not None:
                 self._spare_bytes -= nbytes
+                self._kept.give(nbytes)
         if store is None:
             store = np.empty(nbytes, np.uint8)
         lease = _lease_type(nbytes).from_buffer(store.data)
@@ -63,6 +97,6 @@ class BufferPool:
 
     def _give_back(self, store: np.ndarray) -> None:
         with self._lock:
-            if self._spare_bytes + store.nbytes <= self._keep_bytes:
+            if self._spare_bytes + store.nbytes <= self._keep_bytes and self._kept.claim(store.nbytes):
                 self._spare.setdefault(store.nbytes, []).append(store)
                 self._spare_bytes += store.nbytes

@@ -6,7 +6,7 @@ import gc
 
 import numpy as np
 
-from rknn_proto.buffers import MIN_POOLED_BYTES, BufferPool
+from rknn_proto.buffers import MIN_POOLED_BYTES, BufferPool, KeptBytes
 
 SIZE = 4 * MIN_POOLED_BYTES
 
@@ -60,3 +60,19 @@ def test_the_pool_keeps_no_more_than_its_bound_of_unheld_buffers() -> None:
     assert _address(third) == kept
     assert _address(fourth) != kept
     assert dropped != kept
+
+
+def test_all_pools_together_keep_no_more_than_the_process_bound() -> None:
+    kept = KeptBytes(limit=2 * SIZE)  # a process whose pools may keep two buffers in all
+    pools = [BufferPool(kept=kept) for _ in range(3)]
+    held = [pool.take(SIZE) for pool in pools]
+    del held  # three come back: two are kept, the third goes back to the system
+    assert kept.bytes == 2 * SIZE
+    assert sum(len(stores) for pool in pools for stores in pool._spare.values()) == 2
+    again = [pool.take(SIZE) for pool in pools]
+    assert kept.bytes == 0  # both kept ones are out again
+    del again
+    assert kept.bytes == 2 * SIZE
+    del pools  # pools that go take what they kept off the process's count
+    gc.collect()
+    assert kept.bytes == 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bench.grpc_ceiling import GRPC_OPTIONS
+from bench.side_by_side import side_by_side
 from rknn_server.runtime.host import default_threads, session_options
 
 
@@ -73,18 +73,9 @@ def measure(model: Path, x: np.ndarray, runs: int, warm: int = 20) -> tuple[floa
         payload = bytes(np.ascontiguousarray(x).data)
         with grpc.insecure_channel(f"127.0.0.1:{port.value}", options=GRPC_OPTIONS) as channel:
             call = channel.unary_unary("/floor.Ort/Run")
-            for _ in range(warm):
-                local.run(None, {name: x})
-                call(payload, timeout=60)
-            local_s, remote_s = [], []
-            for _ in range(runs):
-                start = time.perf_counter()
-                local.run(None, {name: x})
-                local_s.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                call(payload, timeout=60)
-                remote_s.append(time.perf_counter() - start)
-        return statistics.median(local_s), statistics.median(remote_s)
+            return side_by_side(
+                lambda: local.run(None, {name: x}), lambda: call(payload, timeout=60), runs, warm
+            )
     finally:
         process.terminate()
         process.join(30)

@@ -11,15 +11,14 @@ process boundary and two wake-ups cost, with the cores shared as the daemon shar
 from __future__ import annotations
 
 import socket
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from bench.side_by_side import side_by_side
 from rknn_server.runtime.host import default_threads, session_options
 
 
@@ -49,18 +48,7 @@ def measure(model: Path, x: np.ndarray, runs: int, warm: int = 20) -> tuple[floa
             ours.send(b"go")
             ours.recv(16)
 
-        for _ in range(warm):
-            local.run(None, {name: x})
-            ring()
-        local_s, rung_s = [], []
-        for _ in range(runs):
-            start = time.perf_counter()
-            local.run(None, {name: x})
-            local_s.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            ring()
-            rung_s.append(time.perf_counter() - start)
-        return statistics.median(local_s), statistics.median(rung_s)
+        return side_by_side(lambda: local.run(None, {name: x}), ring, runs, warm)
     finally:
         ours.close()  # the child's recv sees the end and it exits
         child.wait(60)

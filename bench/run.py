@@ -50,6 +50,7 @@ from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import NoOpServer, measure_ceiling
 from bench.raw_socket import transfer_seconds
 from bench.shared_memory import bench_shared_memory, shared_memory_on
+from bench.side_by_side import side_by_side
 from demo.models import save_mobilenet_v2
 from rknn_client import connect
 from rknn_client.digest_cache import DigestCache
@@ -82,24 +83,16 @@ def bench_latency(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
     threads = default_threads()
     local = ort.InferenceSession(str(model), session_options(threads), providers=["CPUExecutionProvider"])
     with connect(daemon.url) as device, device.load(model) as session:
-        for _ in range(20):
-            local.run(None, {"input": x})
-            session.run([x])
-        local_s, remote_s = [], []
-        for _ in range(LATENCY_RUNS):  # interleaved, so both see the same machine noise
-            t = time.perf_counter()
-            local.run(None, {"input": x})
-            local_s.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            session.run([x])
-            remote_s.append(time.perf_counter() - t)
+        local_p50, remote_p50 = side_by_side(
+            lambda: local.run(None, {"input": x}), lambda: session.run([x]), LATENCY_RUNS, 20
+        )
     floor_local_s, floor_s = ort_server.measure(model, x, LATENCY_RUNS)
     return {
         "model": "MobileNetV2 1x3x224x224 float32",
         "onnxruntime_threads": threads,
-        "in_process_p50_ms": p50(local_s) * 1e3,
-        "remote_p50_ms": p50(remote_s) * 1e3,
-        "remote_over_in_process_p50": p50(remote_s) / p50(local_s),
+        "in_process_p50_ms": local_p50 * 1e3,
+        "remote_p50_ms": remote_p50 * 1e3,
+        "remote_over_in_process_p50": remote_p50 / local_p50,
         # The same frame through ONNX Runtime behind the smallest gRPC server (bench/ort_server.py).
         "minimal_grpc_server_p50_ms": floor_s * 1e3,
         "minimal_grpc_server_in_process_p50_ms": floor_local_s * 1e3,

@@ -19,8 +19,7 @@ import json
 import os
 import statistics
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import onnxruntime as ort
 
 from bench import ring_floor
 from bench.grpc_ceiling import measure_frame_calls
+from bench.side_by_side import side_by_side
 from demo.models import save_mobilenet_v2
 from rknn_client import connect, shared_memory
 from rknn_server.runtime.host import default_threads, session_options
@@ -38,23 +38,6 @@ from tests.models import big_identity
 LATENCY_RUNS = 200
 ROUND_TRIPS = 9  # the 64 MiB rows vary most on a busy machine: a median of more
 TENSOR_BYTES = 64 << 20
-
-
-def _side_by_side(
-    local: Callable[[], object], remote: Callable[[], object], runs: int, warm: int
-) -> tuple[float, float]:
-    for _ in range(warm):
-        local()
-        remote()
-    local_s, remote_s = [], []
-    for _ in range(runs):
-        t = time.perf_counter()
-        local()
-        local_s.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        remote()
-        remote_s.append(time.perf_counter() - t)
-    return statistics.median(local_s), statistics.median(remote_s)
 
 
 def _measure(
@@ -76,7 +59,7 @@ def _measure(
             raise RuntimeError("the daemon does not allow shared memory to this client")
         shared_memory.lend_outputs(session, lend)
         shared_memory.use_doorbell(device, doorbell)
-        return _side_by_side(lambda: local.run(None, {name: x}), lambda: session.run([x]), runs, warm)
+        return side_by_side(lambda: local.run(None, {name: x}), lambda: session.run([x]), runs, warm)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -82,6 +83,22 @@ def info(daemon: DaemonProcess, token: str | None = None) -> rknn_pb2.GetInfoRes
             rknn_pb2.GetInfoRequest(), metadata=metadata, timeout=30
         )
         return reply
+
+
+def events(daemon: DaemonProcess, name: str) -> list[dict[str, object]]:
+    """The daemon's JSON log events called `name`."""
+    found = []
+    for line in daemon.log_path.read_text().splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("event") == name:
+                found.append(event)
+    return found
+
+
+def rpcs(daemon: DaemonProcess, method: str) -> int:
+    """How many calls of `method` the daemon has logged."""
+    return sum(1 for e in events(daemon, "rpc") if e["method"] == method)
 
 
 def weighty_model(path: Path, megabytes: int, seed: int = 1) -> Path:

@@ -3,7 +3,6 @@ and every way in refused but the ticket's owner (server/doorbell.py, client/door
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import socket
@@ -19,13 +18,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rknn_client import RKNN, shared_memory
+from rknn_client import shared_memory
 from rknn_client.api import Device, Session
 from rknn_client.doorbell import DoorbellLost
 from rknn_client.errors import NotFound, SessionLost
 from rknn_proto import rknn_pb2
 from rknn_server.testing import DaemonProcess, start_daemon
-from tests.reliability.conftest import StartDaemon, cnn_input, device, kill, python_child, wait_line
+from tests.reliability.conftest import (
+    StartDaemon,
+    cnn_input,
+    device,
+    events,
+    kill,
+    python_child,
+    rpcs,
+    wait_line,
+)
 from tests.reliability.test_shared_memory import ROOT, held, wait_until
 
 
@@ -39,21 +47,6 @@ def doorbell_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon
 
 
 FRAMES = [np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32) for seed in range(4)]
-
-
-def events(daemon: DaemonProcess, name: str) -> list[dict[str, object]]:
-    """The daemon's JSON log events called `name`."""
-    found = []
-    for line in daemon.log_path.read_text().splitlines():
-        if line.startswith("{"):
-            event = json.loads(line)
-            if event.get("event") == name:
-                found.append(event)
-    return found
-
-
-def rpcs(daemon: DaemonProcess, method: str) -> int:
-    return sum(1 for e in events(daemon, "rpc") if e["method"] == method)
 
 
 def frame_header(session: Session) -> rknn_pb2.InferenceHeader:
@@ -105,23 +98,6 @@ def test_frames_ring_the_doorbell_with_the_wires_outputs_bit_for_bit(
     assert wait_until(lambda: events(daemon, "doorbell_closed"))  # logged by the doorbell's own thread
     closed = events(daemon, "doorbell_closed")
     assert [(e["frames"], e["reason"]) for e in closed] == [(len(FRAMES), "its session closed")]
-
-
-def test_the_compat_rknn_inference_rings_the_doorbell(daemons: StartDaemon, cnn: Path) -> None:
-    daemon = daemons()
-    rknn = RKNN()
-    try:
-        assert rknn.load_onnx(str(cnn)) == 0
-        assert rknn.build(do_quantization=False) == 0
-        assert rknn.init_runtime(device_id=daemon.url) == 0
-        image = np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8)
-        outputs = [rknn.inference(inputs=[image]) for _ in range(3)]
-        assert all(o is not None and o[0].shape == (1, 10) for o in outputs)
-    finally:
-        rknn.release()
-    assert rpcs(daemon, "OpenDoorbell") == 1 and rpcs(daemon, "RunShared") == 0 and rpcs(daemon, "Run") == 0
-    assert wait_until(lambda: events(daemon, "doorbell_closed"))
-    assert events(daemon, "doorbell_closed")[0]["frames"] == 3
 
 
 def test_without_the_doorbell_each_frame_is_a_runshared_call(daemons: StartDaemon, cnn: Path) -> None:

@@ -28,7 +28,17 @@ from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.ready import read_ready_file
 from rknn_server.testing import DaemonProcess
-from tests.reliability.conftest import TOKEN, StartDaemon, cnn_input, device, kill, python_child, wait_line
+from tests.reliability.conftest import (
+    TOKEN,
+    StartDaemon,
+    cnn_input,
+    device,
+    events,
+    kill,
+    python_child,
+    rpcs,
+    wait_line,
+)
 
 SHM = Path("/dev/shm")
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="a second local user and mount namespaces need root")
@@ -140,6 +150,10 @@ def test_the_compat_rknn_inference_uses_shared_memory_by_itself(daemons: StartDa
             assert uses(observer, session.id) == 2
     finally:
         rknn.release()
+    # Both frames rung on one doorbell: no call of their own.
+    assert rpcs(daemon, "OpenDoorbell") == 1 and rpcs(daemon, "RunShared") == 0 and rpcs(daemon, "Run") == 0
+    assert wait_until(lambda: events(daemon, "doorbell_closed"))
+    assert events(daemon, "doorbell_closed")[0]["frames"] == 2
 
 
 def test_a_slot_too_small_or_outside_the_region_is_refused_before_any_write(

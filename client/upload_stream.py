@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from rknn_proto import rknn_pb2
+from rknn_proto.chunk_wire import UPLOAD_CHUNKS
 from rknn_proto.version import CHUNK_BYTES
-from rknn_proto.wire import LENGTH_DELIMITED, VARINT, tag, varint
 
 _SERVICE = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"]
 # The method the stream is sent to, with no request serializer: its requests are bytes already.
@@ -29,24 +29,11 @@ _FRAMING_BYTES = 1 << 10
 # Room for a chunk's framing in front of it: four one-byte tags and four varints of at most 10 bytes.
 PREFIX_ROOM = 64
 
-_CHUNK = rknn_pb2.UploadChunk.DESCRIPTOR.fields_by_name
-_CHUNK_TAG = tag(rknn_pb2.UploadModelRequest.DESCRIPTOR.fields_by_name["chunk"].number, LENGTH_DELIMITED)
-_FILE_INDEX_TAG = tag(_CHUNK["file_index"].number, VARINT)
-_OFFSET_TAG = tag(_CHUNK["offset"].number, VARINT)
-_DATA_TAG = tag(_CHUNK["data"].number, LENGTH_DELIMITED)
-
 
 def chunk_prefix(file_index: int, offset: int, size: int) -> bytes:
     """The bytes of a serialized `UploadModelRequest` that come before its chunk's `size` data bytes,
     as protobuf would write them (fields equal to zero left out)."""
-    chunk = b"".join(
-        (
-            _FILE_INDEX_TAG + varint(file_index) if file_index else b"",
-            _OFFSET_TAG + varint(offset) if offset else b"",
-            _DATA_TAG + varint(size) if size else b"",
-        )
-    )
-    return b"".join((_CHUNK_TAG, varint(len(chunk) + size), chunk))
+    return UPLOAD_CHUNKS.prefix(file_index, offset, size)
 
 
 def upload_chunk_bytes(limits: Mapping[str, float]) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rknn_proto import rknn_pb2
 from rknn_proto.wire import LENGTH_DELIMITED, VARINT, read_varint, tag, varint
 
 Bytes = bytes | memoryview
@@ -83,4 +84,9 @@ class ChunkLayout:
         return index, offset, data
 
 
-__all__ = ["ChunkLayout"]
+# The frame streams' messages (InferenceRequest, InferenceResponse, DumpLayersResponse) carry a
+# TensorChunk as the same field of their `oneof part`; UploadModel's requests an UploadChunk.
+TENSOR_CHUNKS = ChunkLayout.of(rknn_pb2.InferenceRequest, "tensor_index")
+UPLOAD_CHUNKS = ChunkLayout.of(rknn_pb2.UploadModelRequest, "file_index")
+
+__all__ = ["TENSOR_CHUNKS", "UPLOAD_CHUNKS", "ChunkLayout"]

@@ -22,8 +22,9 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from rknn_proto import rknn_pb2
+from rknn_proto.chunk_wire import TENSOR_CHUNKS, Bytes
 from rknn_proto.codec import Chunk, CodecError, chunk_views, iter_chunk_fields
-from rknn_proto.wire import LENGTH_DELIMITED, VARINT, read_varint, tag, varint
+from rknn_proto.wire import LENGTH_DELIMITED, read_varint, tag, varint
 
 
 class FrameError(CodecError):
@@ -53,9 +54,6 @@ class Part(Protocol):
     """A framed stream's message: a `oneof part` of a header and a `chunk`."""
 
     def WhichOneof(self, oneof_group: Any) -> str | None: ...
-
-
-Bytes = bytes | memoryview  # a tensor's bytes: their own object, or a view into a received message
 
 
 class WireChunk(NamedTuple):
@@ -317,27 +315,10 @@ def frame_messages(
         yield message(chunk=fields)
 
 
-# The streams' messages (InferenceRequest, InferenceResponse, DumpLayersResponse) all carry a chunk
-# as field 2 of their `oneof part`, a TensorChunk{tensor_index = 1, offset = 2, data = 3}: one-byte keys.
-_CHUNK_FIELDS = rknn_pb2.TensorChunk.DESCRIPTOR.fields_by_name
-_CHUNK_TAG = tag(rknn_pb2.InferenceRequest.CHUNK_FIELD_NUMBER, LENGTH_DELIMITED)
-_INDEX_TAG = tag(_CHUNK_FIELDS["tensor_index"].number, VARINT)
-_OFFSET_TAG = tag(_CHUNK_FIELDS["offset"].number, VARINT)
-_DATA_TAG = tag(_CHUNK_FIELDS["data"].number, LENGTH_DELIMITED)
-_UINT32_END, _UINT64_END = 1 << 32, 1 << 64
-
-
 def chunk_message(tensor_index: int, offset: int, data: Bytes) -> bytes:
-    """A serialized stream message carrying one chunk, exactly as protobuf writes it (fields equal to
-    zero left out); `data` (a byte view) is copied once, into the result."""
-    fields = b"".join(
-        (
-            _INDEX_TAG + varint(tensor_index) if tensor_index else b"",
-            _OFFSET_TAG + varint(offset) if offset else b"",
-            _DATA_TAG + varint(len(data)) if data else b"",
-        )
-    )
-    return b"".join((_CHUNK_TAG, varint(len(fields) + len(data)), fields, data))
+    """A serialized stream message carrying one chunk, exactly as protobuf writes it; `data` (a byte
+    view) is copied once, into the result."""
+    return TENSOR_CHUNKS.message(tensor_index, offset, data)
 
 
 def frame_bytes(
@@ -355,41 +336,16 @@ def frame_bytes(
             moved(total)
 
 
-def _plain_chunk(raw: bytes) -> WireChunk | None:
-    """The chunk of a message in protobuf's plain layout (the chunk part alone, each of its fields at
-    most once and in order), its data a view of `raw`; None for any other message."""
-    end = len(raw)
-    if not end or raw[0] != _CHUNK_TAG[0]:
-        return None
-    length, at = read_varint(raw, 1)
-    if at + length != end:
-        return None
-    index = offset = 0
-    if at < end and raw[at] == _INDEX_TAG[0]:
-        index, at = read_varint(raw, at + 1)
-    if at < end and raw[at] == _OFFSET_TAG[0]:
-        offset, at = read_varint(raw, at + 1)
-    data: Bytes = b""
-    if at < end and raw[at] == _DATA_TAG[0]:
-        size, at = read_varint(raw, at + 1)
-        if at + size != end:
-            return None
-        data, at = memoryview(raw)[at:], end
-    if at != end or index >= _UINT32_END or offset >= _UINT64_END:
-        return None
-    return WireChunk(index, offset, data)
-
-
 def _parse_stream_message(raw: bytes, message_type: Any) -> Any:
     """A received stream message: a WireChunk where it is a plain chunk, else what protobuf's parser
     makes of it (a header, or a chunk written otherwise), so what is accepted stays protobuf's.
     Raises FrameError for bytes protobuf cannot parse."""
     try:
-        chunk = _plain_chunk(raw)
+        chunk = TENSOR_CHUNKS.parse(raw)
     except DecodeError:
         chunk = None
     if chunk is not None:
-        return chunk
+        return WireChunk(*chunk)
     try:
         return message_type.FromString(raw)
     except DecodeError as exc:

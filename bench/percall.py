@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -52,6 +53,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write every round's figures here")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
+    os.environ["RKNN_SHM"] = "off"  # the wire's figures, as in bench.run (its shared-memory row turns it on)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="rknn-bench-percall-") as tmp:
         for i in range(args.rounds):

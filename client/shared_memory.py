@@ -16,6 +16,9 @@ nothing is left in /dev/shm if either side dies. Inputs are copied into this pro
 outputs copied out of it (the region is reused by the next frame), or lent as views of it to a
 caller that asks (`lend_outputs`). A model with a dynamic output
 size keeps to the wire (its outputs' room is unknown).
+
+Each frame is rung on the session's doorbell (client/doorbell.py: one unix-socket message each way,
+no gRPC call) where the daemon offers one, else sent as one RunShared call (`use_doorbell`).
 """
 
 from __future__ import annotations

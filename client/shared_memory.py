@@ -366,14 +366,13 @@ def _outputs_header(
     doorbell is lost (a newer one is opened for the next frame)."""
     device = session.device
     if _DOORBELLS.get(device, False):
-        plan = rknn_pb2.InferenceHeader()
-        plan.CopyFrom(header)
-        plan.frame_id = 0
-        key = plan.SerializeToString(deterministic=True)
+        frame_id, header.frame_id = header.frame_id, 0  # the doorbell's header: the frame's, less its id
+        key = header.SerializeToString(deterministic=True)
+        header.frame_id = frame_id
         if (bound.doorbell is None or bound.plan != key) and time.monotonic() >= bound.retry_at:
             bound.hang_up()
             try:
-                bound.doorbell, bound.plan = device.open_doorbell(plan), key
+                bound.doorbell, bound.plan = device.open_doorbell(header), key
             except DoorbellLost as exc:  # the daemon's socket is crowded, or not in this namespace
                 log.debug("%s; frames go as RunShared calls for now", exc)
                 bound.retry_at = time.monotonic() + DOORBELL_RETRY_S

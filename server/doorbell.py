@@ -85,17 +85,23 @@ def _peer_uid(connection: socket.socket) -> int:
     return int(uid)
 
 
-def _reply(exc: BaseException | None = None, outputs: rknn_pb2.OutputsHeader | None = None) -> bytes:
-    if exc is None:  # never an empty message (it would read as the connection's end): outputs present
-        return rknn_pb2.DoorbellReply(outputs=outputs or rknn_pb2.OutputsHeader()).SerializeToString()
+def _reply(outputs: rknn_pb2.OutputsHeader | None = None) -> bytes:
+    """An OK answer; never an empty message (it would read as the connection's end): outputs present."""
+    return rknn_pb2.DoorbellReply(outputs=outputs or rknn_pb2.OutputsHeader()).SerializeToString()
+
+
+def _refusal(exc: BaseException) -> tuple[str, bytes]:
+    """The status name of a failure and its answer, as the failed RunShared call would carry them (an
+    unexpected error is logged once, under the reference the answer quotes)."""
     code, message = status_of(exc)
     trailing = dict(error_metadata(exc))
-    return rknn_pb2.DoorbellReply(
+    answer = rknn_pb2.DoorbellReply(
         code=code.value[0],
         message=message,
         reason=trailing.pop(REASON_METADATA_KEY, ""),
         hints={key.removeprefix(HINT_PREFIX): value for key, value in trailing.items()},
-    ).SerializeToString()
+    )
+    return code.name, answer.SerializeToString()
 
 
 class Doorbells:
@@ -247,7 +253,7 @@ class Doorbells:
                 "no such doorbell ticket (unknown, used, expired or another user's); call OpenDoorbell again"
             )
             with contextlib.suppress(OSError):
-                connection.send(_reply(refused))
+                connection.send(_refusal(refused)[1])
             return None
         connection.settimeout(None)
         try:
@@ -264,7 +270,7 @@ class Doorbells:
                 try:
                     ring = rknn_pb2.DoorbellRing.FromString(message)
                 except DecodeError:
-                    connection.send(_reply(InvalidInput("a doorbell message must be a DoorbellRing")))
+                    connection.send(_refusal(InvalidInput("a doorbell message must be a DoorbellRing"))[1])
                     return "the client sent something else than a DoorbellRing"
                 connection.send(self._frame(bell, ring.frame_id))
                 bell.frames += 1
@@ -285,8 +291,9 @@ class Doorbells:
             finally:
                 self.registry.release(regions)
         except Exception as exc:
-            self.metrics.doorbell_frame(status_of(exc)[0].name)
-            return _reply(exc)
+            code, answer = _refusal(exc)
+            self.metrics.doorbell_frame(code)
+            return answer
         self.metrics.doorbell_frame("OK")
         return _reply(
             outputs=rknn_pb2.OutputsHeader(outputs=metas, run_time_us=elapsed_us, frame_id=frame_id)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rknn_client.doorbell import Doorbell, DoorbellLost
-from rknn_client.errors import NotFound, RknnError, SessionLost
+from rknn_client.errors import InvalidInput, NotFound, RknnError, SessionLost
 from rknn_proto import codec, rknn_pb2
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class Region:
                 )
             self.map = mmap.mmap(fd, size)
             self.stat = os.fstat(fd)
+            self.address = np.frombuffer(self.map, np.uint8).ctypes.data  # where its slots start here
         except BaseException:
             os.close(fd)
             self.unlink()
@@ -277,6 +278,40 @@ def _unregister(device: Device, bound: _Bound) -> None:
     bound.region.close()
 
 
+def input_buffers(session: Session) -> list[np.ndarray]:
+    """Arrays to write a frame's inputs into, one per model input in its own shape and dtype. Where
+    the session's frames go through shared memory they are its region's input slots, so
+    `session.run` on them copies no input bytes on this side (a camera frame decoded straight into
+    them reaches the daemon with no copy at all); elsewhere (the wire) they are plain new arrays, so
+    the same code runs either way. They hold what was last written into them; run() reads them as
+    they are when it is called, and any other array passed to it is copied in as before."""
+    dynamic = next((s for s in session.inputs if s.is_dynamic), None)
+    if dynamic is not None:
+        raise InvalidInput(
+            f"input {dynamic.index} ({dynamic.name}) has a dynamic shape {list(dynamic.shape)}; "
+            "input buffers need every input's shape fixed: make the arrays and pass them to run()"
+        )
+    sizes = [s.size_bytes for s in session.inputs]
+    room = _output_room(session)
+    region = None
+    if room is not None and usable(session.device):
+        with _lock(session):
+            region = _region(session, sum(_aligned(n) for n in sizes) + sum(_aligned(r) for r in room))
+    if region is None:
+        return [np.zeros(s.shape, s.dtype) for s in session.inputs]
+    slots = _slots(sizes, 0, region.key)
+    return [
+        np.ndarray(s.shape, s.dtype, region.map, slot.offset)
+        for s, slot in zip(session.inputs, slots, strict=True)
+    ]
+
+
+def _is_slot(array: np.ndarray, region: Region, slot: rknn_pb2.TensorRegion) -> bool:
+    """Whether the (contiguous) array is that slot of this process's mapping: nothing to copy."""
+    address = array.__array_interface__["data"][0]
+    return address == region.address + slot.offset and array.nbytes == slot.byte_length
+
+
 def _slots(sizes: Sequence[int], start: int, key: str) -> list[rknn_pb2.TensorRegion]:
     slots, offset = [], start
     for size in sizes:
@@ -323,7 +358,8 @@ def _run_frame(
     input_slots = _slots([a.nbytes for a in wire], 0, region.key)
     output_slots = _slots(room, inputs_size, region.key)
     for array, slot in zip(wire, input_slots, strict=True):
-        np.ndarray(array.shape, array.dtype, region.map, slot.offset)[...] = array
+        if not _is_slot(array, region, slot):
+            np.ndarray(array.shape, array.dtype, region.map, slot.offset)[...] = array
     sent = sum(a.nbytes for a in wire)
     progress(sent, sent)
     shared = rknn_pb2.InferenceHeader()
@@ -390,4 +426,13 @@ def _outputs_header(
     return device.run_shared(header).header
 
 
-__all__ = ["ENV", "disable", "enabled_by_env", "lend_outputs", "run_frame", "usable", "use_doorbell"]
+__all__ = [
+    "ENV",
+    "disable",
+    "enabled_by_env",
+    "input_buffers",
+    "lend_outputs",
+    "run_frame",
+    "usable",
+    "use_doorbell",
+]

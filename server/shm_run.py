@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,6 +135,7 @@ class SharedFrame:
     buffers: list[np.ndarray | None]  # a /dev/shm file's input bytes are read into these
     targets: list[np.ndarray] | None  # where the runtime writes the outputs, when it can in place
     native: bool
+    bound: Callable[[], list[np.ndarray]] | None = None  # the runtime's run of these arrays, once made
 
     @property
     def regions(self) -> list[Region]:
@@ -147,8 +148,12 @@ class SharedFrame:
         runtime = self.session.runtime
         if self.targets is None:
             ran = runtime.run(arrange(arrays, self.plans), formats)
-        else:
+        elif any(p.permutation for p in self.plans):  # the transposed inputs are new arrays each frame
             ran = runtime.run_into(arrange(arrays, self.plans), self.targets, formats)
+        else:  # the same memory each frame (the slots, or the buffers read into): bound once
+            if self.bound is None:
+                self.bound = runtime.bind(arrays, self.targets, formats)
+            ran = self.bound()
         del arrays
         metas, wire = wire_outputs(ran, runtime.outputs, self.native)
         for i, (slot, array) in enumerate(zip(self.outputs, wire, strict=True)):

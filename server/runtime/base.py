@@ -8,7 +8,8 @@ knows about gRPC; the service maps these calls and `BackendError` subclasses ont
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,17 @@ class ModelRuntime(abc.ABC):
         Returns the outputs: `outputs[i]` itself for each one written there, else the runtime's own
         array (the caller copies it). By default nothing is written in place: this is `run`."""
         return self.run(inputs, formats)
+
+    def bind(
+        self,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
+        formats: Sequence[InputFormat] | None = None,
+    ) -> Callable[[], list[np.ndarray]]:
+        """`run_into` of these very arrays, repeatable: each call reads the inputs' memory afresh
+        and answers as `run_into` does. For frames that reuse their memory (a doorbell's, in shared
+        memory), so that a runtime that can prepares the run once; by default each call is run_into."""
+        return functools.partial(self.run_into, inputs, outputs, formats)
 
     @abc.abstractmethod
     def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:

@@ -8,6 +8,7 @@ measured memory growth while loading.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -312,22 +313,41 @@ class HostModel(ModelRuntime):
     ) -> list[np.ndarray]:
         """ONNX Runtime reads the inputs and writes the outputs where they are (IOBinding over
         OrtValues that wrap the arrays' memory): no copy either way, no output allocated."""
+        return self.bind(inputs, outputs, formats)()
+
+    def bind(
+        self,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
+        formats: Sequence[InputFormat] | None = None,
+    ) -> Callable[[], list[np.ndarray]]:
+        """One IOBinding over the arrays, run on each call: building it costs more than a small
+        model's run takes from Python (~60 us here), so a doorbell's frames build it once."""
+        arrays = [np.ascontiguousarray(a) for a in inputs]
+        targets = list(outputs)
         try:
             binding = self._session.io_binding()
-            # Each OrtValue only points at its array's memory; the arrays outlive the run.
-            arrays = [np.ascontiguousarray(a) for a in inputs]
+            # Each OrtValue only points at its array's memory; `arrays` and `targets` outlive it.
             for name, array in zip(self._input_names, arrays, strict=True):
                 binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
-            for spec, target in zip(self.outputs, outputs, strict=True):
+            for spec, target in zip(self.outputs, targets, strict=True):
                 binding.bind_ortvalue_output(spec.name, ort.OrtValue.ortvalue_from_numpy(target))
-            with self._gate:
-                self._session.run_with_iobinding(binding)
         except Exception as exc:
-            # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
-            # refuses the given array before writing it. Run as `run` does (a real failure fails again).
             log.debug("outputs not written in place: %s", exc)
-            return self._run(self._session, inputs)
-        return list(outputs)
+            return functools.partial(self._run, self._session, arrays)
+
+        def run() -> list[np.ndarray]:
+            try:
+                with self._gate:
+                    self._session.run_with_iobinding(binding)
+            except Exception as exc:
+                # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
+                # refuses the given array before writing it. Run as `run` does (a real failure fails again).
+                log.debug("outputs not written in place: %s", exc)
+                return self._run(self._session, arrays)
+            return list(targets)
+
+        return run
 
     def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:

@@ -24,10 +24,12 @@ import pytest
 
 from rknn_client import RKNN, shared_memory
 from rknn_client.api import Device
+from rknn_client.errors import InvalidInput
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.ready import read_ready_file
 from rknn_server.testing import DaemonProcess
+from tests.models import identity_of
 from tests.reliability.conftest import (
     TOKEN,
     StartDaemon,
@@ -580,3 +582,46 @@ def test_lent_outputs_are_the_regions_own_bytes_until_the_next_frame(daemons: St
         session.run([second])
         assert kept.tobytes() == want[0] and kept.flags.writeable  # a copy of its own
         assert uses(dev, session.id) == 4
+
+
+def _mapped_from(address: int) -> str:
+    """The path of this process's mapping that holds `address` ("" when none names one)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if start <= address < end:
+            return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+def test_input_buffers_are_the_regions_slots_and_run_reads_what_was_written(
+    daemons: StartDaemon, cnn: Path
+) -> None:
+    daemon = daemons()
+    values = (-1.0, 0.25, 2.0)
+    with device(daemon) as wire, wire.load(cnn) as wired:
+        shared_memory.disable(wire)
+        plain = shared_memory.input_buffers(wired)
+        assert [(b.shape, b.dtype) for b in plain] == [((1, 3, 16, 16), np.float32)]
+        want = [wired.run([cnn_input(v)])[0].tobytes() for v in values]
+        plain[0][...] = values[0]  # the wire's buffers are plain arrays: run() works on them the same
+        assert wired.run(plain)[0].tobytes() == want[0]
+    with device(daemon) as dev, dev.load(cnn) as session:
+        (buffer,) = shared_memory.input_buffers(session)
+        assert _mapped_from(buffer.ctypes.data).startswith("/memfd:rknn-client-")
+        for value, expected in zip(values, want, strict=True):
+            buffer[...] = value
+            assert session.run([buffer])[0].tobytes() == expected  # read as written, each frame
+        assert session.run([cnn_input(values[1])])[0].tobytes() == want[1]  # another array: copied in
+        assert session.run([buffer])[0].tobytes() == want[1]  # ... into the same slot
+        assert uses(dev, session.id) == 5
+
+
+def test_input_buffers_need_fixed_shapes(daemons: StartDaemon, tmp_path: Path) -> None:
+    model = identity_of(tmp_path / "dynamic.onnx", "float32", ("n", 4))  # type: ignore[arg-type]
+    with (
+        device(daemons()) as dev,
+        dev.load(model) as session,
+        pytest.raises(InvalidInput, match="dynamic shape"),
+    ):
+        shared_memory.input_buffers(session)

@@ -18,7 +18,7 @@ import pytest
 
 from rknn_proto.messages import QuantType
 from rknn_server.errors import ResourceExhausted
-from rknn_server.runtime.base import RuntimeOptions
+from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
 from rknn_server.runtime.host import HostBackend
 from rknn_server.shm import Region, SharedMemoryRegistry, ShmLimits
 from rknn_server.shm_run import Slot, _in_place
@@ -100,7 +100,7 @@ def test_in_place_only_into_mapped_aligned_slots_that_hold_the_outputs(
     assert os.pread(mapped.fd, SIZE, 0) == before  # refused before anything was written
 
 
-def test_an_output_unlike_its_declaration_falls_back_to_the_runtimes_own_array(tmp_path: Path) -> None:
+def _misdeclared(tmp_path: Path) -> ModelRuntime:
     """A model that declares y as 1x4 but computes 1x8: ONNX Runtime runs it, but cannot place it."""
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Identity", ["x"], ["y"])],
@@ -108,10 +108,44 @@ def test_an_output_unlike_its_declaration_falls_back_to_the_runtimes_own_array(t
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
     )
-    model = HostBackend(threads=1).open(save_graph(graph, tmp_path / "m.onnx"), RuntimeOptions())
+    return HostBackend(threads=1).open(save_graph(graph, tmp_path / "m.onnx"), RuntimeOptions())
+
+
+def test_an_output_unlike_its_declaration_falls_back_to_the_runtimes_own_array(tmp_path: Path) -> None:
+    model = _misdeclared(tmp_path)
     x = np.arange(8, dtype=np.float32).reshape(1, 8)
     target = np.full((1, 4), -1, np.float32)
     got = model.run_into([x], [target])
     assert got[0] is not target and np.array_equal(got[0], x)  # what `run` gives, for the caller to check
     assert (target == -1).all()  # nothing was written into the given array
+    model.close()
+
+
+def test_a_bound_run_reads_its_inputs_memory_afresh_on_every_call(tmp_path: Path) -> None:
+    """A doorbell's frames reuse one binding: each call must see what was written since, not the
+    values the binding was made over, and write into the same targets."""
+    model = HostBackend(threads=1).open(small_cnn(tmp_path / "cnn.onnx"), RuntimeOptions())
+    frames = [np.full((1, 3, 16, 16), v, np.float32) for v in (-1.0, 0.5, 2.0)]
+    want = [model.run([f])[0].tobytes() for f in frames]
+    assert len(set(want)) == len(want)
+    placed = np.zeros_like(frames[0])
+    target = np.zeros(model.outputs[0].shape, model.outputs[0].dtype)
+    run = model.bind([placed], [target])
+    for frame, expected in zip(frames, want, strict=True):
+        placed[...] = frame
+        got = run()
+        assert got[0] is target and target.tobytes() == expected
+    model.close()
+
+
+def test_a_bound_run_of_a_misdeclared_output_still_answers_what_run_gives(tmp_path: Path) -> None:
+    model = _misdeclared(tmp_path)
+    x = np.zeros((1, 8), np.float32)
+    target = np.full((1, 4), -1, np.float32)
+    run = model.bind([x], [target])
+    for value in (1.0, 3.0):
+        x[...] = value
+        got = run()
+        assert got[0] is not target and np.array_equal(got[0], x)
+    assert (target == -1).all()
     model.close()

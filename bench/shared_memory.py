@@ -1,7 +1,8 @@
 """The shared-memory rows of `make bench`: frames through /dev/shm against ONNX Runtime in-process.
 
 - MobileNetV2: remote p50 with shared memory over in-process p50 (target <= 1.05), frames rung on a
-  doorbell (the default) and, for comparison, each sent as a RunShared call;
+  doorbell (the default), the input copied into the region by run() or already in it (written into
+  the session's input buffers), and, for comparison, each frame sent as a RunShared call;
 - a 64 MiB identity round trip with shared memory against the in-process identity (target >= 0.9),
   with the outputs copied out of the region (the default) and lent as views of it (lend_outputs);
 - the per-frame floors, as the p50 ratio each alone would give: ONNX Runtime in another process woken
@@ -48,9 +49,11 @@ def _measure(
     warm: int,
     lend: bool = False,
     doorbell: bool = True,
+    in_place: bool = False,
 ) -> tuple[float, float]:
     """In-process and shared-memory p50, side by side; `lend`: outputs lent, not copied out;
-    `doorbell=False`: each frame a RunShared call."""
+    `doorbell=False`: each frame a RunShared call; `in_place`: the input given in the session's input
+    buffers (shared_memory.input_buffers: written there once, as a camera would decode into them)."""
     threads = default_threads()
     local = ort.InferenceSession(str(model), session_options(threads), providers=["CPUExecutionProvider"])
     name = local.get_inputs()[0].name
@@ -59,7 +62,9 @@ def _measure(
             raise RuntimeError("the daemon does not allow shared memory to this client")
         shared_memory.lend_outputs(session, lend)
         shared_memory.use_doorbell(device, doorbell)
-        return side_by_side(lambda: local.run(None, {name: x}), lambda: session.run([x]), runs, warm)
+        feed = shared_memory.input_buffers(session) if in_place else [x.copy()]
+        feed[0][...] = x
+        return side_by_side(lambda: local.run(None, {name: x}), lambda: session.run(feed), runs, warm)
 
 
 @contextlib.contextmanager
@@ -80,6 +85,7 @@ def bench_shared_memory(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
     mobilenet = save_mobilenet_v2(work / "mobilenet_v2_shm.onnx")
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     local_p50, shm_p50 = _measure(daemon, mobilenet, x, LATENCY_RUNS, 20)
+    placed_local_p50, placed_p50 = _measure(daemon, mobilenet, x, LATENCY_RUNS, 20, in_place=True)
     call_local_p50, call_p50 = _measure(daemon, mobilenet, x, LATENCY_RUNS, 20, doorbell=False)
     ring_local_p50, ring_p50 = ring_floor.measure(mobilenet, x, LATENCY_RUNS)
     floors = measure_frame_calls()
@@ -93,6 +99,8 @@ def bench_shared_memory(daemon: DaemonProcess, work: Path) -> dict[str, Any]:
         "mobilenet_v2_in_process_p50_ms": local_p50 * 1e3,
         "mobilenet_v2_shm_p50_ms": shm_p50 * 1e3,
         "shm_over_in_process_p50": shm_p50 / local_p50,
+        "mobilenet_v2_shm_input_buffers_p50_ms": placed_p50 * 1e3,
+        "shm_input_buffers_over_in_process_p50": placed_p50 / placed_local_p50,
         "mobilenet_v2_shm_runshared_calls_p50_ms": call_p50 * 1e3,
         "shm_runshared_calls_over_in_process_p50": call_p50 / call_local_p50,
         "floor_over_in_process_p50_ring": ring_p50 / ring_local_p50,

@@ -147,14 +147,33 @@ def _discard(region_map: mmap.mmap, path: Path | None) -> None:
 
 @dataclass
 class _Bound:
-    """A session's region and the session id it was registered for; the doorbell ringing its
-    frames, and the header (less its frame id) that doorbell was opened for."""
+    """A session's region and the session id it was registered for; the last frame's header with
+    its slots (made again only when a frame's header differs), and the doorbell ringing that header."""
 
     session_id: str
     region: Region
+    key: bytes = b""  # the last frame's header as run() made it, less its frame id
+    header: rknn_pb2.InferenceHeader | None = None  # ... with its slots in the region
     doorbell: Doorbell | None = None
-    plan: bytes = b""
+    plan: bytes = b""  # the key of the header the doorbell was opened for
     retry_at: float = 0.0  # a doorbell that could not be had is asked for again after this
+
+    def frame_header(
+        self, header: rknn_pb2.InferenceHeader, input_sizes: Sequence[int], room: Sequence[int]
+    ) -> rknn_pb2.InferenceHeader:
+        """The frame's header with a slot for each input and output: the inputs from the region's
+        start, then the outputs' room."""
+        frame_id, header.frame_id = header.frame_id, 0
+        key = header.SerializeToString()
+        header.frame_id = frame_id
+        if self.header is None or key != self.key:
+            shared = rknn_pb2.InferenceHeader()
+            shared.CopyFrom(header)
+            shared.input_regions.extend(_slots(input_sizes, 0, self.region.key))
+            shared.output_regions.extend(_slots(room, sum(_aligned(n) for n in input_sizes), self.region.key))
+            self.key, self.header = key, shared
+        self.header.frame_id = frame_id
+        return self.header
 
     def hang_up(self) -> None:
         if self.doorbell is not None:
@@ -351,37 +370,32 @@ def _run_frame(
     room: list[int],
     progress: Callable[[int, int], None],
 ) -> list[np.ndarray] | None:
-    inputs_size = sum(_aligned(a.nbytes) for a in wire)
-    region = _region(session, inputs_size + sum(_aligned(r) for r in room))
+    sizes = [a.nbytes for a in wire]
+    region = _region(session, sum(_aligned(n) for n in sizes) + sum(_aligned(r) for r in room))
     if region is None:
         return None
-    input_slots = _slots([a.nbytes for a in wire], 0, region.key)
-    output_slots = _slots(room, inputs_size, region.key)
-    for array, slot in zip(wire, input_slots, strict=True):
+    bound = _SESSIONS[session]
+    shared = bound.frame_header(header, sizes, room)
+    for array, slot in zip(wire, shared.input_regions, strict=True):
         if not _is_slot(array, region, slot):
             np.ndarray(array.shape, array.dtype, region.map, slot.offset)[...] = array
-    sent = sum(a.nbytes for a in wire)
+    sent = sum(sizes)
     progress(sent, sent)
-    shared = rknn_pb2.InferenceHeader()
-    shared.CopyFrom(header)
-    shared.input_regions.extend(input_slots)
-    shared.output_regions.extend(output_slots)
     try:
-        ran = _outputs_header(session, _SESSIONS[session], shared)
+        ran = _outputs_header(session, bound, shared)
     except SessionLost:
         raise
     except NotFound:  # the region is gone (unregistered, reaped): the next frame registers another
-        bound = _SESSIONS.pop(session, None)
-        if bound is not None:
-            bound.hang_up()
-            bound.region.close()
+        _SESSIONS.pop(session, None)
+        bound.hang_up()
+        bound.region.close()
         return None
     session.last_run_time_us = ran.run_time_us
     metas = ran.outputs
     layouts = codec.check_metas(metas, _OUTPUT_LIMITS, "output")
     lent = session in _LENT
     outputs = []
-    for (dtype, shape), meta, slot in zip(layouts, metas, output_slots, strict=True):
+    for (dtype, shape), meta, slot in zip(layouts, metas, shared.output_regions, strict=True):
         if meta.byte_length > slot.byte_length:
             raise RknnError(f"the daemon wrote {meta.byte_length} bytes into a slot of {slot.byte_length}")
         view = np.ndarray(shape, dtype, region.map, slot.offset)
@@ -402,13 +416,10 @@ def _outputs_header(
     doorbell is lost (a newer one is opened for the next frame)."""
     device = session.device
     if _DOORBELLS.get(device, False):
-        frame_id, header.frame_id = header.frame_id, 0  # the doorbell's header: the frame's, less its id
-        key = header.SerializeToString(deterministic=True)
-        header.frame_id = frame_id
-        if (bound.doorbell is None or bound.plan != key) and time.monotonic() >= bound.retry_at:
+        if (bound.doorbell is None or bound.plan != bound.key) and time.monotonic() >= bound.retry_at:
             bound.hang_up()
             try:
-                bound.doorbell, bound.plan = device.open_doorbell(header), key
+                bound.doorbell, bound.plan = device.open_doorbell(header), bound.key
             except DoorbellLost as exc:  # the daemon's socket is crowded, or not in this namespace
                 log.debug("%s; frames go as RunShared calls for now", exc)
                 bound.retry_at = time.monotonic() + DOORBELL_RETRY_S

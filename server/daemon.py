@@ -342,11 +342,11 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     shared = SharedMemoryRegistry(
         ShmLimits(enabled=config.shm), limits.session_idle_timeout_s, security.access.listeners
     )
-    plane.on_close.append(shared.session_closed)
     doorbells = Doorbells(plane, shared, metrics)
     if config.shm:
         doorbells.start()
-    plane.on_close.append(doorbells.session_closed)
+    # Doorbells first: they let go of the memory of regions the registry then closes (and unmaps).
+    plane.on_close.extend([doorbells.session_closed, shared.session_closed])
     facts = ServiceConfig(
         runtime_reason=reason,
         board=probe.board_model,

@@ -151,13 +151,18 @@ class Doorbells:
         return ticket
 
     def session_closed(self, session_id: str) -> None:
-        """Its doorbell (and any ticket for it) goes with the session."""
+        """Its doorbell (and any ticket for it) goes with the session, letting go of the regions'
+        memory now (the registry closes them next: see daemon.py), not when its thread ends."""
         with self._lock:
-            for key in [k for k, pending in self._pending.items() if pending.session_id == session_id]:
-                del self._pending[key]
+            gone = [
+                self._pending.pop(k) for k, b in list(self._pending.items()) if b.session_id == session_id
+            ]
             bell = self._open.pop(session_id, None)
         if bell is not None:
             bell.hang_up("its session closed")
+            gone.append(bell)
+        for each in gone:
+            each.frame.let_go()
 
     def close_all(self, grace_s: float) -> None:
         """Stop: no new connections, every doorbell hung up once its frame in flight (if any) is

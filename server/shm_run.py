@@ -141,6 +141,12 @@ class SharedFrame:
     def regions(self) -> list[Region]:
         return [slot.region for slot in self.inputs + self.outputs]
 
+    def let_go(self) -> None:
+        """Drop what views the regions' memory: its session closed, so it never runs again, and
+        closing a mapped region then unmaps it at once, not when the frame itself is freed."""
+        self.targets = None
+        self.bound = None
+
     def run(self) -> list[rknn_pb2.TensorMeta]:
         """Read the inputs, run, write the outputs (on the thread that holds the session)."""
         arrays = _inputs(self.inputs, self.buffers, self.layouts)

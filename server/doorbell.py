@@ -64,6 +64,7 @@ class _Bell:
     connection: socket.socket | None = None
     frames: int = 0
     ended_by: str = ""  # set when the daemon hangs up
+    answer: rknn_pb2.DoorbellReply | None = None  # the last OK reply, kept for frames of the same metas
 
     @property
     def session_id(self) -> str:
@@ -85,9 +86,10 @@ def _peer_uid(connection: socket.socket) -> int:
     return int(uid)
 
 
-def _reply(outputs: rknn_pb2.OutputsHeader | None = None) -> bytes:
-    """An OK answer; never an empty message (it would read as the connection's end): outputs present."""
-    return rknn_pb2.DoorbellReply(outputs=outputs or rknn_pb2.OutputsHeader()).SerializeToString()
+def _opened() -> bytes:
+    """The OK answer to a ticket. No answer is ever an empty message (it would read as the
+    connection's end): `outputs` is always present, here empty."""
+    return rknn_pb2.DoorbellReply(outputs=rknn_pb2.OutputsHeader()).SerializeToString()
 
 
 def _refusal(exc: BaseException) -> tuple[str, bytes]:
@@ -262,7 +264,7 @@ class Doorbells:
             return None
         connection.settimeout(None)
         try:
-            connection.send(_reply())
+            connection.send(_opened())
         except OSError:
             return None
         log.info("doorbell_opened", session=bell.session_id)
@@ -296,13 +298,16 @@ class Doorbells:
             finally:
                 self.registry.release(regions)
         except Exception as exc:
-            code, answer = _refusal(exc)
+            code, refusal = _refusal(exc)
             self.metrics.doorbell_frame(code)
-            return answer
+            return refusal
         self.metrics.doorbell_frame("OK")
-        return _reply(
-            outputs=rknn_pb2.OutputsHeader(outputs=metas, run_time_us=elapsed_us, frame_id=frame_id)
-        )
+        answer = bell.answer
+        if answer is None or metas is not frame.placed:  # frames written in place share one list
+            answer = bell.answer = rknn_pb2.DoorbellReply(outputs=rknn_pb2.OutputsHeader(outputs=metas))
+        answer.outputs.run_time_us = elapsed_us
+        answer.outputs.frame_id = frame_id
+        return answer.SerializeToString()
 
     def _acquire(self, regions: list[Region]) -> list[Region]:
         self.registry.acquire(regions)

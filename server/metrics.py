@@ -54,7 +54,10 @@ class DaemonMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._models: set[str] = set()  # model labels in use; runs are observed on the event loop only
+        # The queue and compute series of each model label in use (at most MAX_MODEL_LABELS, then
+        # OTHER_MODEL), kept: a doorbell observes every frame, and a label lookup costs as much as it.
+        self._model_series: dict[str, tuple[Histogram, Histogram]] = {}
+        self._doorbell_series: dict[str, Counter] = {}  # by status code name: a few
         # The series of each (method, outcome) seen (names of the daemon's own methods and status
         # codes, so few), and the byte series of each method that moved bytes.
         self._rpc_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
@@ -122,23 +125,26 @@ class DaemonMetrics:
                 sent.inc(bytes_out)
 
     def model_run(self, digest: str, queue_s: float, compute_s: float) -> None:
-        model = self._model_label(digest)
-        self.queue_seconds.labels(model).observe(queue_s)
-        self.compute_seconds.labels(model).observe(compute_s)
+        label = digest[:MODEL_LABEL_CHARS]
+        series = self._model_series.get(label)
+        if series is None:
+            if len(self._model_series) >= MAX_MODEL_LABELS:
+                label = OTHER_MODEL
+            series = self._model_series.setdefault(
+                label, (self.queue_seconds.labels(label), self.compute_seconds.labels(label))
+            )
+        queue, compute = series
+        queue.observe(queue_s)
+        compute.observe(compute_s)
 
     def doorbell_frame(self, code: str) -> None:
-        self.doorbell_frames.labels(code).inc()
+        counter = self._doorbell_series.get(code)
+        if counter is None:
+            counter = self._doorbell_series.setdefault(code, self.doorbell_frames.labels(code))
+        counter.inc()
 
     def worker_lost(self, reason: str) -> None:
         self.workers_lost.labels(reason).inc()
-
-    def _model_label(self, digest: str) -> str:
-        label = digest[:MODEL_LABEL_CHARS]
-        if label not in self._models:
-            if len(self._models) >= MAX_MODEL_LABELS:
-                return OTHER_MODEL
-            self._models.add(label)
-        return label
 
     def watch(self, collector: Collector) -> None:
         """Add a collector read at scrape time."""

@@ -17,8 +17,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -155,6 +157,13 @@ def concurrent_runs(threads: int) -> int:
     return max(1, default_threads() // threads)
 
 
+def run_gate(threads: int) -> AbstractContextManager[Any]:
+    """What lets concurrent_runs(threads) sessions compute at once: a plain lock for one (taken and
+    given back in C; a Semaphore's Python-level condition costs tens of microseconds a frame)."""
+    runs = concurrent_runs(threads)
+    return threading.Lock() if runs == 1 else threading.Semaphore(runs)
+
+
 def runtime_failure(what: str, exc: Exception) -> str:
     """`what` with ONNX Runtime's reason, for the client: the raw text (which names server paths) goes
     to the log only."""
@@ -256,12 +265,16 @@ def _check_budget(name: str, graph: onnx.ModelProto, budget: int) -> None:
 
 class HostModel(ModelRuntime):
     def __init__(
-        self, path: Path, options: RuntimeOptions, threads: int, gate: threading.Semaphore | None = None
+        self,
+        path: Path,
+        options: RuntimeOptions,
+        threads: int,
+        gate: AbstractContextManager[Any] | None = None,
     ) -> None:
         self._path = path
         self._options = options
         self._threads = threads
-        self._gate = gate or threading.Semaphore(concurrent_runs(threads))
+        self._gate = gate or run_gate(threads)
         try:
             self._graph, virtual = _load_graph(path)
         except Exception as exc:
@@ -481,7 +494,7 @@ class HostBackend(Backend):
         self.threads = threads or default_threads()
         self._sysfs_root = sysfs_root
         # Shared by all sessions: at most concurrent_runs(threads) compute at once.
-        self.gate = threading.Semaphore(concurrent_runs(self.threads))
+        self.gate = run_gate(self.threads)
 
     def __getstate__(self) -> dict[str, object]:
         """Picklable for worker processes (--isolation process), each of which gets its own gate."""
@@ -489,7 +502,7 @@ class HostBackend(Backend):
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self.gate = threading.Semaphore(concurrent_runs(self.threads))
+        self.gate = run_gate(self.threads)
 
     def version(self) -> VersionInfo:
         return VersionInfo(api=f"onnxruntime {ort.__version__}", driver=f"host CPU (onnx {onnx.__version__})")

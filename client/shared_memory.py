@@ -432,9 +432,10 @@ def _outputs_header(
             except RknnError as exc:  # refused: an older daemon, a policy
                 log.debug("no doorbell from %s: %s", device.endpoint.description, exc)
                 _DOORBELLS[device] = False
-        if bound.doorbell is not None:
+        doorbell = bound.doorbell  # read once: Device.close on another thread may hang it up meanwhile
+        if doorbell is not None:
             try:
-                return bound.doorbell.ring(header.frame_id)
+                return doorbell.ring(header.frame_id)
             except DoorbellLost as exc:
                 log.debug("%s; the frame goes as a RunShared call", exc)
                 bound.hang_up()

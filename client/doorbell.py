@@ -21,6 +21,7 @@ from rknn_proto import rknn_pb2
 
 MAX_REPLY_BYTES = 1 << 20  # a reply is an OutputsHeader's metas: far less than this
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_RUN_RING = rknn_pb2.DoorbellRing(frame_id=0).SerializeToString()  # every run()'s frame is frame 0
 
 
 class DoorbellLost(RknnError):
@@ -49,8 +50,9 @@ class Doorbell:
 
     def ring(self, frame_id: int) -> rknn_pb2.OutputsHeader:
         """Run one frame; raises the daemon's error as a typed RknnError, DoorbellLost if it is gone."""
+        ring = _RUN_RING if frame_id == 0 else rknn_pb2.DoorbellRing(frame_id=frame_id).SerializeToString()
         try:
-            self._socket.send(rknn_pb2.DoorbellRing(frame_id=frame_id).SerializeToString())
+            self._socket.send(ring)
         except OSError as exc:
             raise DoorbellLost(f"{self.where}: the doorbell is gone ({exc.strerror})") from None
         return self._answer().outputs

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,7 @@ import numpy as np
 from rknn_client.doorbell import Doorbell, DoorbellLost
 from rknn_client.errors import InvalidInput, NotFound, RknnError, SessionLost
 from rknn_proto import codec, rknn_pb2
+from rknn_proto.messages import TensorAttr
 
 if TYPE_CHECKING:
     from rknn_client.api import Device, Session
@@ -147,35 +148,75 @@ def _discard(region_map: mmap.mmap, path: Path | None) -> None:
 
 @dataclass
 class _Bound:
-    """A session's region and the session id it was registered for; the last frame's header with
-    its slots (made again only when a frame's header differs), and the doorbell ringing that header."""
+    """A session's region, the session id it was registered for and its outputs' room; the last
+    frame's header with its slots (made again only when a frame's header differs) and arrays over
+    its input slots, and the doorbell ringing that header."""
 
     session_id: str
     region: Region
+    room: list[int]
     key: bytes = b""  # the last frame's header as run() made it, less its frame id
+    source: rknn_pb2.InferenceHeader | None = None  # ... the very header object run() gave
     header: rknn_pb2.InferenceHeader | None = None  # ... with its slots in the region
+    slots: list[np.ndarray] = field(default_factory=list)  # ... arrays over its input slots
     doorbell: Doorbell | None = None
     plan: bytes = b""  # the key of the header the doorbell was opened for
     retry_at: float = 0.0  # a doorbell that could not be had is asked for again after this
-    # The last frame's output metas as the daemon answered them, and their checked layouts.
-    checked: tuple[Sequence[rknn_pb2.TensorMeta], list[tuple[np.dtype, tuple[int, ...]]]] | None = None
+    # The last frame's output metas as the daemon answered them, and arrays over their slots.
+    answered: Sequence[rknn_pb2.TensorMeta] | None = None
+    outputs: list[np.ndarray] = field(default_factory=list)
 
     def frame_header(
-        self, header: rknn_pb2.InferenceHeader, input_sizes: Sequence[int], room: Sequence[int]
+        self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]
     ) -> rknn_pb2.InferenceHeader:
         """The frame's header with a slot for each input and output: the inputs from the region's
-        start, then the outputs' room."""
+        start, then the outputs' room. The header run() gave last time (Session._frame keeps it
+        while frames stay alike) has them already."""
+        if header is self.source and self.header is not None:
+            return self.header
         frame_id, header.frame_id = header.frame_id, 0
         key = header.SerializeToString()
         header.frame_id = frame_id
         if self.header is None or key != self.key:
+            sizes = [a.nbytes for a in wire]
             shared = rknn_pb2.InferenceHeader()
             shared.CopyFrom(header)
-            shared.input_regions.extend(_slots(input_sizes, 0, self.region.key))
-            shared.output_regions.extend(_slots(room, sum(_aligned(n) for n in input_sizes), self.region.key))
+            shared.input_regions.extend(_slots(sizes, 0, self.region.key))
+            shared.output_regions.extend(_slots(self.room, sum(_aligned(n) for n in sizes), self.region.key))
+            self.input_slots(wire)
             self.key, self.header = key, shared
+        self.source = header
         self.header.frame_id = frame_id
         return self.header
+
+    def input_slots(self, like: Sequence[np.ndarray | TensorAttr]) -> list[np.ndarray]:
+        """Arrays over the input slots, in the shapes and dtypes of `like` (the same arrays as long as
+        those stay: input_buffers hands them out, and a frame of them copies nothing)."""
+        if [(v.shape, v.dtype) for v in self.slots] != [(tuple(a.shape), a.dtype) for a in like]:
+            sizes = [math.prod(a.shape) * a.dtype.itemsize for a in like]
+            self.slots = [
+                np.ndarray(tuple(a.shape), a.dtype, self.region.map, slot.offset)
+                for a, slot in zip(like, _slots(sizes, 0, self.region.key), strict=True)
+            ]
+        return self.slots
+
+    def output_arrays(self, metas: Sequence[rknn_pb2.TensorMeta]) -> list[np.ndarray]:
+        """Read-only arrays over the output slots, as the daemon's metas describe the outputs (checked
+        once for frames whose metas are the last frame's)."""
+        if self.answered is None or self.answered != metas:
+            layouts = codec.check_metas(metas, _OUTPUT_LIMITS, "output")
+            arrays = []
+            assert self.header is not None
+            for (dtype, shape), meta, slot in zip(layouts, metas, self.header.output_regions, strict=True):
+                if meta.byte_length > slot.byte_length:
+                    raise RknnError(
+                        f"the daemon wrote {meta.byte_length} bytes into a slot of {slot.byte_length}"
+                    )
+                view = np.ndarray(shape, dtype, self.region.map, slot.offset)
+                view.flags.writeable = False
+                arrays.append(view)
+            self.answered, self.outputs = metas, arrays
+        return self.outputs
 
     def hang_up(self) -> None:
         if self.doorbell is not None:
@@ -264,18 +305,19 @@ def _register(session: Session, size: int, memfd: bool) -> Region | None:
     finally:
         region.unlink()
     if (reply.device, reply.inode) != (region.stat.st_dev, region.stat.st_ino):
-        _unregister(session.device, _Bound(session.id, region))  # the daemon sees another /dev/shm
+        _unregister(session.device, _Bound(session.id, region, []))  # the daemon sees another /dev/shm
         return None
     return region
 
 
-def _region(session: Session, size: int) -> Region | None:
-    """The session's registered region, at least `size` bytes (made or grown here). A sealed memfd
-    (mapped by the daemon: no copies there) is tried first, then a /dev/shm file; the kind that
-    worked is kept for the device, and when neither did the device keeps to the wire."""
+def _bound(session: Session, input_sizes: Sequence[int], room: list[int]) -> _Bound | None:
+    """The session's registered region, with room for these inputs and outputs (made or grown here).
+    A sealed memfd (mapped by the daemon: no copies there) is tried first, then a /dev/shm file; the
+    kind that worked is kept for the device, and when neither did the device keeps to the wire."""
+    size = sum(_aligned(n) for n in input_sizes) + sum(_aligned(r) for r in room)
     bound = _SESSIONS.get(session)
     if bound is not None and bound.session_id == session.id and bound.region.size >= size:
-        return bound.region
+        return bound
     if bound is not None:
         _SESSIONS.pop(session, None)
         _unregister(session.device, bound)
@@ -286,8 +328,8 @@ def _region(session: Session, size: int) -> Region | None:
         region = _register(session, max(MIN_REGION_BYTES, _aligned(size + size // 4)), memfd)
         if region is not None:
             _KINDS[device] = memfd
-            _SESSIONS[session] = _Bound(session.id, region)
-            return region
+            bound = _SESSIONS[session] = _Bound(session.id, region, room)
+            return bound
     disable(device)
     return None
 
@@ -314,21 +356,22 @@ def input_buffers(session: Session) -> list[np.ndarray]:
         )
     sizes = [s.size_bytes for s in session.inputs]
     room = _output_room(session)
-    region = None
+    bound = None
     if room is not None and usable(session.device):
         with _lock(session):
-            region = _region(session, sum(_aligned(n) for n in sizes) + sum(_aligned(r) for r in room))
-    if region is None:
+            bound = _bound(session, sizes, room)
+    if bound is None:
         return [np.zeros(s.shape, s.dtype) for s in session.inputs]
-    slots = _slots(sizes, 0, region.key)
-    return [
-        np.ndarray(s.shape, s.dtype, region.map, slot.offset)
-        for s, slot in zip(session.inputs, slots, strict=True)
-    ]
+    return list(bound.input_slots(session.inputs))
 
 
 def _is_slot(array: np.ndarray, region: Region, slot: rknn_pb2.TensorRegion) -> bool:
     """Whether the (contiguous) array is that slot of this process's mapping: nothing to copy."""
+    base = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if base is not region.map:  # memory of another owner (the address costs more to read)
+        return False
     address = array.__array_interface__["data"][0]
     return address == region.address + slot.offset and array.nbytes == slot.byte_length
 
@@ -358,31 +401,32 @@ def run_frame(
     """The frame's outputs through shared memory, or None when it must go over the wire. Frames of
     one session from several threads take turns: they share its region (and the daemon runs one
     frame of a session at a time anyway). `progress` hears the inputs placed, then the outputs taken."""
-    room = _output_room(session)
-    if room is None or not usable(session.device):
+    if not usable(session.device):
         return None
     with _lock(session):
-        return _run_frame(session, header, wire, room, progress or (lambda done, total: None))
+        return _run_frame(session, header, wire, progress)
 
 
 def _run_frame(
     session: Session,
     header: rknn_pb2.InferenceHeader,
     wire: Sequence[np.ndarray],
-    room: list[int],
-    progress: Callable[[int, int], None],
+    progress: Callable[[int, int], None] | None,
 ) -> list[np.ndarray] | None:
-    sizes = [a.nbytes for a in wire]
-    region = _region(session, sum(_aligned(n) for n in sizes) + sum(_aligned(r) for r in room))
-    if region is None:
-        return None
-    bound = _SESSIONS[session]
-    shared = bound.frame_header(header, sizes, room)
-    for array, slot in zip(wire, shared.input_regions, strict=True):
-        if not _is_slot(array, region, slot):
-            np.ndarray(array.shape, array.dtype, region.map, slot.offset)[...] = array
-    sent = sum(sizes)
-    progress(sent, sent)
+    bound = _SESSIONS.get(session)
+    if bound is None or header is not bound.source or bound.session_id != session.id:
+        room = _output_room(session)  # a frame like the last one has its slots already
+        bound = None if room is None else _bound(session, [a.nbytes for a in wire], room)
+        if bound is None:
+            return None
+    shared = bound.frame_header(header, wire)
+    region = bound.region
+    for array, slot, view in zip(wire, shared.input_regions, bound.slots, strict=True):
+        if array is not view and not _is_slot(array, region, slot):
+            view[...] = array
+    sent = sum([a.nbytes for a in wire]) if progress is not None else 0
+    if progress is not None:
+        progress(sent, sent)
     try:
         ran = _outputs_header(session, bound, shared)
     except SessionLost:
@@ -393,21 +437,11 @@ def _run_frame(
         bound.region.close()
         return None
     session.last_run_time_us = ran.run_time_us
-    metas = ran.outputs
-    if bound.checked is None or bound.checked[0] != metas:  # a frame like the last is checked already
-        bound.checked = (metas, codec.check_metas(metas, _OUTPUT_LIMITS, "output"))
-    layouts = bound.checked[1]
-    lent = session in _LENT
-    outputs = []
-    for (dtype, shape), meta, slot in zip(layouts, metas, shared.output_regions, strict=True):
-        if meta.byte_length > slot.byte_length:
-            raise RknnError(f"the daemon wrote {meta.byte_length} bytes into a slot of {slot.byte_length}")
-        view = np.ndarray(shape, dtype, region.map, slot.offset)
-        if lent:
-            view.flags.writeable = False
-        outputs.append(view if lent else view.copy())
-    total = sent + sum(m.byte_length for m in metas)
-    progress(total, total)
+    views = bound.output_arrays(ran.outputs)
+    outputs = [view.view() for view in views] if session in _LENT else [view.copy() for view in views]
+    if progress is not None:
+        total = sent + sum(m.byte_length for m in ran.outputs)
+        progress(total, total)
     return session.real_outputs(outputs)
 
 

@@ -40,7 +40,7 @@ from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY
 from rknn_server.data_plane import DataPlane
 from rknn_server.errors import InvalidInput, NotFound, error_metadata, status_of
 from rknn_server.metrics import DaemonMetrics
-from rknn_server.shm import Region, SharedMemoryRegistry
+from rknn_server.shm import SharedMemoryRegistry
 from rknn_server.shm_run import SharedFrame
 
 log = structlog.get_logger("rknn_server.doorbell")
@@ -272,14 +272,19 @@ class Doorbells:
 
     def _ring(self, bell: _Bell, connection: socket.socket) -> str:
         """Run a frame per ring until the connection closes; why it ended."""
+        last, frame_id = b"", 0  # a ring like the last one (run()'s are all frame 0) is read already
         try:
             while message := connection.recv(MAX_MESSAGE_BYTES):
-                try:
-                    ring = rknn_pb2.DoorbellRing.FromString(message)
-                except DecodeError:
-                    connection.send(_refusal(InvalidInput("a doorbell message must be a DoorbellRing"))[1])
-                    return "the client sent something else than a DoorbellRing"
-                connection.send(self._frame(bell, ring.frame_id))
+                if message != last:
+                    try:
+                        frame_id = rknn_pb2.DoorbellRing.FromString(message).frame_id
+                    except DecodeError:
+                        connection.send(
+                            _refusal(InvalidInput("a doorbell message must be a DoorbellRing"))[1]
+                        )
+                        return "the client sent something else than a DoorbellRing"
+                    last = message
+                self._frame(bell, frame_id, connection)
                 bell.frames += 1
                 if any(region.closed for region in bell.frame.regions):
                     return "a region of its frames was unregistered"
@@ -287,37 +292,47 @@ class Doorbells:
             return bell.ended_by or f"connection lost ({exc.strerror})"
         return bell.ended_by or "closed by the client"
 
-    def _frame(self, bell: _Bell, frame_id: int) -> bytes:
+    def _frame(self, bell: _Bell, frame_id: int, connection: socket.socket) -> None:
+        """Run one frame and answer it. What only the daemon needs (the regions' use counts, its
+        metrics) comes after the answer is sent, while the client reads its outputs."""
+        regions = bell.frame.regions
+        queued = time.perf_counter()
+        self.registry.acquire(regions)
+        try:
+            code, answer, started, ended = self._answer(bell, frame_id, queued)
+            connection.send(answer)
+        finally:
+            self.registry.release(regions)
+        if code == "OK":
+            self.metrics.model_run(bell.frame.session.digest, started - queued, ended - started)
+        self.metrics.doorbell_frame(code)
+
+    def _answer(self, bell: _Bell, frame_id: int, queued: float) -> tuple[str, bytes, float, float]:
+        """(status name, answer, when the run started and ended) of one frame, its regions held."""
         frame = bell.frame
         try:
-            regions = self._acquire(frame.regions)
-            try:
-                start = time.perf_counter()
-                metas = self.plane.alone(frame.session, start, True, frame.run)
-                elapsed_us = int((time.perf_counter() - start) * 1e6)
-            finally:
-                self.registry.release(regions)
+            closed = next((r for r in frame.regions if r.closed), None)
+            if closed is not None:
+                raise NotFound(
+                    f"shared-memory region {closed.key!r} was unregistered; open a doorbell for the new one"
+                )
+            metas, started = self.plane.alone(frame.session, queued, False, _timed, frame.run)
         except Exception as exc:
             code, refusal = _refusal(exc)
-            self.metrics.doorbell_frame(code)
-            return refusal
-        self.metrics.doorbell_frame("OK")
+            return code, refusal, queued, queued
+        ended = time.perf_counter()
         answer = bell.answer
         if answer is None or metas is not frame.placed:  # frames written in place share one list
             answer = bell.answer = rknn_pb2.DoorbellReply(outputs=rknn_pb2.OutputsHeader(outputs=metas))
-        answer.outputs.run_time_us = elapsed_us
+        answer.outputs.run_time_us = int((ended - queued) * 1e6)
         answer.outputs.frame_id = frame_id
-        return answer.SerializeToString()
+        return "OK", answer.SerializeToString(), started, ended
 
-    def _acquire(self, regions: list[Region]) -> list[Region]:
-        self.registry.acquire(regions)
-        closed = next((r for r in regions if r.closed), None)
-        if closed is not None:
-            self.registry.release(regions)
-            raise NotFound(
-                f"shared-memory region {closed.key!r} was unregistered; open a doorbell for the new one"
-            )
-        return regions
+
+def _timed(run: Callable[[], list[rknn_pb2.TensorMeta]]) -> tuple[list[rknn_pb2.TensorMeta], float]:
+    """A frame's metas and when its run started (after the wait for its session's lock)."""
+    started = time.perf_counter()
+    return run(), started
 
 
 __all__ = ["TICKET_TTL_S", "Doorbells"]

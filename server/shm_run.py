@@ -141,10 +141,12 @@ class SharedFrame:
     native: bool
     bound: Callable[[], list[np.ndarray]] | None = None  # the runtime's run of these arrays, once made
     placed: list[rknn_pb2.TensorMeta] = field(default_factory=list)  # metas of outputs written in place
+    regions: list[Region] = field(init=False)  # each region its slots lie in, once
+    files: bool = field(init=False)  # whether an input is read from a /dev/shm file (into a buffer)
 
-    @property
-    def regions(self) -> list[Region]:
-        return [slot.region for slot in self.inputs + self.outputs]
+    def __post_init__(self) -> None:
+        self.regions = list(dict.fromkeys(slot.region for slot in self.inputs + self.outputs))
+        self.files = any(b is not None for b in self.buffers)
 
     def let_go(self) -> None:
         """Drop what views the regions' memory and the input buffers: its session closed, so it never
@@ -153,11 +155,13 @@ class SharedFrame:
         self.targets = None
         self.bound = None
         self.buffers = []
+        self.files = False
 
     def run(self) -> list[rknn_pb2.TensorMeta]:
         """Read the inputs, run, write the outputs (on the thread that holds the session)."""
         if self.bound is not None:  # a doorbell's next frame: the same memory, the run bound already
-            _read_files(self.inputs, self.buffers)
+            if self.files:
+                _read_files(self.inputs, self.buffers)
             return self._place(self.bound())
         arrays = _inputs(self.inputs, self.buffers, self.layouts)
         formats = [p.format for p in self.plans]
@@ -175,7 +179,7 @@ class SharedFrame:
         """The outputs' metas, each output written into its slot unless the runtime wrote it there;
         outputs written in place have the metas of the last frame that was (same arrays, same metas)."""
         targets = self.targets
-        in_place = targets is not None and all(a is t for a, t in zip(ran, targets, strict=True))
+        in_place = targets is not None and all([a is t for a, t in zip(ran, targets, strict=True)])
         if in_place and self.placed:
             return self.placed
         metas, wire = wire_outputs(ran, self.session.runtime.outputs, self.native)

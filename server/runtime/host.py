@@ -349,16 +349,21 @@ class HostModel(ModelRuntime):
             log.debug("outputs not written in place: %s", exc)
             return functools.partial(self._run, self._session, arrays)
 
+        refused = False  # once ONNX Runtime refuses the binding, every later call runs as `run` does
+
         def run() -> list[np.ndarray]:
-            try:
-                with self._gate:
-                    self._session.run_with_iobinding(binding)
-            except Exception as exc:
-                # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
-                # refuses the given array before writing it. Run as `run` does (a real failure fails again).
-                log.debug("outputs not written in place: %s", exc)
-                return self._run(self._session, arrays)
-            return list(targets)
+            nonlocal refused
+            if not refused:
+                try:
+                    with self._gate:
+                        self._session.run_with_iobinding(binding)
+                    return list(targets)
+                except Exception as exc:
+                    # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
+                    # refuses the given array before writing it. Run as `run` does (a real failure fails again).
+                    log.debug("outputs not written in place: %s", exc)
+                    refused = True
+            return self._run(self._session, arrays)
 
         return run
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from rknn_proto.messages import QuantType
@@ -138,14 +139,26 @@ def test_a_bound_run_reads_its_inputs_memory_afresh_on_every_call(tmp_path: Path
     model.close()
 
 
-def test_a_bound_run_of_a_misdeclared_output_still_answers_what_run_gives(tmp_path: Path) -> None:
+def test_a_bound_run_of_a_misdeclared_output_still_answers_what_run_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """...and asks ONNX Runtime to place it only once: a refused binding is refused on every frame."""
     model = _misdeclared(tmp_path)
     x = np.zeros((1, 8), np.float32)
     target = np.full((1, 4), -1, np.float32)
     run = model.bind([x], [target])
-    for value in (1.0, 3.0):
+    session = model._session  # type: ignore[attr-defined]
+    tries: list[object] = []
+
+    def counted(binding: object, *args: object) -> None:
+        tries.append(binding)
+        ort.InferenceSession.run_with_iobinding(session, binding, *args)
+
+    monkeypatch.setattr(session, "run_with_iobinding", counted)
+    for value in (1.0, 3.0, 5.0):
         x[...] = value
         got = run()
         assert got[0] is not target and np.array_equal(got[0], x)
     assert (target == -1).all()
+    assert len(tries) == 1
     model.close()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from rknn_client.api import DeviceInfo, Session
 from rknn_client.errors import RknnError
 from rknn_client.load import ranges
+from rknn_client.load.ctrl_c import CtrlC, watching
 from rknn_client.load.drivers import (
     ClosedLoop,
     Frame,
@@ -164,7 +165,7 @@ def run_sweep(
     )
     sweep = Sweep(open_loop, settings, needed)
     keep_alive_s = info.limits.get("session_idle_timeout_s", 0) / 3 or KEEP_ALIVE_S
-    with contextlib.ExitStack() as stack:
+    with watching() as ctrl_c, contextlib.ExitStack() as stack:
         try:
             sessions = []
             for _ in range(needed):
@@ -179,7 +180,7 @@ def run_sweep(
             return sweep
         frame = frame_of(sessions[0])
         for value in values:
-            step = _run_step(sessions, frame, value, open_loop, settings, keep_alive_s)
+            step = _run_step(sessions, frame, value, open_loop, settings, keep_alive_s, ctrl_c)
             sweep.steps.append(step)
             if step.failed:
                 sweep.error = (
@@ -198,6 +199,7 @@ def _run_step(
     open_loop: bool,
     settings: Settings,
     keep_alive_s: float,
+    ctrl_c: CtrlC,
 ) -> Step:
     """One step on the first `value` sessions (closed loop) or on all of them at `value` per second.
     The sessions a closed-loop step leaves idle are kept alive, or a long step would let the daemon
@@ -212,6 +214,12 @@ def _run_step(
         load = ClosedLoop([runner(s, frame) for s in used], recorder)
     print(f"{step_name(step)}:", file=sys.stderr)
     with kept_alive(sessions[len(used) :], keep_alive_s):
-        measure(load, step, settings, lambda w: print(window_line(len(step.windows), w), file=sys.stderr))
+        measure(
+            load,
+            step,
+            settings,
+            lambda w: print(window_line(len(step.windows), w), file=sys.stderr),
+            lambda: ctrl_c.pressed,
+        )
     print(progress_line(step), file=sys.stderr)
     return step

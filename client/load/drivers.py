@@ -32,6 +32,7 @@ from rknn_client.transport.base import TransportError
 
 # A request still unanswered this long after the load stopped is left behind (counted as unresolved).
 STOP_WAIT_S = 60.0
+PRESSED_CHECK_S = 0.1  # how often a warm-up looks for a Ctrl-C whose KeyboardInterrupt was lost
 
 Runner = Callable[[], float]  # one request; returns the daemon's run time in microseconds
 
@@ -134,8 +135,9 @@ class Load(abc.ABC):
             thread.join(max(0.0, deadline - time.monotonic()))
         self._threads = [t for t in self._threads if t.is_alive()]
 
-    def warm_up(self, runs: int) -> None:
-        """`runs` requests on each session, all sessions at once, before any window."""
+    def warm_up(self, runs: int, pressed: Callable[[], bool] = lambda: False) -> None:
+        """`runs` requests on each session, all sessions at once, before any window; Ctrl-C
+        (`pressed`: see ctrl_c.py) ends it."""
 
         def warm(run: Runner) -> None:
             for _ in range(runs):
@@ -147,7 +149,10 @@ class Load(abc.ABC):
         for run in self.runners:
             self._spawn(warm, run)
         for thread in self._threads:
-            thread.join()  # Ctrl-C interrupts a join on POSIX; stop() then ends the warm-up
+            while thread.is_alive():  # Ctrl-C interrupts a join on POSIX; stop() then ends the warm-up
+                thread.join(PRESSED_CHECK_S)
+                if pressed():
+                    raise KeyboardInterrupt
         self._threads = []
 
     @abc.abstractmethod
@@ -256,15 +261,19 @@ class Step:
 
 
 def measure(
-    load: Load, step: Step, settings: Settings, on_window: Callable[[Window], None] = lambda _: None
+    load: Load,
+    step: Step,
+    settings: Settings,
+    on_window: Callable[[Window], None] = lambda _: None,
+    pressed: Callable[[], bool] = lambda: False,
 ) -> Step:
     """Warm-up, then windows until the last ones are stable or `max_windows` ran, each handed to
     `on_window` as it closes. The step ends early, keeping what it measured, on Ctrl-C
-    (step.interrupted; not raised) or when every request of the warm-up or of a window failed
-    (step.failed)."""
+    (step.interrupted; not raised: a KeyboardInterrupt, or `pressed()` seen after a window, for one
+    that was lost) or when every request of the warm-up or of a window failed (step.failed)."""
     recorder = load.recorder
     try:
-        load.warm_up(settings.warmup)
+        load.warm_up(settings.warmup, pressed)
         step.warmup = recorder.take()
         step.failed = _all_failed(step.warmup)
         if not step.failed:
@@ -274,6 +283,8 @@ def measure(
             time.sleep(settings.interval_s)
             step.windows.append(Window(time.perf_counter() - begin, recorder.take()))
             on_window(step.windows[-1])
+            if pressed():
+                raise KeyboardInterrupt
             step.failed = _all_failed(step.windows[-1].outcomes)
             if is_stable(step.windows, settings.stability_percent):
                 step.stable = True

@@ -4,12 +4,15 @@ windows and the stability rule, and that every request a load makes ends up coun
 from __future__ import annotations
 
 import math
+import os
+import signal
 import threading
 import time
 
 import pytest
 
 from rknn_client.errors import RknnError
+from rknn_client.load.ctrl_c import watching
 from rknn_client.load.drivers import (
     ClosedLoop,
     OpenLoop,
@@ -157,4 +160,43 @@ def test_ctrl_c_ends_the_step_with_what_it_measured() -> None:
     runners: list[Runner] = [CountingRunner(), CountingRunner()]
     step = measure(ClosedLoop(runners, Recorder()), Step(concurrency=2), QUICK, interrupt)
     assert step.interrupted and not step.stable and len(step.windows) == 1
+    assert step.requests == accounted(step) and step.unresolved == 0
+
+
+class _InterruptedWhileCollected:
+    """Ctrl-C pressed while the garbage collector runs this object's finalizer on the main thread."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs (and raises) here, inside the finalizer
+            pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_whose_keyboard_interrupt_was_lost_still_ends_the_step() -> None:
+    """Python prints a KeyboardInterrupt raised inside a finalizer as "Exception ignored" and goes
+    on: without the flag, a sweep would measure on until killed."""
+    with watching() as ctrl_c:
+        _InterruptedWhileCollected()  # collected at once: no KeyboardInterrupt reaches this test
+        assert ctrl_c.pressed
+        runners: list[Runner] = [CountingRunner()]
+        step = measure(
+            ClosedLoop(runners, Recorder()), Step(concurrency=1), QUICK, pressed=lambda: ctrl_c.pressed
+        )
+    assert step.interrupted and not step.windows  # pressed before the step: it ends in its warm-up
+    assert step.requests == accounted(step) and step.unresolved == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
+def test_a_ctrl_c_seen_only_as_the_flag_ends_the_step_after_the_window_it_came_in() -> None:
+    windows: list[Window] = []
+    runners: list[Runner] = [CountingRunner()]
+    step = measure(
+        ClosedLoop(runners, Recorder()),
+        Step(concurrency=1),
+        QUICK,
+        windows.append,
+        pressed=lambda: bool(windows),
+    )
+    assert step.interrupted and len(step.windows) == 1 and not step.stable
     assert step.requests == accounted(step) and step.unresolved == 0

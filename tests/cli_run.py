@@ -3,13 +3,16 @@ windows), for tests that act mid-run (Ctrl-C, a daemon stopped)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterable
 
 EOF_MARK = "<eof>"
+DUMP_WAIT_S = 10.0
 
 
 class CliRun:
@@ -22,7 +25,9 @@ class CliRun:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # A run that hangs is stopped with SIGABRT first: faulthandler then writes where each of
+            # its threads was into the stderr that finish() reports.
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
         )
         self.lines: list[str] = []
         self.changed = threading.Condition()
@@ -56,9 +61,17 @@ class CliRun:
         assert done and EOF_MARK not in self.lines, "".join(self.lines)[-3000:]
 
     def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        """(exit status, stdout, stderr) once it exits; killed if it does not in time."""
+        """(exit status, stdout, stderr) once it exits; if it does not in time, its threads' stacks
+        are dumped (SIGABRT), it is killed and the test fails with its stderr's end."""
         try:
             self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=DUMP_WAIT_S)
+            raise AssertionError(
+                f"still running {timeout} s later; its stderr ends: {self._stderr_once_ended()[-6000:]}"
+            ) from None
         finally:
             if self.process.poll() is None:
                 self.process.kill()
@@ -66,3 +79,10 @@ class CliRun:
         for reader in self._readers:
             reader.join(timeout)
         return self.process.returncode, "".join(self._out), "".join(self.lines)
+
+    def _stderr_once_ended(self) -> str:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._readers[0].join(DUMP_WAIT_S)
+        return "".join(self.lines)

@@ -219,7 +219,7 @@ def _run_step(
             step,
             settings,
             lambda w: print(window_line(len(step.windows), w), file=sys.stderr),
-            lambda: ctrl_c.pressed,
+            ctrl_c,
         )
     print(progress_line(step), file=sys.stderr)
     return step

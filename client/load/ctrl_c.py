@@ -1,45 +1,76 @@
-"""Ctrl-C during a sweep: KeyboardInterrupt as always, and a flag that outlives it.
+"""Ctrl-C during a sweep: KeyboardInterrupt as always, and two records of it that cannot be lost.
 
-Python raises KeyboardInterrupt in whatever the main thread runs when it handles the signal. When
-that is a finalizer or a weakref callback (the garbage collector runs them on whichever thread
-triggers it, and a sweep's workers make plenty of garbage), the exception is printed as "Exception
-ignored" and lost: the sweep would measure on, its workers running, until killed. So the handler
-also sets a flag, and the measurement checks it between windows (drivers.measure).
+Python's own handling of SIGINT can miss a sweep. Its handler runs only when the main thread next
+checks for pending calls, and raises KeyboardInterrupt in whatever that thread runs then: inside a
+finalizer or a weakref callback the exception is printed as "Exception ignored" and dropped, and
+with worker threads busy the main thread may not look for a long time (seen: a sweep that measured
+on for minutes after Ctrl-C, its workers running). So while `watching`, the signal also writes a
+byte to a wakeup socket (done by the interpreter's C-level handler, on whichever thread the kernel
+picked, at once) and the Python handler sets a flag; the measurement waits on that socket between
+windows (drivers.measure) instead of sleeping.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
 
 class CtrlC:
-    """Whether Ctrl-C was pressed while `watching` ran."""
+    """Whether Ctrl-C was pressed while `watching` ran; `pause` waits for it."""
 
-    def __init__(self) -> None:
-        self.pressed = False
+    def __init__(self, wakeup: socket.socket | None = None) -> None:
+        self._wakeup = wakeup
+        self._pressed = False
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        self.pressed = True  # first: a plain store, which nothing can lose
+        self._pressed = True  # first: a plain store, which nothing can lose
         signal.default_int_handler(signum, frame)
+
+    def pressed(self) -> bool:
+        if not self._pressed and self._wakeup is not None:
+            with contextlib.suppress(BlockingIOError):  # a byte per signal handled: its number
+                self._pressed = signal.SIGINT in self._wakeup.recv(64)
+        return self._pressed
+
+    def pause(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if Ctrl-C comes; whether it came."""
+        if self._wakeup is None:
+            time.sleep(seconds)
+        elif not self._pressed:
+            select.select([self._wakeup], [], [], seconds)
+        return self.pressed()
+
+
+UNWATCHED = CtrlC()  # for measurements nobody can interrupt but by KeyboardInterrupt itself
 
 
 @contextlib.contextmanager
 def watching() -> Iterator[CtrlC]:
-    """SIGINT handled by a CtrlC while the block runs (only the main thread may set a handler:
-    elsewhere the flag stays down and Ctrl-C works as before)."""
-    ctrl_c = CtrlC()
+    """SIGINT recorded by a CtrlC while the block runs. Only the main thread may set handlers:
+    elsewhere Ctrl-C is left as it is."""
     if threading.current_thread() is not threading.main_thread():
-        yield ctrl_c
+        yield CtrlC()
         return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    ctrl_c = CtrlC(reader)
+    previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     previous = signal.signal(signal.SIGINT, ctrl_c.handle)
     try:
         yield ctrl_c
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.set_wakeup_fd(previous_fd)
+        reader.close()
+        writer.close()
 
 
-__all__ = ["CtrlC", "watching"]
+__all__ = ["UNWATCHED", "CtrlC", "watching"]

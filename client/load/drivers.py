@@ -27,12 +27,13 @@ import numpy as np
 
 from rknn_client.api import Session
 from rknn_client.errors import RknnError
+from rknn_client.load.ctrl_c import UNWATCHED, CtrlC
 from rknn_client.load.windows import Kind, Outcome, Window, is_stable
 from rknn_client.transport.base import TransportError
 
 # A request still unanswered this long after the load stopped is left behind (counted as unresolved).
 STOP_WAIT_S = 60.0
-PRESSED_CHECK_S = 0.1  # how often a warm-up looks for a Ctrl-C whose KeyboardInterrupt was lost
+PRESSED_CHECK_S = 0.1  # how often a warm-up looks for a Ctrl-C Python did not raise (ctrl_c.py)
 
 Runner = Callable[[], float]  # one request; returns the daemon's run time in microseconds
 
@@ -135,9 +136,8 @@ class Load(abc.ABC):
             thread.join(max(0.0, deadline - time.monotonic()))
         self._threads = [t for t in self._threads if t.is_alive()]
 
-    def warm_up(self, runs: int, pressed: Callable[[], bool] = lambda: False) -> None:
-        """`runs` requests on each session, all sessions at once, before any window; Ctrl-C
-        (`pressed`: see ctrl_c.py) ends it."""
+    def warm_up(self, runs: int, ctrl_c: CtrlC = UNWATCHED) -> None:
+        """`runs` requests on each session, all sessions at once, before any window; Ctrl-C ends it."""
 
         def warm(run: Runner) -> None:
             for _ in range(runs):
@@ -151,7 +151,7 @@ class Load(abc.ABC):
         for thread in self._threads:
             while thread.is_alive():  # Ctrl-C interrupts a join on POSIX; stop() then ends the warm-up
                 thread.join(PRESSED_CHECK_S)
-                if pressed():
+                if ctrl_c.pressed():
                     raise KeyboardInterrupt
         self._threads = []
 
@@ -265,26 +265,26 @@ def measure(
     step: Step,
     settings: Settings,
     on_window: Callable[[Window], None] = lambda _: None,
-    pressed: Callable[[], bool] = lambda: False,
+    ctrl_c: CtrlC = UNWATCHED,
 ) -> Step:
     """Warm-up, then windows until the last ones are stable or `max_windows` ran, each handed to
     `on_window` as it closes. The step ends early, keeping what it measured, on Ctrl-C
-    (step.interrupted; not raised: a KeyboardInterrupt, or `pressed()` seen after a window, for one
-    that was lost) or when every request of the warm-up or of a window failed (step.failed)."""
+    (step.interrupted; not raised: a KeyboardInterrupt, or `ctrl_c`'s record of one that Python
+    lost or is slow to raise, see ctrl_c.py) or when every request of the warm-up or of a window
+    failed (step.failed)."""
     recorder = load.recorder
     try:
-        load.warm_up(settings.warmup, pressed)
+        load.warm_up(settings.warmup, ctrl_c)
         step.warmup = recorder.take()
         step.failed = _all_failed(step.warmup)
         if not step.failed:
             load.start()
         while not step.failed and len(step.windows) < settings.max_windows:
             begin = time.perf_counter()
-            time.sleep(settings.interval_s)
+            if ctrl_c.pause(settings.interval_s):
+                raise KeyboardInterrupt  # the window it came in is not a whole window: not kept
             step.windows.append(Window(time.perf_counter() - begin, recorder.take()))
             on_window(step.windows[-1])
-            if pressed():
-                raise KeyboardInterrupt
             step.failed = _all_failed(step.windows[-1].outcomes)
             if is_stable(step.windows, settings.stability_percent):
                 step.stable = True

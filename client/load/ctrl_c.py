@@ -27,23 +27,26 @@ class CtrlC:
 
     def __init__(self, wakeup: socket.socket | None = None) -> None:
         self._wakeup = wakeup
-        self._pressed = False
+        self._handled = 0  # presses Python's handler ran for
+        self._seen = 0  # presses read from the wakeup socket
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        self._pressed = True  # first: a plain store, which nothing can lose
+        self._handled += 1  # first: a plain store, which nothing can lose
+        if self._handled <= self._seen:
+            return  # a press acted on already (its byte came first): no second KeyboardInterrupt
         signal.default_int_handler(signum, frame)
 
     def pressed(self) -> bool:
-        if not self._pressed and self._wakeup is not None:
+        if self._wakeup is not None:
             with contextlib.suppress(BlockingIOError):  # a byte per signal handled: its number
-                self._pressed = signal.SIGINT in self._wakeup.recv(64)
-        return self._pressed
+                self._seen += self._wakeup.recv(64).count(signal.SIGINT)
+        return bool(self._handled or self._seen)
 
     def pause(self, seconds: float) -> bool:
         """Wait `seconds`, or less if Ctrl-C comes; whether it came."""
         if self._wakeup is None:
             time.sleep(seconds)
-        elif not self._pressed:
+        elif not self.pressed():
             select.select([self._wakeup], [], [], seconds)
         return self.pressed()
 

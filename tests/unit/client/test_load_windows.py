@@ -7,13 +7,14 @@ import dataclasses
 import math
 import os
 import signal
+import socket
 import threading
 import time
 
 import pytest
 
 from rknn_client.errors import RknnError
-from rknn_client.load.ctrl_c import watching
+from rknn_client.load.ctrl_c import CtrlC, watching
 from rknn_client.load.drivers import (
     ClosedLoop,
     OpenLoop,
@@ -205,3 +206,18 @@ def test_a_ctrl_c_python_never_raised_ends_the_window_it_came_in() -> None:
         step = measure(ClosedLoop(runners, Recorder()), Step(concurrency=1), unstable, press_once, ctrl_c)
     assert step.interrupted and len(step.windows) == 1  # missed, the second window would have run
     assert step.requests == accounted(step) and step.unresolved == 0
+
+
+def test_a_press_acted_on_from_its_wakeup_byte_raises_no_second_keyboard_interrupt() -> None:
+    """Python's handler may run long after the byte was seen and the step ended: that late run must
+    not raise into the sweep's clean-up; a second press still raises."""
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    with reader, writer:
+        ctrl_c = CtrlC(reader)
+        assert not ctrl_c.pause(0.01)
+        writer.send(bytes([signal.SIGINT]))
+        assert ctrl_c.pause(10)  # at once: the byte is there
+        ctrl_c.handle(signal.SIGINT, None)  # the late run for that press: nothing
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c.handle(signal.SIGINT, None)  # another press

@@ -147,6 +147,7 @@ class Device:
         """`token` and the TLS files default to RKNN_SERVER_TOKEN and RKNN_SERVER_TLS_CA/_CERT/_KEY."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.shm = shared_memory.DeviceState()  # whether its frames may go through shared memory
         # Sent with every call: the protocol version, plus e.g. a farm reservation token.
         self.metadata = (*_METADATA, *metadata)
         try:
@@ -497,6 +498,7 @@ class Session:
         native_outputs: bool | None = None,
     ) -> None:
         self.device = device
+        self.shm = shared_memory.SessionState()  # its shared-memory region, once it has one
         self.native_outputs = native_outputs_default() if native_outputs is None else native_outputs
         self.last_run_time_us = 0
         self._released = False

@@ -146,7 +146,7 @@ def _discard(region_map: mmap.mmap, path: Path | None) -> None:
         region_map.close()
 
 
-@dataclass
+@dataclass(eq=False)
 class _Bound:
     """A session's region, the session id it was registered for and its outputs' room; the last
     frame's header with its slots (made again only when a frame's header differs) and arrays over
@@ -224,19 +224,29 @@ class _Bound:
             self.doorbell = None
 
 
-_DEVICES: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()
-_SESSIONS: weakref.WeakKeyDictionary[Session, _Bound] = weakref.WeakKeyDictionary()
-_KINDS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: memfd works
-_LOCKS: weakref.WeakKeyDictionary[Session, threading.Lock] = weakref.WeakKeyDictionary()
-_LENT: weakref.WeakSet[Session] = weakref.WeakSet()  # sessions whose outputs are lent, not copied
-_DOORBELLS: weakref.WeakKeyDictionary[Device, bool] = weakref.WeakKeyDictionary()  # True: offered, works
-_GUARD = threading.Lock()
+@dataclass
+class DeviceState:
+    """What shared memory knows of one Device (its `shm`), learnt on its first frame."""
+
+    usable: bool | None = None  # None: not asked yet (see usable)
+    doorbells: bool = False  # the daemon offers doorbells, and they work
+    memfd: bool | None = None  # which kind of region the daemon took: a memfd (True) or a file
+    bound: weakref.WeakSet[_Bound] = field(default_factory=weakref.WeakSet)  # its sessions' regions
+
+
+@dataclass
+class SessionState:
+    """One Session's shared memory (its `shm`): frames of several threads take turns on `lock`."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    bound: _Bound | None = None
+    lent: bool = False  # outputs handed out as views of the region, not copies (lend_outputs)
 
 
 def usable(device: Device) -> bool:
     """Whether frames to this device may go through shared memory (asked once per Device)."""
-    known = _DEVICES.get(device)
-    if known is None:
+    state = device.shm
+    if state.usable is None:
         known = False
         if enabled_by_env() and SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK):
             try:
@@ -244,32 +254,31 @@ def usable(device: Device) -> bool:
             except RknnError:
                 info = rknn_pb2.SharedMemoryInfo()
             known = info.allowed and bool(info.boot_id) and info.boot_id == local_boot_id()
-            _DOORBELLS[device] = known and info.doorbell
+            state.doorbells = known and info.doorbell
             if not known:
                 log.debug("shared memory not used with %s: %s", device.endpoint.description, info.reason)
-        _DEVICES[device] = known
-    return known
+        state.usable = known
+    return state.usable
 
 
 def disable(device: Device) -> None:
     """Keep this device's frames on the wire from now on (e.g. RKNN_SHM was not enough: tests)."""
-    _DEVICES[device] = False
+    device.shm.usable = False
 
 
 def device_closed(device: Device) -> None:
     """Hang up the device's doorbells: closing a Device ends what runs on it (its gRPC calls are
     cancelled; a thread waiting on a doorbell gets DoorbellLost, then the closed channel's error)."""
-    _DOORBELLS[device] = False
-    for session, bound in list(_SESSIONS.items()):
-        if session.device is device:
-            bound.hang_up()
+    device.shm.doorbells = False
+    for bound in list(device.shm.bound):
+        bound.hang_up()
 
 
 def use_doorbell(device: Device, use: bool = True) -> None:
     """Ring this device's frames on doorbells (the default where the daemon offers them) or send
     each as a RunShared call (`use=False`: e.g. to measure one against the other)."""
     usable(device)
-    _DOORBELLS[device] = use and _DOORBELLS.get(device, False)
+    device.shm.doorbells = use and device.shm.doorbells
 
 
 def lend_outputs(session: Session, lend: bool = True) -> None:
@@ -277,10 +286,7 @@ def lend_outputs(session: Session, lend: bool = True) -> None:
     copies: no copy at all on this side, but each view holds its values only until the session's
     next frame writes over them (copy what must last). For a caller that uses each frame's outputs
     before running the next; frames over the wire are unaffected (their outputs are always new)."""
-    if lend:
-        _LENT.add(session)
-    else:
-        _LENT.discard(session)
+    session.shm.lent = lend
 
 
 def _output_room(session: Session) -> list[int] | None:
@@ -315,20 +321,21 @@ def _bound(session: Session, input_sizes: Sequence[int], room: list[int]) -> _Bo
     A sealed memfd (mapped by the daemon: no copies there) is tried first, then a /dev/shm file; the
     kind that worked is kept for the device, and when neither did the device keeps to the wire."""
     size = sum(_aligned(n) for n in input_sizes) + sum(_aligned(r) for r in room)
-    bound = _SESSIONS.get(session)
+    bound = session.shm.bound
     if bound is not None and bound.session_id == session.id and bound.region.size >= size:
         return bound
     if bound is not None:
-        _SESSIONS.pop(session, None)
+        session.shm.bound = None
         _unregister(session.device, bound)
     device = session.device
-    known = _KINDS.get(device)
+    known = device.shm.memfd
     kinds = [known] if known is not None else [True, False] if _memfd_allowed() else [False]
     for memfd in kinds:
         region = _register(session, max(MIN_REGION_BYTES, _aligned(size + size // 4)), memfd)
         if region is not None:
-            _KINDS[device] = memfd
-            bound = _SESSIONS[session] = _Bound(session.id, region, room)
+            device.shm.memfd = memfd
+            bound = session.shm.bound = _Bound(session.id, region, room)
+            device.shm.bound.add(bound)
             return bound
     disable(device)
     return None
@@ -358,22 +365,23 @@ def input_buffers(session: Session) -> list[np.ndarray]:
     room = _output_room(session)
     bound = None
     if room is not None and usable(session.device):
-        with _lock(session):
+        with session.shm.lock:
             bound = _bound(session, sizes, room)
     if bound is None:
         return [np.zeros(s.shape, s.dtype) for s in session.inputs]
     return list(bound.input_slots(session.inputs))
 
 
-def _is_slot(array: np.ndarray, region: Region, slot: rknn_pb2.TensorRegion) -> bool:
-    """Whether the (contiguous) array is that slot of this process's mapping: nothing to copy."""
+def _is_slot(array: np.ndarray, slot: np.ndarray, region: Region) -> bool:
+    """Whether the (contiguous) array is that slot of this process's mapping (another array over
+    it, e.g. an input buffer reshaped): nothing to copy."""
     base = array.base
     while isinstance(base, np.ndarray):
         base = base.base
     if base is not region.map:  # memory of another owner (the address costs more to read)
         return False
     address = array.__array_interface__["data"][0]
-    return address == region.address + slot.offset and array.nbytes == slot.byte_length
+    return address == slot.__array_interface__["data"][0] and array.nbytes == slot.nbytes
 
 
 def _slots(sizes: Sequence[int], start: int, key: str) -> list[rknn_pb2.TensorRegion]:
@@ -382,14 +390,6 @@ def _slots(sizes: Sequence[int], start: int, key: str) -> list[rknn_pb2.TensorRe
         slots.append(rknn_pb2.TensorRegion(key=key, offset=offset, byte_length=size))
         offset += _aligned(size)
     return slots
-
-
-def _lock(session: Session) -> threading.Lock:
-    with _GUARD:
-        lock = _LOCKS.get(session)
-        if lock is None:
-            lock = _LOCKS[session] = threading.Lock()
-        return lock
 
 
 def run_frame(
@@ -403,7 +403,7 @@ def run_frame(
     frame of a session at a time anyway). `progress` hears the inputs placed, then the outputs taken."""
     if not usable(session.device):
         return None
-    with _lock(session):
+    with session.shm.lock:
         return _run_frame(session, header, wire, progress)
 
 
@@ -413,7 +413,7 @@ def _run_frame(
     wire: Sequence[np.ndarray],
     progress: Callable[[int, int], None] | None,
 ) -> list[np.ndarray] | None:
-    bound = _SESSIONS.get(session)
+    bound = session.shm.bound
     if bound is None or header is not bound.source or bound.session_id != session.id:
         room = _output_room(session)  # a frame like the last one has its slots already
         bound = None if room is None else _bound(session, [a.nbytes for a in wire], room)
@@ -421,8 +421,8 @@ def _run_frame(
             return None
     shared = bound.frame_header(header, wire)
     region = bound.region
-    for array, slot, view in zip(wire, shared.input_regions, bound.slots, strict=True):
-        if array is not view and not _is_slot(array, region, slot):
+    for array, view in zip(wire, bound.slots, strict=True):
+        if array is not view and not _is_slot(array, view, region):
             view[...] = array
     sent = sum([a.nbytes for a in wire]) if progress is not None else 0
     if progress is not None:
@@ -432,13 +432,13 @@ def _run_frame(
     except SessionLost:
         raise
     except NotFound:  # the region is gone (unregistered, reaped): the next frame registers another
-        _SESSIONS.pop(session, None)
+        session.shm.bound = None
         bound.hang_up()
         bound.region.close()
         return None
     session.last_run_time_us = ran.run_time_us
     views = bound.output_arrays(ran.outputs)
-    outputs = [view.view() for view in views] if session in _LENT else [view.copy() for view in views]
+    outputs = [view.view() for view in views] if session.shm.lent else [view.copy() for view in views]
     if progress is not None:
         total = sent + sum(m.byte_length for m in ran.outputs)
         progress(total, total)
@@ -453,7 +453,7 @@ def _outputs_header(
     this device), where it cannot take one now (asked again after DOORBELL_RETRY_S), or where the
     doorbell is lost (a newer one is opened for the next frame)."""
     device = session.device
-    if _DOORBELLS.get(device, False):
+    if device.shm.doorbells:
         if (bound.doorbell is None or bound.plan != bound.key) and time.monotonic() >= bound.retry_at:
             bound.hang_up()
             try:
@@ -465,7 +465,7 @@ def _outputs_header(
                 raise
             except RknnError as exc:  # refused: an older daemon, a policy
                 log.debug("no doorbell from %s: %s", device.endpoint.description, exc)
-                _DOORBELLS[device] = False
+                device.shm.doorbells = False
         doorbell = bound.doorbell  # read once: Device.close on another thread may hang it up meanwhile
         if doorbell is not None:
             try:

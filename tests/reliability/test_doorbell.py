@@ -51,7 +51,9 @@ FRAMES = [np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.
 
 def frame_header(session: Session) -> rknn_pb2.InferenceHeader:
     """A RunShared header over the session's own region, as the client laid it for its last frame."""
-    region = shared_memory._SESSIONS[session].region
+    bound = session.shm.bound
+    assert bound is not None
+    region = bound.region
     meta = rknn_pb2.TensorMeta(
         dtype=rknn_pb2.DATA_TYPE_FLOAT32, shape=[1, 3, 16, 16], layout=rknn_pb2.LAYOUT_NCHW, byte_length=3072
     )
@@ -193,7 +195,8 @@ def test_an_unregistered_region_ends_the_doorbell_and_nothing_of_it_is_held(
     daemon = daemons()
     with device(daemon) as dev, dev.load(cnn) as session:
         session.run([cnn_input()])
-        bound = shared_memory._SESSIONS[session]
+        bound = session.shm.bound
+        assert bound is not None
         name = next(r.name for r in dev.shared_memory_status() if r.session_id == session.id)
         bell = dev.open_doorbell(frame_header(session))
         bell.ring(1)

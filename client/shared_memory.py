@@ -100,7 +100,6 @@ class Region:
                 )
             self.map = mmap.mmap(fd, size)
             self.stat = os.fstat(fd)
-            self.address = np.frombuffer(self.map, np.uint8).ctypes.data  # where its slots start here
         except BaseException:
             os.close(fd)
             self.unlink()
@@ -185,6 +184,7 @@ class _Bound:
             shared.output_regions.extend(_slots(self.room, sum(_aligned(n) for n in sizes), self.region.key))
             self.input_slots(wire)
             self.key, self.header = key, shared
+            self.answered = None  # the output slots may have moved: arrays over them made again
         self.source = header
         self.header.frame_id = frame_id
         return self.header

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
 
 from rknn_client import RKNN, shared_memory
 from rknn_client.api import Device
@@ -29,7 +31,7 @@ from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.ready import read_ready_file
 from rknn_server.testing import DaemonProcess
-from tests.models import identity_of
+from tests.models import identity_of, save_graph
 from tests.reliability.conftest import (
     TOKEN,
     StartDaemon,
@@ -615,6 +617,27 @@ def test_input_buffers_are_the_regions_slots_and_run_reads_what_was_written(
         assert session.run([cnn_input(values[1])])[0].tobytes() == want[1]  # another array: copied in
         assert session.run([buffer])[0].tobytes() == want[1]  # ... into the same slot
         assert uses(dev, session.id) == 5
+
+
+def test_inputs_of_another_size_move_the_output_slots_and_outputs_follow(
+    daemons: StartDaemon, tmp_path: Path
+) -> None:
+    """A dynamic input's size sets where the outputs' slots start: a frame of another size must read
+    its outputs where they are now, not where the last frame's were (its metas are the same)."""
+    graph = helper.make_graph(
+        [helper.make_node("GlobalAveragePool", ["x"], ["y"])],
+        "pool",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3, 1, 1])],
+    )
+    model = save_graph(graph, tmp_path / "pool.onnx")
+    rng = np.random.default_rng(3)
+    frames = [rng.standard_normal((1, 3, size, size)).astype(np.float32) for size in (4, 32, 4, 8, 32)]
+    with device(daemons()) as dev, dev.load(model) as session:
+        for frame in frames:
+            got = session.run([frame])[0]
+            assert np.allclose(got, frame.mean(axis=(2, 3), keepdims=True), atol=1e-5)
+        assert uses(dev, session.id) == len(frames)
 
 
 def test_input_buffers_need_fixed_shapes(daemons: StartDaemon, tmp_path: Path) -> None:

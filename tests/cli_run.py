@@ -12,6 +12,13 @@ import threading
 from collections.abc import Iterable
 
 EOF_MARK = "<eof>"
+# The CLI as a terminal starts it, whatever this test run was started as: a shell's background job
+# (and nohup) starts with SIGINT ignored, which its children inherit, and a SIGINT a test sends
+# would then do nothing.
+AS_FROM_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'rknn-client'; runpy.run_module('rknn_client.cli', run_name='__main__')"
+)
 DUMP_WAIT_S = 10.0
 
 
@@ -21,7 +28,7 @@ class CliRun:
 
     def __init__(self, args: Iterable[str]) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rknn_client.cli", *args],
+            [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

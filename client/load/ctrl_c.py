@@ -56,9 +56,13 @@ UNWATCHED = CtrlC()  # for measurements nobody can interrupt but by KeyboardInte
 
 @contextlib.contextmanager
 def watching() -> Iterator[CtrlC]:
-    """SIGINT recorded by a CtrlC while the block runs. Only the main thread may set handlers:
-    elsewhere Ctrl-C is left as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    """SIGINT recorded by a CtrlC while the block runs. Only the main thread may set handlers, and
+    a SIGINT this process was started ignoring (`nohup`, a shell's background job) stays ignored:
+    in both cases Ctrl-C is left as it is."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
         yield CtrlC()
         return
     reader, writer = socket.socketpair()

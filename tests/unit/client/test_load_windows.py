@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -165,6 +166,16 @@ def test_ctrl_c_ends_the_step_with_what_it_measured() -> None:
     assert step.requests == accounted(step) and step.unresolved == 0
 
 
+@pytest.fixture
+def ctrl_c_works() -> Iterator[None]:
+    """SIGINT handled as at a terminal, even in a test run started with it ignored (a background job)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _InterruptedWhileCollected:
     """Ctrl-C pressed while the garbage collector runs this object's finalizer on the main thread."""
 
@@ -175,6 +186,7 @@ class _InterruptedWhileCollected:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.usefixtures("ctrl_c_works")
 def test_a_ctrl_c_whose_keyboard_interrupt_was_lost_still_ends_the_step() -> None:
     """Python prints a KeyboardInterrupt raised inside a finalizer as "Exception ignored" and goes
     on: without its record, a sweep would measure on until killed."""
@@ -189,6 +201,7 @@ def test_a_ctrl_c_whose_keyboard_interrupt_was_lost_still_ends_the_step() -> Non
     assert signal.set_wakeup_fd(-1) == -1
 
 
+@pytest.mark.usefixtures("ctrl_c_works")
 def test_a_ctrl_c_python_never_raised_ends_the_window_it_came_in() -> None:
     """The signal handled where Python's handler does not run (here: ignored, as if the main thread
     never got to it): the wakeup byte the interpreter writes for it still ends the step."""
@@ -221,3 +234,16 @@ def test_a_press_acted_on_from_its_wakeup_byte_raises_no_second_keyboard_interru
         ctrl_c.handle(signal.SIGINT, None)  # the late run for that press: nothing
         with pytest.raises(KeyboardInterrupt):
             ctrl_c.handle(signal.SIGINT, None)  # another press
+
+
+def test_a_sigint_the_process_was_started_ignoring_stays_ignored() -> None:
+    """`nohup rknn-client perf ... &` asked for Ctrl-C to be ignored: the sweep must not take it back."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with watching() as ctrl_c:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not ctrl_c.pause(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -3,11 +3,11 @@
 Python's own handling of SIGINT can miss a sweep. Its handler runs only when the main thread next
 checks for pending calls, and raises KeyboardInterrupt in whatever that thread runs then: inside a
 finalizer or a weakref callback the exception is printed as "Exception ignored" and dropped, and
-with worker threads busy the main thread may not look for a long time (seen: a sweep that measured
-on for minutes after Ctrl-C, its workers running). So while `watching`, the signal also writes a
-byte to a wakeup socket (done by the interpreter's C-level handler, on whichever thread the kernel
-picked, at once) and the Python handler sets a flag; the measurement waits on that socket between
-windows (drivers.measure) instead of sleeping.
+the sweep would measure on, its workers running, until killed. So while `watching`, the signal also
+writes a byte to a wakeup socket (done by the interpreter's C-level handler, on whichever thread the
+kernel picked, at once) and the Python handler sets a flag; the measurement waits on that socket
+between windows (drivers.measure) instead of sleeping. A SIGINT the process was started ignoring
+is left ignored.
 """
 
 from __future__ import annotations

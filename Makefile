@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test lint typecheck proto proto-check unit bench clean toolkit tritonclient
+.PHONY: wheel install demo test lint typecheck proto proto-check unit bench clean toolkit tritonclient
 
 $(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ test: lint typecheck proto-check unit
 bench: $(DEV_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.run
+
+# The project's wheel for a board (docs/deploy.md: installing without PyPI), into dist/.
+wheel:
+	$(PYTHON) -m pip wheel --no-deps --wheel-dir dist .
 
 clean:
 	rm -rf build demo-work bench-results .pytest_cache .mypy_cache .ruff_cache

@@ -1,13 +1,29 @@
 """rknn_client: the PC side of rknn_server.
 
 `connect()` is the idiomatic API; `RKNN` and `RKNNLite` are drop-in replacements for
-RKNN-Toolkit2's and rknn-toolkit-lite2's classes (change one import line).
+RKNN-Toolkit2's and rknn-toolkit-lite2's classes (change one import line). They are imported at
+first use (rknn_client.lazy), so `import rknn_client` works where only the `[server]` extra is.
 """
+
+from typing import TYPE_CHECKING
+
+from rknn_client.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-from rknn_client.api import Device, Session, connect
-from rknn_client.compat.lite import RKNNLite
-from rknn_client.compat.rknn import RKNN
+if TYPE_CHECKING:
+    from rknn_client.api import Device, Session, connect
+    from rknn_client.compat.lite import RKNNLite
+    from rknn_client.compat.rknn import RKNN
 
 __all__ = ["RKNN", "Device", "RKNNLite", "Session", "__version__", "connect"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Device": "rknn_client.api",
+        "Session": "rknn_client.api",
+        "connect": "rknn_client.api",
+        "RKNNLite": "rknn_client.compat.lite",
+        "RKNN": "rknn_client.compat.rknn",
+    },
+)

@@ -3,12 +3,17 @@
 Images follow the toolkit's rules: read as RGB (or grey for a one-channel input), laid out NHWC with a
 batch axis, uint8, and resized to the model input's height and width with a note saying so. The
 toolkit's layout and dtype rules then apply as for `RKNN.inference` (rknn_client.compat.inputs).
+With OpenCV installed (the client extra brings it, as RKNN-Toolkit2 does) images are decoded and resized
+by it, as toolkit scripts do (cv2.imread, cvtColor to RGB, cv2.resize), so the pixels are the toolkit's;
+without it Pillow decodes and resize_linear resizes (values may differ by one level).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -56,26 +61,60 @@ def resize_linear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.clip(np.rint(both), 0, 255).astype(np.uint8)
 
 
-def read_image(path: Path, size: tuple[int, int, int] | None, note: Note) -> np.ndarray:
-    """An image as HxWxC uint8, resized to `size` (height, width, channels) when that is known."""
+def _opencv() -> ModuleType | None:
+    try:
+        return importlib.import_module("cv2")
+    except ImportError:
+        return None
+
+
+def _decode_opencv(cv2: ModuleType, path: Path, channels: int) -> np.ndarray:
+    """cv2.imread's pixels (it cannot take every path: decoded from the bytes), in RGB order."""
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as exc:
+        raise InputFileError(f"cannot read image {path}: {exc}") from exc
+    flag = {1: cv2.IMREAD_GRAYSCALE, 3: cv2.IMREAD_COLOR}.get(channels, cv2.IMREAD_UNCHANGED)
+    pixels = cv2.imdecode(data, flag) if data.size else None
+    if pixels is None:
+        raise InputFileError(f"cannot read image {path}: OpenCV cannot decode it")
+    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+    if pixels.shape[2] != channels:
+        raise InputFileError(f"{path} has {pixels.shape[2]} channels; the model input takes {channels}")
+    if channels in (3, 4):
+        return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB if channels == 3 else cv2.COLOR_BGRA2RGBA)
+    return pixels
+
+
+def _decode_pillow(path: Path, mode: str) -> np.ndarray:
     from PIL import Image
 
-    channels = size[2] if size is not None else 3
-    mode = PIL_MODES.get(channels)
-    if mode is None:
-        raise InputFileError(f"{path}: an image cannot feed an input with {channels} channels; use .npy")
     try:
         with Image.open(path) as image:
             pixels = np.asarray(image.convert(mode))
     except Exception as exc:  # Pillow raises OSError, SyntaxError or its DecompressionBombError
         raise InputFileError(f"cannot read image {path}: {exc}") from exc
-    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+    return pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+
+
+def read_image(path: Path, size: tuple[int, int, int] | None, note: Note) -> np.ndarray:
+    """An image as HxWxC uint8, resized to `size` (height, width, channels) when that is known."""
+    channels = size[2] if size is not None else 3
+    mode = PIL_MODES.get(channels)
+    if mode is None:
+        raise InputFileError(f"{path}: an image cannot feed an input with {channels} channels; use .npy")
+    cv2 = _opencv()
+    pixels = _decode_opencv(cv2, path, channels) if cv2 is not None else _decode_pillow(path, mode)
     if size is not None and size[0] > 0 and size[1] > 0 and pixels.shape[:2] != (size[0], size[1]):
         note(
             f"{path}: resized from {pixels.shape[1]}x{pixels.shape[0]} to the model input's "
             f"{size[1]}x{size[0]} (WxH)"
         )
-        pixels = resize_linear(pixels, size[0], size[1])
+        if cv2 is not None:
+            resized = cv2.resize(pixels, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+            pixels = resized.reshape(size[0], size[1], -1)
+        else:
+            pixels = resize_linear(pixels, size[0], size[1])
     return pixels
 
 

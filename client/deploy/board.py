@@ -12,7 +12,9 @@ INSTALL_DIR = "/opt/rknn-server"
 # The project's distribution name as wheels and dist-info folders spell it.
 DIST_NAME = "rknn_server_oss"
 MIN_PYTHON = (3, 10)
-SUPPORTED_ARCHES = ("aarch64", "x86_64")
+SUPPORTED_ARCHES = ("aarch64", "armv7l", "x86_64")
+# PyPI's grpcio wheels for armv7l (linux_armv7l, cp310-cp313) need glibc >= 2.34.
+ARMV7L_GLIBC = (2, 34)
 DOCS = "docs/deploy.md"
 
 
@@ -36,6 +38,7 @@ class BoardFacts:
     running_pid: int | None  # the daemon deploy started last, when it still runs
     vendor_binaries: tuple[str, ...] = field(default=())
     vendor_scripts: tuple[str, ...] = field(default=())
+    system_numpy: bool = False  # python3 imports numpy from the distribution (python3-numpy)
 
     @property
     def python_tag(self) -> str:
@@ -46,8 +49,9 @@ class BoardFacts:
 def _probe_script() -> str:
     dist_info = f"{INSTALL_DIR}/lib/python3*/site-packages/{DIST_NAME}-*.dist-info"
     python = (
-        "import sys, platform; "
-        "print('%d.%d' % sys.version_info[:2], ' '.join(platform.libc_ver()) or 'unknown')"
+        "import sys, platform, importlib.util as u; "
+        "print('%d.%d' % sys.version_info[:2], ' '.join(platform.libc_ver()) or 'unknown', "
+        "'numpy' if u.find_spec('numpy') else '')"
     )
     return "; ".join(
         [
@@ -87,6 +91,7 @@ def probe(serial: str, shell: BoardShell) -> BoardFacts:
         running_pid=int(running) if running.isdigit() else None,
         vendor_binaries=tuple(exe for exe in facts.get("vendor", "").split() if is_vendor_binary(exe)),
         vendor_scripts=tuple(facts.get("scripts", "").split()),
+        system_numpy="numpy" in python_words[3:],
     )
 
 
@@ -129,6 +134,25 @@ def refuse_unsupported(facts: BoardFacts) -> None:
             f"{facts.serial} uses {facts.libc or 'an unknown C library'}; the offline bundle holds glibc "
             "(manylinux) wheels only",
             container,
+        )
+    if facts.arch == "armv7l":
+        _refuse_armv7l(facts, container)
+
+
+def _refuse_armv7l(facts: BoardFacts, container: str) -> None:
+    """armv7l runs PyPI's grpcio (glibc >= 2.34) and the distribution's numpy (PyPI has no armv7l wheel)."""
+    glibc = tuple(int(p) for p in facts.libc_version.split(".")[:2] if p.isdigit())
+    if glibc < ARMV7L_GLIBC:
+        raise DeployRefused(
+            f"{facts.serial} is armv7l with glibc {facts.libc_version or 'of unknown version'}: PyPI's grpcio "
+            f"wheels for armv7l need glibc >= {ARMV7L_GLIBC[0]}.{ARMV7L_GLIBC[1]} (Debian 12, Ubuntu 22.04)",
+            f"upgrade the board image; or {container}",
+        )
+    if not facts.system_numpy:
+        raise DeployRefused(
+            f"{facts.serial} is armv7l and its python3 has no numpy: PyPI has no numpy wheel for armv7l, so "
+            "the daemon's venv takes the distribution's",
+            "install it on the board (`apt install python3-numpy`), then run deploy again",
         )
 
 

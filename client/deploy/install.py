@@ -108,10 +108,15 @@ def deploy(
     progress("starting the daemon")
     pid = _start(shell, socket_name)
     result.actions.append(f"started the daemon (pid {pid}, log {LOG_FILE})")
-    if not _answers(info.serial, socket_name, token, once=False):
+    if not _answers(info.serial, socket_name, token, once=False, alive=lambda: _running(shell, pid)):
         tail = shell.output(f"tail -n 20 {LOG_FILE}")
+        what = (
+            "exited at start"
+            if not _running(shell, pid)
+            else f"did not answer GetInfo within {_START_SECONDS:.0f} s"
+        )
         raise DeployError(
-            f"the daemon on {info.serial} did not answer GetInfo within {_START_SECONDS:.0f} s; its log ends:\n{tail}",
+            f"the daemon on {info.serial} {what}; its log ends:\n{tail}",
             f"read {LOG_FILE} on the board (`adb shell cat {LOG_FILE}`) and run `rknn-client doctor`",
         )
     return result
@@ -135,9 +140,10 @@ def _push(device: adbutils.AdbDevice, shell: BoardShell, bundle: Bundle) -> None
 
 def _install(shell: BoardShell, bundle: Bundle) -> None:
     """A venv without pip (so python3-venv's ensurepip is not needed), filled by pip run from its wheel."""
+    system = " --system-site-packages" if bundle.system_site_packages else ""
     _checked(
         shell,
-        f"test -x {INSTALL_DIR}/bin/python || python3 -m venv --without-pip {INSTALL_DIR}",
+        f"test -x {INSTALL_DIR}/bin/python || python3 -m venv --without-pip{system} {INSTALL_DIR}",
         f"creating the venv {INSTALL_DIR}",
     )
     pip = f"{INSTALL_DIR}/bin/python {BUNDLE_DIR}/{bundle.pip_wheel}/pip"
@@ -202,8 +208,15 @@ def _start(shell: BoardShell, socket_name: str) -> int:
     return int(output.strip().splitlines()[-1])
 
 
-def _answers(serial: str, socket_name: str, token: str | None, once: bool) -> bool:
-    """Whether the daemon answers GetInfo with this client's version through an adb forward; a
+def _running(shell: BoardShell, pid: int) -> bool:
+    return shell.run(f"kill -0 {pid}").ok
+
+
+def _answers(
+    serial: str, socket_name: str, token: str | None, once: bool, alive: Callable[[], bool] = lambda: True
+) -> bool:
+    """Whether the daemon answers GetInfo with this client's version through an adb forward, asked
+    until it does, `alive()` turns false (it died: no use waiting) or the start time is over; a
     daemon refusing this client's credentials is an error, not a daemon to replace."""
     deadline = time.monotonic() + (0 if once else _START_SECONDS)
     while True:
@@ -219,6 +232,6 @@ def _answers(serial: str, socket_name: str, token: str | None, once: bool) -> bo
             ) from None
         except (TransportError, RknnError):
             pass
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or not alive():
             return False
         time.sleep(0.5)

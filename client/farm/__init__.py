@@ -4,12 +4,27 @@ farm = Farm.from_file("farm.toml")
 with farm.acquire(soc="rk3588", labels={"rack": "r1"}, timeout=600) as device:
     with device.load("model.rknn") as session:
         session.run([image])
+
+The exports are imported at first use (rknn_client.lazy): the pytest plugin in this package loads in
+every pytest run of a venv, `[server]`-only ones included.
 """
 
 from __future__ import annotations
 
-from rknn_client.farm.inventory import DeviceEntry, FarmConfigError, load_farm_file, parse_address
-from rknn_client.farm.pool import AcquireTimeout, Cancelled, Farm, Lease, NoMatchingDevice, NoReachableDevice
+from typing import TYPE_CHECKING
+
+from rknn_client.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from rknn_client.farm.inventory import DeviceEntry, FarmConfigError, load_farm_file, parse_address
+    from rknn_client.farm.pool import (
+        AcquireTimeout,
+        Cancelled,
+        Farm,
+        Lease,
+        NoMatchingDevice,
+        NoReachableDevice,
+    )
 
 __all__ = [
     "AcquireTimeout",
@@ -23,3 +38,11 @@ __all__ = [
     "load_farm_file",
     "parse_address",
 ]
+_INVENTORY = ("DeviceEntry", "FarmConfigError", "load_farm_file", "parse_address")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        name: "rknn_client.farm.inventory" if name in _INVENTORY else "rknn_client.farm.pool"
+        for name in __all__
+    },
+)

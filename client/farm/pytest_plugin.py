@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from rknn_client.api import Device
-from rknn_client.farm.pool import Farm, Lease, NoReachableDevice, default_holder
+if TYPE_CHECKING:
+    from rknn_client.api import Device
+    from rknn_client.farm.pool import Farm, Lease
+
+# pytest loads this entry point in every run of a venv holding the project, a board's `[server]`-only
+# one too: the farm's modules are imported when a farm fixture is used, not at every pytest start.
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -76,6 +81,8 @@ def rknn_farm(pytestconfig: pytest.Config) -> Farm:
     addresses = pytestconfig.getoption("rknn_device")
     if not farm_file and not addresses:
         pytest.skip("no RKNN farm: give --rknn-farm farm.toml or --rknn-device ADDR")
+    from rknn_client.farm.pool import Farm, default_holder
+
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     return Farm.from_sources(
         farm_file,
@@ -97,6 +104,8 @@ def rknn_lease(
 ) -> Iterator[Lease]:
     """An exclusive reservation of a matching board for this test."""
     marker = request.node.get_closest_marker("rknn_labels")
+    from rknn_client.farm.pool import NoReachableDevice
+
     labels = {str(k): str(v) for k, v in marker.kwargs.items()} if marker else {}
     try:
         lease = rknn_farm.acquire(

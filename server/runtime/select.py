@@ -19,11 +19,19 @@ def host_backend(soc: str, threads: int | None, sysfs_root: Path = Path("/")) ->
     try:
         from rknn_server.runtime.host import HostBackend
     except ImportError as exc:
+        # No PyPI command here: the project is installed from its wheel (docs/deploy.md), and a board's
+        # install rarely wants ONNX Runtime (none exists for armv7l).
         raise BackendUnavailable(
-            f"the host runtime needs ONNX Runtime, which is not installed ({exc}); "
-            "install it with: pip install 'rknn-server-oss[host]'"
+            f"the host runtime (ONNX Runtime on the CPU) needs the project's host extra, which this install "
+            f"lacks ({exc}); reinstall the project's wheel with it: pip install 'WHEEL[host]' (docs/deploy.md)"
         ) from exc
     return HostBackend(soc=soc, threads=threads, sysfs_root=sysfs_root)
+
+
+def _npu_node(probe: PlatformInfo) -> str:
+    if probe.npu_device:
+        return f"NPU device {probe.npu_device}"
+    return f"no NPU device node (/dev/dri/renderD*, /dev/rknpu) under {probe.root}"
 
 
 def _library_path(probe: PlatformInfo, runtime_lib: Path | None) -> Path:
@@ -47,6 +55,20 @@ def _rknnrt(probe: PlatformInfo, library: Path, plugin_dir: Path | None) -> Back
         raise BackendUnavailable(str(exc)) from exc
 
 
+def _auto_rknnrt(
+    probe: PlatformInfo, runtime_lib: Path | None, plugin_dir: Path | None
+) -> tuple[Backend, Path]:
+    """The rknnrt backend and its library when both the library and an NPU node are here; else
+    BackendUnavailable naming what is missing, with what was seen of the other."""
+    try:
+        library = _library_path(probe, runtime_lib)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{exc}; {_npu_node(probe)}") from exc
+    if not probe.npu_device:
+        raise BackendUnavailable(f"{library} is present but {_npu_node(probe)}")
+    return _rknnrt(probe, library, plugin_dir), library
+
+
 def select_backend(
     requested: str,
     soc: str,
@@ -68,19 +90,17 @@ def select_backend(
         return host_backend(probe.soc, threads, probe.root), "host runtime requested (--runtime host)"
     if requested == "rknnrt":
         library = _library_path(probe, runtime_lib)
-        node = f"NPU device {probe.npu_device}" if probe.npu_device else "no NPU device node seen"
-        reason = f"rknnrt runtime requested (--runtime rknnrt): {library}; {node}"
+        reason = f"rknnrt runtime requested (--runtime rknnrt): {library}; {_npu_node(probe)}"
         return _rknnrt(probe, library, plugin_dir), reason
     if requested == "auto":
         try:
-            library = _library_path(probe, runtime_lib)
-            if not probe.npu_device:
+            backend, library = _auto_rknnrt(probe, runtime_lib, plugin_dir)
+        except BackendUnavailable as rknnrt_cause:
+            try:
+                return host_backend(probe.soc, threads, probe.root), f"{rknnrt_cause}; {HOST_FALLBACK}"
+            except BackendUnavailable as host_cause:
                 raise BackendUnavailable(
-                    f"{library} is present but no NPU device node (/dev/dri/renderD*, /dev/rknpu) exists "
-                    f"under {probe.root}"
-                )
-            backend = _rknnrt(probe, library, plugin_dir)
-        except BackendUnavailable as exc:
-            return host_backend(probe.soc, threads, probe.root), f"{exc}; {HOST_FALLBACK}"
+                    f"neither runtime can start (--runtime auto): rknnrt: {rknnrt_cause}; host: {host_cause}"
+                ) from host_cause
         return backend, f"{library} loaded and NPU device {probe.npu_device} found"
     raise BackendUnavailable(f"unknown runtime {requested!r}; expected auto, host or rknnrt")

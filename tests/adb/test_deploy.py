@@ -7,11 +7,11 @@ dependencies (grpcio...) on a PYTHONPATH made of this interpreter's installed pa
 from __future__ import annotations
 
 import ensurepip
-import os
 import signal
 import subprocess
 import sys
 import sysconfig
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +25,14 @@ from rknn_client.board_shell import BoardShell
 from rknn_client.cli import main
 from rknn_client.deploy.board import BoardFacts, DeployRefused
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, download_command, only
-from rknn_client.deploy.install import INSTALL_DIR, PID_FILE, TOOLKIT_LAUNCHER, _install_launcher, deploy
+from rknn_client.deploy.install import (
+    INSTALL_DIR,
+    PID_FILE,
+    TOOLKIT_LAUNCHER,
+    _answers,
+    _install_launcher,
+    deploy,
+)
 from rknn_client.transport.adb import connect_adb_server, open_adb
 from rknn_client.transport.security import ENV_TOKEN
 from tests.adb.conftest import MakeBoard
@@ -133,11 +140,26 @@ def test_no_python3_is_refused_with_the_container_alternative(make_board: MakeBo
     assert not board.profile.local_path(INSTALL_DIR).exists()
 
 
-def test_armhf_is_refused_naming_grpcio(make_board: MakeBoard, capsys: pytest.CaptureFixture[str]) -> None:
-    board = make_board(commands={"uname": "echo armv7l"})
+def test_armhf_without_the_distributions_numpy_is_refused_naming_it(
+    make_board: MakeBoard, capsys: pytest.CaptureFixture[str]
+) -> None:
+    board = make_board(commands={"uname": "echo armv7l", "python3": 'echo "3.11 glibc 2.36"'})
     assert main(["deploy", "--device", board.serial]) == 1
     err = capsys.readouterr().err
-    assert "armv7l" in err and "grpcio" in err and "docs/deploy.md" in err
+    assert "armv7l" in err and "no numpy" in err and "apt install python3-numpy" in err
+
+
+def test_armhf_with_an_old_glibc_is_refused_naming_grpcio(make_board: MakeBoard) -> None:
+    board = make_board(commands={"uname": "echo armv7l", "python3": 'echo "3.11 glibc 2.31 numpy"'})
+    with pytest.raises(DeployRefused) as raised:
+        deploy(board.serial)
+    assert "grpcio" in raised.value.problem and "glibc >= 2.34" in raised.value.problem
+
+
+def test_waiting_for_the_daemon_stops_when_it_has_died() -> None:
+    started = time.monotonic()
+    assert not _answers("no-such-serial", "rknn-none", None, once=False, alive=lambda: False)
+    assert time.monotonic() - started < 30
 
 
 def test_android_is_refused(make_board: MakeBoard) -> None:
@@ -149,14 +171,14 @@ def test_android_is_refused(make_board: MakeBoard) -> None:
 
 def test_the_download_targets_the_board_not_this_pc(tmp_path: Path) -> None:
     facts = BoardFacts("s", "aarch64", False, (3, 11), "glibc", "2.31", "", None)
-    command = download_command(facts, tmp_path, tmp_path / "rknn_server_oss-0.1.0-py3-none-any.whl")
+    command = download_command(facts, tmp_path, ["pip", "grpcio>=1.85"])
     assert command[command.index("--python-version") + 1] == "3.11"
     assert command[command.index("--abi") + 1] == "cp311"
     platforms = [command[i + 1] for i, word in enumerate(command) if word == "--platform"]
     assert platforms[0] == "manylinux_2_31_aarch64" and "manylinux_2_17_aarch64" in platforms
     assert "manylinux_2_32_aarch64" not in platforms and "manylinux2014_aarch64" in platforms
-    assert "--only-binary=:all:" in command and command[-1].endswith(".whl[server]")
-    assert os.path.basename(command[-2]) == "pip"
+    assert "--only-binary=:all:" in command and "--no-deps" in command
+    assert command[-2:] == ["pip", "grpcio>=1.85"]
 
 
 def test_deploy_asks_a_running_daemon_with_the_token_and_never_replaces_one_that_refuses(

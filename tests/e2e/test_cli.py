@@ -13,14 +13,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from PIL import Image
 
 from demo.models import save_mobilenet_v2
 from rknn_client import digest_cache
 from rknn_client.api import connect
 from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import FailedPrecondition, advice
-from rknn_client.input_files import resize_linear
+from rknn_client.input_files import read_image
 from rknn_client.transport.adb import adb_server_running
 from rknn_server.testing import DaemonProcess
 from tests import models
@@ -133,10 +132,9 @@ def test_run_takes_a_jpg_resized_to_the_model_input_as_rgb(
     )
     assert result.returncode == 0, result.stderr
     assert "resized from 512x600 to the model input's 16x16" in result.stderr
-    # The resize itself (OpenCV's INTER_LINEAR mapping) is checked against hand-computed pixels in
-    # tests/compat/test_calibration.py; here: RGB, NHWC->NCHW, and the same pixels reach the model.
-    with Image.open(jpg) as image:
-        rgb = resize_linear(np.asarray(image.convert("RGB")), 16, 16)
+    # The reading and resizing itself (OpenCV's, as toolkit scripts do) is checked in
+    # tests/unit/client/test_input_files.py; here: RGB, NHWC->NCHW, and the same pixels reach the model.
+    rgb = read_image(jpg, (16, 16, 3), lambda _: None)
     x = rgb.transpose(2, 0, 1)[np.newaxis].astype(np.float32)
     want = ort.InferenceSession(str(cnn_model)).run(None, {"input": x})[0]
     np.testing.assert_allclose(np.load(tmp_path / "output_0.npy"), want, rtol=1e-5, atol=1e-5)

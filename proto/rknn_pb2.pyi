@@ -370,6 +370,12 @@ class Limits(_message.Message):
     MAX_MODEL_FILES_FIELD_NUMBER: _builtins.int
     PARTIAL_TTL_S_FIELD_NUMBER: _builtins.int
     MAX_TENSORS_FIELD_NUMBER: _builtins.int
+    MAX_TOOLKIT_CONNECTIONS_FIELD_NUMBER: _builtins.int
+    MAX_TOOLKIT_CONNECTIONS_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    TOOLKIT_IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    MAX_HTTP_CONNECTIONS_FIELD_NUMBER: _builtins.int
+    MAX_HTTP_CONNECTIONS_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    HTTP_HEAD_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     max_message_bytes: _builtins.int
     """Largest single gRPC message accepted, in bytes."""
     chunk_bytes: _builtins.int
@@ -410,6 +416,18 @@ class Limits(_message.Message):
     """Seconds an unfinished upload's bytes are kept (0: until evicted for room)."""
     max_tensors: _builtins.int
     """Most tensors in one frame."""
+    max_toolkit_connections: _builtins.int
+    """Most connections the RKNN-Toolkit2 (legacy) listener holds at once."""
+    max_toolkit_connections_per_client: _builtins.int
+    """Most of those one user (uid) may hold; more are closed at once."""
+    toolkit_idle_timeout_s: _builtins.float
+    """Seconds a toolkit connection may send nothing before it is closed (0: no limit)."""
+    max_http_connections: _builtins.int
+    """Most connections the HTTP (metrics, KServe v2 REST) listener holds at once."""
+    max_http_connections_per_client: _builtins.int
+    """Most of those one peer (its local user, else its address) may hold; more are refused at once."""
+    http_head_timeout_s: _builtins.float
+    """Seconds an HTTP client has to send its request line and headers (0: no limit)."""
     def __init__(
         self,
         *,
@@ -433,10 +451,16 @@ class Limits(_message.Message):
         max_model_files: _builtins.int = ...,
         partial_ttl_s: _builtins.float = ...,
         max_tensors: _builtins.int = ...,
+        max_toolkit_connections: _builtins.int = ...,
+        max_toolkit_connections_per_client: _builtins.int = ...,
+        toolkit_idle_timeout_s: _builtins.float = ...,
+        max_http_connections: _builtins.int = ...,
+        max_http_connections_per_client: _builtins.int = ...,
+        http_head_timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_timeout_s", b"call_timeout_s", "chunk_bytes", b"chunk_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_inflight_per_client", b"max_inflight_per_client", "max_inflight_requests", b"max_inflight_requests", "max_memory_bytes", b"max_memory_bytes", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_model_files", b"max_model_files", "max_session_memory_bytes", b"max_session_memory_bytes", "max_sessions", b"max_sessions", "max_sessions_per_client", b"max_sessions_per_client", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_elements", b"max_tensor_elements", "max_tensor_rank", b"max_tensor_rank", "max_tensors", b"max_tensors", "model_cache_quota_bytes", b"model_cache_quota_bytes", "partial_ttl_s", b"partial_ttl_s", "session_idle_timeout_s", b"session_idle_timeout_s", "stream_idle_timeout_s", b"stream_idle_timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_timeout_s", b"call_timeout_s", "chunk_bytes", b"chunk_bytes", "http_head_timeout_s", b"http_head_timeout_s", "max_chunk_bytes", b"max_chunk_bytes", "max_http_connections", b"max_http_connections", "max_http_connections_per_client", b"max_http_connections_per_client", "max_inflight_per_client", b"max_inflight_per_client", "max_inflight_requests", b"max_inflight_requests", "max_memory_bytes", b"max_memory_bytes", "max_message_bytes", b"max_message_bytes", "max_model_bytes", b"max_model_bytes", "max_model_files", b"max_model_files", "max_session_memory_bytes", b"max_session_memory_bytes", "max_sessions", b"max_sessions", "max_sessions_per_client", b"max_sessions_per_client", "max_tensor_bytes", b"max_tensor_bytes", "max_tensor_elements", b"max_tensor_elements", "max_tensor_rank", b"max_tensor_rank", "max_tensors", b"max_tensors", "max_toolkit_connections", b"max_toolkit_connections", "max_toolkit_connections_per_client", b"max_toolkit_connections_per_client", "model_cache_quota_bytes", b"model_cache_quota_bytes", "partial_ttl_s", b"partial_ttl_s", "session_idle_timeout_s", b"session_idle_timeout_s", "stream_idle_timeout_s", b"stream_idle_timeout_s", "toolkit_idle_timeout_s", b"toolkit_idle_timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

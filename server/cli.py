@@ -22,8 +22,7 @@ from rknn_server.legacy.listener import parse_place
 from rknn_server.limits import Limits
 from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
 from rknn_server.logs import configure
-from rknn_server.memory import format_size
-from rknn_server.options import CONFIG_ENV, Repeat, document, env_name, parse_layered, size
+from rknn_server.options import CONFIG_ENV, YEAR_S, Bounded, Repeat, document, env_name, parse_layered
 from rknn_server.runtime.select import BackendUnavailable
 
 
@@ -46,6 +45,22 @@ def _metrics_listen_arg(text: str) -> ListenAddress:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def add_limit_flags(group: argparse._ArgumentGroup, cache: bool) -> None:
+    """The flags of the Limits fields of one --help group, each from its field (server/limits.py): its
+    name, default (the memory budgets sized to this machine), range and help."""
+    defaults = Limits.for_machine()
+    for limit in Limits.flags():
+        if limit.cache == cache:
+            group.add_argument(
+                limit.flag,
+                dest=limit.name,
+                type=limit.bounds,
+                default=getattr(defaults, limit.name),
+                metavar=limit.metavar,
+                help=limit.help,
+            )
+
+
 def serve_parser() -> argparse.ArgumentParser:
     """The daemon's options, grouped by topic. A new option is one add_argument call in its group (plus
     its DaemonConfig field in daemon_config): its environment variable, config-file key and the default
@@ -59,7 +74,8 @@ def serve_parser() -> argparse.ArgumentParser:
         "(RKNN_SERVER_LISTEN takes a comma list) or by a key named like the long option in the TOML file "
         f'of --config (or ${CONFIG_ENV}), e.g. cache-quota = "16GiB" or listen = ["tcp://0.0.0.0:50515"]. '
         "The command line wins over the environment, which wins over the file. Sizes take bytes or units "
-        "(512MiB, 16GiB); S is seconds.",
+        "(512MiB, 16GiB); S is seconds. A number outside the range shown beside its option stops the daemon "
+        "before it starts, naming the option, where the value came from and the range.",
     )
     p.add_argument("--version", action="version", version=f"rknn_server {__version__}")
     p.add_argument(
@@ -164,39 +180,10 @@ def serve_parser() -> argparse.ArgumentParser:
         help="KServe v2 model repository: one folder per model (its file(s) and an optional config.toml), "
         "served by folder name beside the uploaded models (default: none)",
     )
-    cache.add_argument(
-        "--cache-quota",
-        dest="model_cache_quota_bytes",
-        type=size,
-        default=Limits.model_cache_quota_bytes,
-        metavar="SIZE",
-        help="model cache size",
-    )
-    cache.add_argument(
-        "--max-model-bytes",
-        type=size,
-        default=Limits.max_model_bytes,
-        metavar="SIZE",
-        help="largest model accepted",
-    )
-    cache.add_argument(
-        "--max-model-files",
-        type=int,
-        default=Limits.max_model_files,
-        metavar="N",
-        help="most files in one model (main file plus external data), checked before anything is written",
-    )
-    cache.add_argument(
-        "--partial-ttl",
-        dest="partial_ttl_s",
-        type=float,
-        default=Limits.partial_ttl_s,
-        metavar="S",
-        help="drop the bytes of an upload left unfinished for S s (0: keep them until evicted for room)",
-    )
+    add_limit_flags(cache, cache=True)
     cache.add_argument(
         "--verify-interval",
-        type=float,
+        type=Bounded("seconds", 0, YEAR_S),
         default=DaemonConfig.verify_interval_s,
         metavar="S",
         help="re-hash every cached model every S s and remove the damaged ones (0: only when a file's "
@@ -211,30 +198,8 @@ def serve_parser() -> argparse.ArgumentParser:
 
     limits = p.add_argument_group(
         "sessions and limits",
-        "A request beyond a limit gets RESOURCE_EXHAUSTED naming it; GetInfo reports every limit. A new "
-        "limit is a field of rknn_server.limits.Limits, its flag (dest = that field) and its proto field.",
-    )
-    limits.add_argument(
-        "--session-idle-timeout",
-        dest="session_idle_timeout_s",
-        type=float,
-        default=Limits.session_idle_timeout_s,
-        metavar="S",
-        help="free idle sessions after S s",
-    )
-    limits.add_argument(
-        "--max-sessions",
-        type=int,
-        default=Limits.max_sessions,
-        metavar="N",
-        help="most sessions open at once",
-    )
-    limits.add_argument(
-        "--max-sessions-per-client",
-        type=int,
-        default=Limits.max_sessions_per_client,
-        metavar="N",
-        help="sessions one client may hold (0: --max-sessions)",
+        "A request beyond a limit gets RESOURCE_EXHAUSTED naming it; GetInfo reports every limit. Each "
+        "limit's flag comes from its field of rknn_server.limits.Limits (its range and help beside it).",
     )
     limits.add_argument(
         "--isolation",
@@ -242,95 +207,10 @@ def serve_parser() -> argparse.ArgumentParser:
         default=DaemonConfig.isolation,
         help="run each session in the daemon (thread) or in a worker process of its own (process)",
     )
-    limits.add_argument(
-        "--call-timeout",
-        dest="call_timeout_s",
-        type=float,
-        default=Limits.call_timeout_s,
-        metavar="S",
-        help="with --isolation process, kill a session's worker whose call takes over S s (0: never)",
-    )
-    limits.add_argument(
-        "--max-inflight-requests",
-        type=int,
-        default=Limits.max_inflight_requests,
-        metavar="N",
-        help="calls served at once",
-    )
-    limits.add_argument(
-        "--max-inflight-per-client",
-        type=int,
-        default=Limits.max_inflight_per_client,
-        metavar="N",
-        help="calls one client (token name, certificate or address) may have in flight; a Reserve "
-        "waiting for the board counts here but not in --max-inflight-requests",
-    )
-    limits.add_argument(
-        "--stream-idle-timeout",
-        dest="stream_idle_timeout_s",
-        type=float,
-        default=Limits.stream_idle_timeout_s,
-        metavar="S",
-        help="end a request stream (upload, inference) that sends nothing for S s, dropping its buffers "
-        "(0: never)",
-    )
-    machine = Limits.for_machine()
-    limits.add_argument(
-        "--max-memory",
-        dest="max_memory_bytes",
-        type=size,
-        default=machine.max_memory_bytes,
-        metavar="SIZE",
-        help="what the daemon may hold for incoming tensors of all clients (0: no limit; default: half "
-        f"the RAM, {format_size(machine.max_memory_bytes)} here)",
-    )
-    limits.add_argument(
-        "--max-session-memory",
-        dest="max_session_memory_bytes",
-        type=size,
-        default=machine.max_session_memory_bytes,
-        metavar="SIZE",
-        help="what one session's model may materialize: checked before load, and the address-space "
-        "limit of its worker with --isolation process (0: no limit; default: a quarter of the RAM, "
-        f"{format_size(machine.max_session_memory_bytes)} here)",
-    )
-    limits.add_argument(
-        "--max-message-bytes",
-        type=size,
-        default=Limits.max_message_bytes,
-        metavar="SIZE",
-        help="largest gRPC message",
-    )
-    limits.add_argument(
-        "--max-chunk-bytes",
-        type=size,
-        default=Limits.max_chunk_bytes,
-        metavar="SIZE",
-        help="largest tensor or upload chunk",
-    )
-    limits.add_argument(
-        "--max-tensor-bytes",
-        type=size,
-        default=Limits.max_tensor_bytes,
-        metavar="SIZE",
-        help="largest tensor",
-    )
-    limits.add_argument(
-        "--max-tensor-rank", type=int, default=Limits.max_tensor_rank, metavar="N", help="highest tensor rank"
-    )
-    limits.add_argument(
-        "--max-tensor-elements",
-        type=int,
-        default=Limits.max_tensor_elements,
-        metavar="N",
-        help="most elements in a tensor",
-    )
-    limits.add_argument(
-        "--max-tensors", type=int, default=Limits.max_tensors, metavar="N", help="most tensors in one frame"
-    )
+    add_limit_flags(limits, cache=False)
     limits.add_argument(
         "--grace",
-        type=float,
+        type=Bounded("seconds", 0, YEAR_S),
         default=DaemonConfig.grace_s,
         metavar="S",
         help="on SIGTERM, let calls finish for S s",
@@ -366,7 +246,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     runtime.add_argument(
         "--threads",
-        type=int,
+        type=Bounded("count", 1, 1024),
         metavar="N",
         help="CPU threads per host-runtime session (default: ONNX Runtime's choice)",
     )

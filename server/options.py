@@ -13,9 +13,10 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rknn_server.memory import format_size, parse_size
 
@@ -49,12 +50,46 @@ class Repeat(argparse.Action):
         setattr(namespace, self.dest, items)
 
 
-def size(text: str) -> int:
-    """argparse type of a byte count: bytes or a number with a unit (`16GiB`); shown readable in --help."""
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+YEAR_S = 365 * 86400.0  # the longest time any option takes
+Kind = Literal["count", "size", "seconds"]
+_NOUN = {"count": "an integer", "size": "a size", "seconds": "a number of seconds"}
+_PARSE: dict[Kind, Callable[[str], int | float]] = {"count": int, "size": parse_size, "seconds": float}
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """argparse type of a number from `low` to `high` (both included). A flag, a variable and a config-file
+    key all parse through it, so each out-of-range value is refused alike, naming the range, before the
+    daemon starts anything: nonsense such as -1 sessions or a 100 GiB gRPC message never reaches it."""
+
+    kind: Kind
+    low: float
+    high: float
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = _PARSE[self.kind](text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {_NOUN[self.kind]}; {self.expected()}"
+            ) from None
+        if not self.low <= value <= self.high:  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range; {self.expected()}")
+        return value
+
+    def show(self, value: float) -> str:
+        """A value as --help and errors write it: `16 GiB`, `30 s`, `64`."""
+        if self.kind == "size":
+            return format_size(int(value))
+        if self.kind == "seconds":
+            return f"{int(value)} s" if float(value).is_integer() else f"{value:g} s"
+        return str(value)
+
+    def expected(self) -> str:
+        what = (
+            "bytes or a number with a unit, e.g. 512MiB or 2GiB," if self.kind == "size" else _NOUN[self.kind]
+        )
+        return f"expected {what} from {self.show(self.low)} to {self.show(self.high)}"
 
 
 def env_name(option: str) -> str:
@@ -85,18 +120,21 @@ def _shown_default(action: argparse.Action) -> str:
     value = action.default
     if isinstance(value, list):
         return ", ".join(map(str, value))
-    if action.type is size and isinstance(value, int):
-        return format_size(value)
+    if isinstance(action.type, Bounded) and isinstance(value, (int, float)):
+        return action.type.show(value)
     if isinstance(value, float) and action.metavar == "S":
         return f"{value:g} s"
     return "none" if value is None else str(value)
 
 
 def document(parser: argparse.ArgumentParser) -> None:
-    """Append each option's default (unless its help already states one) and variable to its help."""
+    """Append each option's default (unless its help already states one), range and variable to its help."""
     for action in layered_options(parser).values():
         text = action.help or ""
         variable = f"env {env_name(action.option_strings[-1])}"
+        if isinstance(action.type, Bounded):
+            low, high = action.type.show(action.type.low), action.type.show(action.type.high)
+            variable = f"{low} to {high}; {variable}".replace("%", "%%")
         if "default" not in text:
             shown = _shown_default(action).replace("%", "%%")  # help text is a %-format
             text = f"{text} (default: {shown}; {variable})"

@@ -9,6 +9,7 @@ times against the reference and the agreement of every output follow, in sortabl
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from dataclasses import asdict
@@ -99,6 +100,14 @@ def table_text(report: FanoutReport) -> str:
     return "\n".join([*lines, "", *notes]) + "\n"
 
 
+def _plain(text: str) -> str:
+    """Board-supplied text as plotly shows it verbatim. Plotly renders `<a href>`, `<b>`, `<br>` in
+    tick labels, titles, legends and hover text (and what a hovertemplate's `%{x}` inserts) even from
+    the figure's JSON, so a board named `<a href=...>` would put a link in the report: as entities,
+    plotly displays the characters instead."""
+    return html.escape(text, quote=False)
+
+
 def _color(result: DeviceResult) -> str:
     if not result.ok:
         return FAILED_COLOR
@@ -110,7 +119,7 @@ def latency_figure(report: FanoutReport) -> Any:
     import plotly.graph_objects as go
 
     timed = [r for r in report.devices if r.latency]
-    names = [r.name for r in timed]
+    names = [_plain(r.name) for r in timed]
     figure = go.Figure()
     figure.add_bar(
         name="p50",
@@ -130,7 +139,7 @@ def latency_figure(report: FanoutReport) -> Any:
                 r.latency.min_us / 1000,
                 r.latency.max_us / 1000,
                 r.latency.runs,
-                status(r),
+                _plain(status(r)),
             ]
             for r in timed
             if r.latency
@@ -149,10 +158,10 @@ def latency_figure(report: FanoutReport) -> Any:
     failed = [r for r in report.devices if not r.ok]
     for result in failed:
         figure.add_annotation(
-            x=result.name, y=0, text=f"FAILED ({result.failed_stage})", showarrow=False, yanchor="bottom"
+            x=_plain(result.name), y=0, text=_plain(status(result)), showarrow=False, yanchor="bottom"
         )
     if failed:  # a category of its own, so a failed device keeps its place on the axis
-        figure.update_xaxes(categoryorder="array", categoryarray=[r.name for r in report.devices])
+        figure.update_xaxes(categoryorder="array", categoryarray=[_plain(r.name) for r in report.devices])
     figure.update_layout(
         title=f"Latency per inference: p50 bar, min-max whisker, p90 mark ({report.runs} runs)",
         yaxis_title="ms",
@@ -177,18 +186,19 @@ def top_layers_figure(report: FanoutReport) -> Any:
     columns = min(3, len(devices))
     rows = math.ceil(len(devices) / columns)
     figure = make_subplots(
-        rows=rows, cols=columns, subplot_titles=[r.name for r in devices], horizontal_spacing=0.22
+        rows=rows, cols=columns, subplot_titles=[_plain(r.name) for r in devices], horizontal_spacing=0.22
     )
     for i, result in enumerate(devices):
         top = slowest_layers(result.layers)[::-1]
         figure.add_trace(
             go.Bar(
                 x=[layer.time_us for layer in top],
-                y=[layer.name for layer in top],
+                y=[_plain(layer.name) for layer in top],
                 orientation="h",
                 marker_color=_color(result),
-                customdata=[layer.op_type for layer in top],
-                hovertemplate=f"{result.name}<br>%{{y}} (%{{customdata}})<br>%{{x:.1f}} µs<extra></extra>",
+                customdata=[_plain(layer.op_type) for layer in top],
+                meta=_plain(result.name),  # a name in the template itself would be read as its markup
+                hovertemplate="%{meta}<br>%{y} (%{customdata})<br>%{x:.1f} µs<extra></extra>",
             ),
             row=i // columns + 1,
             col=i % columns + 1,
@@ -236,13 +246,14 @@ def comparison_figure(report: FanoutReport) -> Any:
         low = min(low, *(min(a, b) for a, b, _ in pairs))
         high = max(high, *(max(a, b) for a, b, _ in pairs))
         figure.add_scatter(
-            name=result.name,
+            name=_plain(result.name),
             x=[a for a, _, _ in pairs],
             y=[b for _, b, _ in pairs],
             mode="markers",
-            text=[n for _, _, n in pairs],
+            text=[_plain(n) for _, _, n in pairs],
             customdata=[b / a for a, b, _ in pairs],
-            hovertemplate=f"{result.name}<br>%{{text}}<br>reference %{{x:.1f}} µs<br>this %{{y:.1f}} µs"
+            meta=_plain(result.name),
+            hovertemplate="%{meta}<br>%{text}<br>reference %{x:.1f} µs<br>this %{y:.1f} µs"
             "<br>x%{customdata:.2f}<extra></extra>",
         )
     if high > 0:
@@ -302,9 +313,15 @@ def html_page(report: FanoutReport) -> str:
         comparison=layer_comparison(report),
         outputs=outputs,
         plotly_js=get_plotlyjs(),
-        # In a <script> element, "</" would end it early.
-        data=json.dumps(report_dict(report)).replace("</", "<\\/"),
+        data=_script_json(report_dict(report)),
     )
+
+
+def _script_json(value: Any) -> str:
+    """JSON to inline in a <script> element: no `<`, `>` or `&` in it, so no board-supplied `</script>`
+    or `<!--` can end or change the element (JSON reads the escapes back as the same characters)."""
+    text = json.dumps(value)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def write_html(report: FanoutReport, path: Path) -> None:

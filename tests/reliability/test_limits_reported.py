@@ -10,7 +10,7 @@ from dataclasses import fields
 from rknn_client import connect
 from rknn_server.cli import serve_parser
 from rknn_server.limits import Limits
-from rknn_server.options import size
+from rknn_server.options import Bounded
 from tests.reliability.conftest import StartDaemon
 
 # Where the daemon's limit flags live; a `--max-*` flag in any other group counts too.
@@ -40,12 +40,9 @@ def limit_flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def unusual(action: argparse.Action) -> str:
     """A value of the flag that is not its default (the command line's text)."""
     default = action.default or 0
-    if action.type is size:
-        return str(default + (1 << 20))
-    if action.type is int:
-        return str(default + 3)
-    assert action.type is float, f"{action.option_strings[-1]}: a limit flag of an unexpected type"
-    return str(default + 1.5)
+    assert isinstance(action.type, Bounded), f"{action.option_strings[-1]}: a limit flag without a range"
+    step = {"size": 1 << 20, "count": 3, "seconds": 1.5}[action.type.kind]
+    return str(default + step)
 
 
 def test_every_limit_flag_is_reported_with_its_configured_value(daemons: StartDaemon) -> None:

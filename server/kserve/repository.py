@@ -10,18 +10,22 @@ backend loads: .onnx for the host runtime, .rknn for rknnrt) and an optional `co
     [[outputs]]
     name = "scores"
 
-Names must be plain folder and file names, symbolic links and subfolders are refused, the config is
-size-bounded and unknown keys are errors. A model enters the daemon the way an upload does: its files
+Names must be plain folder and file names; symbolic links, subfolders, named pipes and devices are
+refused, the config is read with a bounded read and unknown keys are errors. Whoever can write a
+folder can swap it or anything in it while the daemon reads it, so the root and each model folder are
+opened once (`rknn_server.kserve.folder`) and every file is listed, opened and read through that
+descriptor, never through a path again. A model enters the daemon the way an upload does: its files
 are hashed into a manifest, written into the model cache through an upload and verified there, so
-what runs is what the cache verified. Error messages name the model, never a server path.
+what runs (and what its external data check sees) is the cache's copy of the bytes hashed. Error
+messages name the model, never a server path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,12 +34,12 @@ from typing import Any
 
 from rknn_proto import rknn_pb2
 from rknn_proto.manifest import FileEntry, manifest_digest, valid_digest, valid_file_name
-from rknn_server.errors import InvalidInput, NotFound
-from rknn_server.model_cache import ModelCache
+from rknn_server.errors import DataLoss, InvalidInput, NotFound
+from rknn_server.kserve.folder import FileChanged, Folder, UnsafeEntry, kind_of
+from rknn_server.model_cache import CacheLimits, ModelCache
 
 CONFIG_FILE = "config.toml"
 MAX_CONFIG_BYTES = 64 << 10
-_READ_BYTES = 4 << 20
 _TENSOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
 _LAYOUTS = ("NCHW", "NHWC")
 _TOP_KEYS = ("file", "inputs", "outputs")
@@ -136,81 +140,86 @@ def parse_config(model: str, text: str) -> ModelConfig:
     )
 
 
-def _open_plain(path: Path) -> int:
-    """A descriptor of a regular file, never through a symbolic link."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path.name} is not a regular file")
-    return fd
-
-
-def _blocks(path: Path) -> Iterator[bytes]:
-    fd = _open_plain(path)
-    try:
-        while block := os.read(fd, _READ_BYTES):
-            yield block
-    finally:
-        os.close(fd)
-
-
 class ModelRepository:
-    """The folders of --model-repository, read on demand (load, index) and imported into the cache."""
+    """The folders of --model-repository, read on demand (load, index) and imported into the cache.
 
-    def __init__(self, root: Path, suffixes: tuple[str, ...], max_model_bytes: int) -> None:
-        if not root.is_dir():
-            raise RepositoryError(f"--model-repository {root} is not a folder")
-        self.root = root
+    The root is opened once; each load opens the model's folder once through it for reading its
+    config and once for importing its files, reading everything through that descriptor."""
+
+    def __init__(
+        self,
+        root: Path,
+        suffixes: tuple[str, ...],
+        max_model_bytes: int,
+        max_model_files: int = CacheLimits.max_model_files,
+    ) -> None:
+        try:
+            self._root = Folder.open(os.path.realpath(root))  # the operator's own links, resolved once
+        except (OSError, UnsafeEntry):
+            raise RepositoryError(f"--model-repository {root} is not a folder") from None
         self.suffixes = suffixes
         self.max_model_bytes = max_model_bytes
+        self.max_model_files = max_model_files
 
     def names(self) -> list[str]:
         """The model names the repository offers (folders with plain names; others are skipped)."""
-        return sorted(
-            entry.name
-            for entry in os.scandir(self.root)
-            if entry.is_dir(follow_symlinks=False) and valid_model_name(entry.name)
-        )
+        with os.scandir(self._root.fd) as listing:
+            return sorted(
+                entry.name
+                for entry in listing
+                if entry.is_dir(follow_symlinks=False) and valid_model_name(entry.name)
+            )
+
+    @contextlib.contextmanager
+    def _folder(self, name: str) -> Iterator[Folder]:
+        """The model's folder, opened once (never through a link); UnsafeEntry and OSError raised
+        inside name the model, never a path."""
+        try:
+            folder = Folder.open(name, self._root.fd)
+        except (OSError, UnsafeEntry):
+            raise NotFound(
+                f"the model repository has no model {name!r} (a model is a plain folder, not a symbolic link)"
+            ) from None
+        try:
+            with folder:
+                yield folder
+        except UnsafeEntry as exc:
+            raise RepositoryError(f"model {name!r}: {exc}; a model folder holds plain files only") from None
+        except FileChanged as exc:
+            raise RepositoryError(f"model {name!r}: {exc}") from None
+        except OSError as exc:
+            raise RepositoryError(
+                f"model {name!r}: cannot read its files ({exc.strerror or type(exc).__name__})"
+            ) from None
 
     def read(self, name: str) -> ModelFolder:
         """One model's folder, checked: plain files only, bounded sizes, a valid config."""
         if not valid_model_name(name):
             raise NotFound(f"{name[:80]!r} is not a model name of the repository (plain folder names only)")
-        folder = self.root / name
-        try:
-            entries = list(os.scandir(folder)) if folder.is_dir() and not folder.is_symlink() else None
-        except OSError:
-            entries = None
-        if entries is None:
-            raise NotFound(f"the model repository has no model {name!r}")
-        text = ""
-        files: list[tuple[str, int]] = []
-        for entry in sorted(entries, key=lambda e: e.name):
-            if entry.name.startswith("."):
-                continue
-            if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
-                kind = "a symbolic link" if entry.is_symlink() else "a subfolder"
+        with self._folder(name) as folder:
+            entries = folder.entries(self.max_model_files + 2)  # the model's files, its config and one more
+            if len(entries) > self.max_model_files + 1:
                 raise RepositoryError(
-                    f"model {name!r}: {entry.name[:80]!r} is {kind}; a model folder holds plain files only"
+                    f"model {name!r} holds over {self.max_model_files} files, over the limit "
+                    f"max_model_files={self.max_model_files}"
                 )
-            if not valid_file_name(entry.name):
-                raise RepositoryError(f"model {name!r}: file name {entry.name[:80]!r} is not allowed")
-            size = entry.stat(follow_symlinks=False).st_size
-            if entry.name == CONFIG_FILE:
-                if size > MAX_CONFIG_BYTES:
-                    raise RepositoryError(
-                        f"model {name!r}: {CONFIG_FILE} is {size} bytes, over {MAX_CONFIG_BYTES}"
-                    )
-                text = b"".join(_blocks(folder / entry.name)).decode("utf-8", errors="replace")
-            else:
-                files.append((entry.name, size))
+            for file, info in entries.items():
+                kind = kind_of(info.st_mode)
+                if kind:
+                    raise UnsafeEntry(f"{file[:80]!r} is {kind}")
+                if not valid_file_name(file):
+                    raise RepositoryError(f"model {name!r}: file name {file[:80]!r} is not allowed")
+            text = _config_text(folder) if CONFIG_FILE in entries else ""
         config = parse_config(name, text)
-        total = sum(size for _, size in files)
+        files = [file for file in entries if file != CONFIG_FILE]
+        self._check_total(name, sum(entries[file].st_size for file in files))
+        return ModelFolder(name, self._ordered(name, config, files), config)
+
+    def _check_total(self, name: str, total: int) -> None:
         if total > self.max_model_bytes:
             raise RepositoryError(
                 f"model {name!r} is {total} bytes, over the limit max_model_bytes={self.max_model_bytes}"
             )
-        return ModelFolder(name, self._ordered(name, config, [n for n, _ in files]), config)
 
     def _ordered(self, name: str, config: ModelConfig, files: list[str]) -> tuple[str, ...]:
         if config.file:
@@ -231,39 +240,56 @@ class ModelRepository:
         return (main, *sorted(f for f in files if f != main))
 
     def import_into(self, model: ModelFolder, cache: ModelCache) -> str:
-        """Bring the model's files into the cache the way an upload does (hashed, written, verified
-        there); returns its digest. Blocking: run it in the executor."""
-        folder = self.root / model.name
-        entries = []
-        try:
+        """Bring the model's files into the cache the way an upload does; returns its digest.
+
+        Each file is opened through the folder's descriptor, hashed up to the size checked, then
+        copied into an upload from that same file (same inode, size and time, else refused), which
+        hashes what it writes and commits only bytes that match: the cache holds exactly the bytes
+        hashed, from the files checked. Blocking: run it in the executor."""
+        with self._folder(model.name) as folder:
+            hashed: list[tuple[FileEntry, os.stat_result]] = []
             for name in model.files:
-                size, hasher = 0, hashlib.sha256()
-                for block in _blocks(folder / name):
-                    size += len(block)
-                    hasher.update(block)
-                entries.append(FileEntry(name, size, hasher.hexdigest()))
+                with folder.open_file(name) as file:
+                    self._check_total(model.name, sum(e.size for e, _ in hashed) + file.size)
+                    hasher = hashlib.sha256()
+                    for _, block in file.blocks():
+                        hasher.update(block)
+                    hashed.append((FileEntry(name, file.size, hasher.hexdigest()), file.info))
+            entries = [entry for entry, _ in hashed]
             manifest = rknn_pb2.ModelManifest(
                 digest=manifest_digest(entries),
                 files=[rknn_pb2.ModelFile(name=e.name, size=e.size, sha256=e.sha256) for e in entries],
             )
             cached, _ = cache.prepare(manifest)
-            if cached:
-                return manifest.digest
-            upload = cache.begin_upload(manifest, [0] * len(entries))
-            try:
-                for index, name in enumerate(model.files):
-                    offset = 0
-                    for block in _blocks(folder / name):
-                        upload.write(index, offset, block)
-                        offset += len(block)
-                upload.finish()
-            finally:
-                upload.close()
-        except OSError as exc:
-            raise RepositoryError(
-                f"model {model.name!r}: cannot read its files ({exc.strerror or 'not a regular file'})"
-            ) from None
+            if not cached:
+                _copy(folder, manifest, [info for _, info in hashed], cache)
         return manifest.digest
+
+
+def _config_text(folder: Folder) -> str:
+    """config.toml, read through the folder with a bounded read."""
+    with folder.open_file(CONFIG_FILE) as file:
+        return file.read_at_most(MAX_CONFIG_BYTES).decode("utf-8", errors="replace")
+
+
+def _copy(
+    folder: Folder, manifest: rknn_pb2.ModelManifest, hashed: list[os.stat_result], cache: ModelCache
+) -> None:
+    """Write the files just hashed into an upload of `manifest`, refusing any that changed since."""
+    upload = cache.begin_upload(manifest, [0] * len(manifest.files))
+    try:
+        for index, (entry, info) in enumerate(zip(manifest.files, hashed, strict=True)):
+            with folder.open_file(entry.name) as file:
+                if not file.same_as(info):
+                    raise FileChanged(f"{entry.name[:80]!r} changed while it was imported; load it again")
+                for offset, block in file.blocks():
+                    upload.write(index, offset, block)
+        try:
+            upload.finish()
+        except DataLoss:
+            raise FileChanged("its files changed while they were imported; load it again") from None
+    finally:
+        upload.close()
 
 
 __all__ = [

@@ -22,16 +22,24 @@ from rknn_proto import framing, rknn_pb2
 from rknn_proto.messages import reply_bytes_bound
 from rknn_proto.version import MAX_RUN_REPLY_BYTES
 from rknn_server.data_plane import DataPlane
-from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.errors import InvalidInput
 from rknn_server.frames import IncomingFrame, wire_outputs
 from rknn_server.guard import client_identity
+from rknn_server.replies import ReplyRule, ReplyTooLarge
 
 # Frames assembled but not yet running, and frames run but not yet sent (each besides the one in
 # that stage's hands): enough to keep every stage busy, few enough to bound memory.
 QUEUE_FRAMES = 1
-# The most output bytes one unary Run reply carries: what one protobuf message can hold, less room
-# for its header. Larger outputs go by the streaming Inference (the client knows their size).
-MAX_REPLY_BYTES = MAX_RUN_REPLY_BYTES - (1 << 20)
+# One unary Run reply carries what one protobuf message can hold, less room for its header. Larger
+# outputs go by the streaming Inference (the client knows their size).
+RUN_REPLY = ReplyRule(
+    "Run message",
+    MAX_RUN_REPLY_BYTES,
+    "the most one protobuf message holds",
+    "use the streaming Inference",
+    headroom=1 << 20,
+)
+MAX_REPLY_BYTES = RUN_REPLY.most
 
 
 @dataclass
@@ -127,13 +135,14 @@ class Pipeline:
         # From the checked header, not len(inputs[i]): each read of a bytes field copies it.
         traffic.bytes_in = sum([meta.byte_length for meta in header.inputs])
         known = reply_bytes_bound(frame.session.runtime.outputs, header.native_outputs)
-        if known is not None and known > MAX_REPLY_BYTES:
+        try:
+            RUN_REPLY.check_bytes(known or 0)
+        except ReplyTooLarge:
             frame.drop()
-            raise _too_large(known)
+            raise
         done = await self._run(frame)
         traffic.bytes_out = _nbytes(done.wire)
-        if traffic.bytes_out > MAX_REPLY_BYTES:
-            raise _too_large(traffic.bytes_out)
+        RUN_REPLY.check_bytes(traffic.bytes_out)
         return done
 
     # -- Many frames ---------------------------------------------------------------------------
@@ -198,13 +207,6 @@ class Pipeline:
             del item  # its inputs are freed (and their memory budget given back) before the next wait
             await done.put(result)
         await done.put(None)
-
-
-def _too_large(size: int) -> ResourceExhausted:
-    return ResourceExhausted(
-        f"the outputs are {size} bytes, too large for one Run message (at most {MAX_REPLY_BYTES}); "
-        "use the streaming Inference"
-    )
 
 
 def _nbytes(arrays: Sequence[np.ndarray]) -> int:

@@ -1,8 +1,11 @@
-"""In-process: the v2 datatype map, the tensor intake's checks, and the repository's rules for its
-folders and config.toml (hostile content gets a clear error, never a server path)."""
+"""In-process: the v2 datatype map, the tensor intake's checks, the REST reply's encoding, and the
+repository's rules for its folders and config.toml (hostile content gets a clear error, never a
+server path)."""
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 from pathlib import Path
 
@@ -11,9 +14,11 @@ import pytest
 
 from rknn_proto.codec import CodecError, LimitExceeded, TensorLimits
 from rknn_server.errors import InvalidInput, NotFound
-from rknn_server.kserve.datatypes import V2_DTYPES, datatype_of, dtype_of
-from rknn_server.kserve.models import InputTensor, to_array
+from rknn_server.kserve.datatypes import JSON_ELEMENT_BYTES, V2_DTYPES, datatype_of, dtype_of
+from rknn_server.kserve.models import InputTensor, OutputTensor, to_array
 from rknn_server.kserve.repository import ModelRepository, RepositoryError, TensorConfig, parse_config
+from rknn_server.kserve.rest import HEADER_LENGTH, JSON_SLICE, infer_reply
+from rknn_server.memory import MemoryBudget
 
 LIMITS = TensorLimits(max_tensor_bytes=1 << 20, max_rank=4)
 
@@ -55,6 +60,63 @@ def test_shapes_are_checked_against_the_limits_before_anything_is_allocated() ->
         to_array(InputTensor("x", "FP32", (1, 1, 1, 1, 1), raw=b"\0" * 4), LIMITS)
     with pytest.raises(LimitExceeded, match="max_tensor_bytes"):
         to_array(InputTensor("x", "FP32", (1 << 40,), raw=b""), LIMITS)
+
+
+def test_a_shape_beyond_int64_is_refused_naming_it() -> None:
+    for shape in ((10**30,), (2**63,), (2, 2**62), (1, -(2**63) - 1)):
+        with pytest.raises(InvalidInput, match=f"shape \\[{', '.join(map(str, shape))}\\] is no tensor"):
+            to_array(InputTensor("x", "FP32", shape, raw=b""), LIMITS)
+    # Within int64 but over what 8-byte elements can count: still no tensor.
+    with pytest.raises(InvalidInput, match="8 per element"):
+        to_array(InputTensor("x", "FP64", (2**61,), raw=b""), LIMITS)
+
+
+def extremes(datatype: str) -> np.ndarray:
+    """The values of a datatype whose JSON text is longest."""
+    dtype = V2_DTYPES[datatype]
+    if dtype.kind == "b":
+        return np.array([False, True])
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.array([info.min, info.max], dtype)
+    finfo = np.finfo(dtype)
+    values = [finfo.min, finfo.max, -finfo.tiny, -finfo.smallest_subnormal, -finfo.eps, np.nan, -np.inf]
+    return np.array([*values, -0.1234567, -1.2345678e-5], dtype)
+
+
+@pytest.mark.parametrize("datatype", sorted(V2_DTYPES))
+def test_json_element_bytes_bound_what_the_rest_reply_writes(datatype: str) -> None:
+    """The reply rule weighs a JSON reply at these bytes per element before anything is encoded;
+    no element may take more, or a reply the rule let through could outgrow its limit."""
+    values = extremes(datatype)
+    reply = infer_reply("m", "", None, [OutputTensor("y", datatype, values.shape, values)], {"": False})
+    body = json.loads(reply.body)
+    data = json.dumps(body["outputs"][0]["data"], separators=(",", ":"))
+    assert len(data) - 2 <= values.size * JSON_ELEMENT_BYTES[datatype] - 1, data
+
+
+def test_a_rest_reply_is_encoded_in_slices_as_one_body_the_budget_holds() -> None:
+    """JSON written a slice at a time reads back as the whole tensor; binary data follows the JSON
+    header; the memory budget counts the body while the reply exists."""
+    budget = MemoryBudget(0)
+    values = np.arange(JSON_SLICE + 3, dtype=np.float32) / 7
+    raw = np.arange(6, dtype=np.int16).reshape(2, 3)
+    outputs = [OutputTensor("y", "FP32", values.shape, values), OutputTensor("z", "INT16", raw.shape, raw)]
+    reply = infer_reply("m", "", "req-1", outputs, {"": False, "z": True}, budget)
+    assert budget.used == len(reply.body)
+    length = int(dict(reply.headers)[HEADER_LENGTH.title()])
+    header = json.loads(reply.body[:length])
+    assert header["id"] == "req-1" and header["outputs"][0]["data"] == values.tolist()
+    assert header["outputs"][1] == {
+        "name": "z",
+        "datatype": "INT16",
+        "shape": [2, 3],
+        "parameters": {"binary_data_size": 12},
+    }
+    assert reply.body[length:] == raw.tobytes()
+    del reply
+    gc.collect()
+    assert budget.used == 0
 
 
 def test_typed_contents_must_fit_the_datatype() -> None:

@@ -53,13 +53,14 @@ class OpenRequest:
     """What a client asks for when it opens a session (protocol-neutral)."""
 
     digest: str
-    owner: str
+    owner: str  # the caller: the model must be one of its own (uploaded by it) unless `shared`
     reservation: str | None = None  # the caller's reservation token, if it holds the board
     target: str = ""
     perf_debug: bool = False
     eval_mem: bool = False
     core_mask: int = 0
     fallback_prior_device: str = "cpu"
+    shared: bool = False  # a model the caller reaches by a shared name (the model repository's)
 
 
 @dataclass(frozen=True)
@@ -108,14 +109,17 @@ class DataPlane:
             )
 
     async def open(self, request: OpenRequest) -> Session:
-        """Load a cached model into a new session of `request.owner`; on any failure nothing is held."""
+        """Load a cached model into a new session of `request.owner`; on any failure nothing is held.
+        A model the caller may not use is NOT_FOUND, as one that is not cached."""
         self.admit(request.reservation)
         self.check_target(request.target)
         if request.fallback_prior_device not in ("cpu", "gpu"):
             raise InvalidInput(
                 f"fallback_prior_device {request.fallback_prior_device!r} is not allowed; expected 'cpu' or 'gpu'"
             )
-        path = await self.blocking(self.cache.main_file, request.digest)
+        path = await self.blocking(
+            self.cache.main_file, request.digest, None if request.shared else request.owner
+        )
         options = RuntimeOptions(
             target=request.target.lower(),
             perf_debug=request.perf_debug,

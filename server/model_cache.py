@@ -23,6 +23,14 @@ Before a session opens a model its files are checked against their last verifica
 beside them: size, mtime, inode and hash per file, kept across restarts); changed files are hashed
 again. `verify_due` re-hashes models on a schedule and `verify_all` at start-up (--verify-cache):
 a model damaged on disk is removed and reported instead of loaded.
+
+Tenancy: content addressing shares the bytes, never the access. A model belongs to the identities
+that uploaded its bytes (its owners, kept beside it across restarts, cache_records.py); a caller
+named by the methods' `owner` sees it cached, resumes its partial upload and opens it only if it is
+one, and is otherwise told exactly what it would be told of a model that is not there. Someone who
+only knows a digest (or a manifest) gets no shortcut: PrepareUpload says "not cached, nothing
+held" and the upload takes every byte, after which the uploader is an owner too. `owner=None` is the
+daemon itself (the model repository, which shares its models by name): no owner is checked or made.
 """
 
 from __future__ import annotations
@@ -49,7 +57,16 @@ from rknn_proto.manifest import (
     valid_file_name,
 )
 from rknn_proto.reasons import Reason
-from rknn_server.cache_records import FileStamp, Record, read_record, stamp_of, write_record
+from rknn_server.cache_records import (
+    OWNERS_FILE,
+    FileStamp,
+    Record,
+    read_owners,
+    read_record,
+    stamp_of,
+    write_owners,
+    write_record,
+)
 from rknn_server.durability import Syncer, sync_path
 from rknn_server.errors import (
     Aborted,
@@ -58,7 +75,7 @@ from rknn_server.errors import (
     NotFound,
     ResourceExhausted,
 )
-from rknn_server.uploads import Claim, Upload
+from rknn_server.uploads import UPLOADER_MARKER, Claim, Upload
 
 log = structlog.get_logger("rknn_server.cache")
 # Names the main file of a complete model; a dot name, so no model file can collide with it.
@@ -154,7 +171,7 @@ class ModelCache:
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()
         self._claims: dict[str, Claim] = {}
-        self._damaged: dict[str, float] = {}  # digest -> when found damaged and removed
+        self._damaged: dict[str, tuple[str, ...]] = {}  # digest -> its owners, when removed as damaged
         self._arrived: dict[str, Record] = {}  # committed, not yet durable: what was verified on arrival
         self._syncer = Syncer()
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -187,27 +204,62 @@ class ModelCache:
     def has(self, digest: str) -> bool:
         return (self.model_dir(digest) / MAIN_FILE_MARKER).is_file()
 
-    def prepare(self, manifest: rknn_pb2.ModelManifest) -> tuple[bool, list[int]]:
-        """(cached, held bytes per file) for a model about to be uploaded."""
+    def may_use(self, digest: str, owner: str | None) -> bool:
+        """Whether the model is cached and `owner` may use it by digest (None: the daemon itself)."""
+        if not (valid_digest(digest) and self.has(digest)):
+            return False
+        return owner is None or owner in read_owners(self.model_dir(digest))
+
+    def grant(self, digest: str, owner: str) -> None:
+        """Make `owner` an owner of a cached model: only once it proved it has the bytes."""
+        folder = self.model_dir(digest)
+        with self._lock:
+            if not self.has(digest):
+                raise self._not_cached(digest)
+            owners = read_owners(folder)
+            if owner in owners:
+                return
+            sync_path(write_owners(folder, (*owners, owner)))
+            sync_path(folder)
+        log.info("model_owner_added", digest=digest[:12], owner=owner)
+
+    def prepare(self, manifest: rknn_pb2.ModelManifest, owner: str | None = None) -> tuple[bool, list[int]]:
+        """(cached, held bytes per file) for a model about to be uploaded by `owner`: cached only for
+        an owner, held only for the one who began the partial upload (anyone else sends every byte)."""
         validate_manifest(manifest, self.limits)
-        if self.has(manifest.digest):
+        if self.may_use(manifest.digest, owner):
             with self._lock:
                 self.stats.hits += 1
             self.touch(manifest.digest)
             return True, [0] * len(manifest.files)
         self.expire_partials()
         partial = self.partial_dir(manifest.digest)
+        if not self._began(partial, owner):
+            return False, [0] * len(manifest.files)
         held = []
         for f in manifest.files:
             path = partial / f.name
             held.append(min(path.stat().st_size, f.size) if path.is_file() else 0)
         return False, held
 
-    def begin_upload(self, manifest: rknn_pb2.ModelManifest, start_offsets: list[int]) -> Upload:
-        """Claim the model for this upload and reserve its room in the quota and on the disk.
+    @staticmethod
+    def _began(partial: Path, owner: str | None) -> bool:
+        """Whether `owner` began the partial upload in `partial` (the daemon itself may resume any)."""
+        if owner is None:
+            return True
+        try:
+            return (partial / UPLOADER_MARKER).read_text() == owner
+        except OSError:
+            return False
 
-        A concurrent upload, a cache hit or bytes that vanished since PrepareUpload is ABORTED (the
-        client asks again); no room is RESOURCE_EXHAUSTED."""
+    def begin_upload(
+        self, manifest: rknn_pb2.ModelManifest, start_offsets: list[int], owner: str | None = None
+    ) -> Upload:
+        """Claim the model for `owner`'s upload and reserve its room in the quota and on the disk.
+
+        A concurrent upload, a cache hit (for an owner) or bytes that vanished since PrepareUpload is
+        ABORTED (the client asks again); no room is RESOURCE_EXHAUSTED. A model cached for others only
+        is uploaded in full, which makes `owner` an owner too."""
         validate_manifest(manifest, self.limits)
         digest = manifest.digest
         claim = Claim(declared=sum(f.size for f in manifest.files))
@@ -218,7 +270,7 @@ class ModelCache:
                 )
             self._claims[digest] = claim
         try:
-            cached, held = self.prepare(manifest)
+            cached, held = self.prepare(manifest, owner)
             if cached:
                 raise Aborted(
                     f"model {digest} is already cached; call PrepareUpload again: no upload is needed"
@@ -240,7 +292,7 @@ class ModelCache:
                 )
             claim.on_disk = sum(held)
             self._make_room(digest)
-            return Upload(self, manifest, list(start_offsets), claim)
+            return Upload(self, manifest, list(start_offsets), claim, owner)
         except BaseException:
             self.end_upload(digest)
             raise
@@ -249,8 +301,9 @@ class ModelCache:
         with self._lock:
             self._claims.pop(digest, None)
 
-    def commit(self, manifest: rknn_pb2.ModelManifest) -> Path:
-        """Move a verified upload into the store (its room was reserved when it began)."""
+    def commit(self, manifest: rknn_pb2.ModelManifest, owner: str | None = None) -> Path:
+        """Move a verified upload into the store (its room was reserved when it began); `owner`, who
+        sent its bytes, is an owner of it from now on."""
         partial = self.partial_dir(manifest.digest)
         staging = self.root / "staging" / manifest.digest
         shutil.rmtree(staging, ignore_errors=True)
@@ -265,6 +318,7 @@ class ModelCache:
                 os.replace(src, staging / f.name)
                 stamps.append(FileStamp(*stamp_of(staging / f.name), f.sha256))
             (staging / MAIN_FILE_MARKER).write_text(manifest.files[0].name)
+            write_owners(staging, () if owner is None else (owner,))
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(partial, ignore_errors=True)
@@ -272,6 +326,8 @@ class ModelCache:
         target = self.model_dir(manifest.digest)
         if target.exists():
             shutil.rmtree(staging)
+            if owner is not None:
+                self.grant(manifest.digest, owner)
         else:
             os.replace(staging, target)
             record = Record(time.time(), tuple(stamps))
@@ -295,6 +351,7 @@ class ModelCache:
             for path in (
                 *(folder / f.name for f in record.files),
                 folder / MAIN_FILE_MARKER,
+                folder / OWNERS_FILE,
                 folder,
                 folder.parent,
             ):
@@ -326,13 +383,13 @@ class ModelCache:
         """Make durable the models committed so far (at a clean stop)."""
         self._syncer.close()
 
-    def store_bytes(self, name: str, data: bytes) -> str:
-        """Cache a one-file model received whole (as an upload of it would) and return its digest: for
-        protocols that carry the model in one message (the RKNN-Toolkit2 listener)."""
+    def store_bytes(self, name: str, data: bytes, owner: str | None = None) -> str:
+        """Cache a one-file model received whole (as an upload of it would, `owner` its uploader) and
+        return its digest."""
         manifest = one_file_manifest(name, data)
-        cached, _ = self.prepare(manifest)
+        cached, _ = self.prepare(manifest, owner)
         if not cached:
-            upload = self.begin_upload(manifest, [0])
+            upload = self.begin_upload(manifest, [0], owner)
             try:
                 upload.write(0, 0, data)
                 upload.finish()
@@ -340,24 +397,43 @@ class ModelCache:
                 upload.close()
         return manifest.digest
 
-    def main_file(self, digest: str) -> Path:
-        """The main file of a cached model (marks it recently used)."""
+    def adopt(self, manifest: rknn_pb2.ModelManifest, path: Path, owner: str) -> None:
+        """Take a one-file model the daemon received whole (its bytes at `path`, moved, not copied) as
+        `owner`'s upload of it: verified and committed, or, cached already, `owner` becomes an owner."""
+        if self.prepare(manifest, owner)[0]:
+            return
+        upload = self.begin_upload(manifest, [0] * len(manifest.files), owner)
+        try:
+            upload.adopt(path)
+            upload.finish()
+        finally:
+            upload.close()
+
+    def main_file(self, digest: str, owner: str | None = None) -> Path:
+        """The main file of a cached model `owner` may use (marks it recently used); to anyone else
+        the model is as absent as one never uploaded."""
         if not valid_digest(digest):
             raise InvalidInput(f"model digest {digest[:80]!r} is not 64 lower-case hex characters")
+        if not self.may_use(digest, owner):
+            raise self._not_cached(digest, owner)
         marker = self.model_dir(digest) / MAIN_FILE_MARKER
-        if not marker.is_file():
-            if digest in self._damaged:
-                raise NotFound(
-                    f"model {digest} was removed from the daemon's cache because its files were damaged "
-                    "(they no longer hashed to its digest); upload it again",
-                    reason=Reason.MODEL_NOT_CACHED,
-                )
-            raise NotFound(
-                f"model {digest} is not in the daemon's cache; upload it first",
-                reason=Reason.MODEL_NOT_CACHED,
-            )
         self.touch(digest)
         return marker.parent / marker.read_text()
+
+    def _not_cached(self, digest: str, owner: str | None = None) -> NotFound:
+        """What a caller hears of a model it may not use or that is not there: why it is gone only
+        when it was one of the owners of a model removed as damaged."""
+        owners = self._damaged.get(digest)
+        if owners is not None and (owner is None or owner in owners):
+            return NotFound(
+                f"model {digest} was removed from the daemon's cache because its files were damaged "
+                "(they no longer hashed to its digest); upload it again",
+                reason=Reason.MODEL_NOT_CACHED,
+            )
+        return NotFound(
+            f"model {digest} is not in the daemon's cache; upload it first",
+            reason=Reason.MODEL_NOT_CACHED,
+        )
 
     def verify(self, digest: str, rehash: bool = False) -> None:
         """Check a cached model's files against its digest; remove it (DATA_LOSS) if damaged.
@@ -384,10 +460,7 @@ class ModelCache:
             hashes = [file_sha256(p) for p in paths]
         except OSError:
             if not folder.exists():
-                raise NotFound(
-                    f"model {digest} is not in the daemon's cache; upload it first",
-                    reason=Reason.MODEL_NOT_CACHED,
-                ) from None
+                raise self._not_cached(digest) from None
             hashes = []
         entries = [FileEntry(name, size, h) for (name, size, _, _), h in zip(stamps, hashes, strict=False)]
         intact = bool(hashes) and manifest_digest(entries) == digest
@@ -413,9 +486,10 @@ class ModelCache:
         )
 
     def _remove_damaged(self, digest: str) -> None:
+        owners = read_owners(self.model_dir(digest))
         shutil.rmtree(self.model_dir(digest), ignore_errors=True)
         with self._lock:
-            self._damaged[digest] = time.time()
+            self._damaged[digest] = owners
             while len(self._damaged) > _DAMAGED_REMEMBERED:
                 del self._damaged[next(iter(self._damaged))]
         log.error("model_damaged", digest=digest, action="removed; clients must upload it again")

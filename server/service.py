@@ -179,7 +179,10 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     async def PrepareUpload(
         self, request: rknn_pb2.PrepareUploadRequest, context: grpc.aio.ServicerContext
     ) -> rknn_pb2.PrepareUploadResponse:
-        cached, held = await self.plane.blocking(self.plane.cache.prepare, request.manifest)
+        # Cached and held bytes are the caller's own: to others a model is not there (model_cache.py).
+        cached, held = await self.plane.blocking(
+            self.plane.cache.prepare, request.manifest, client_identity()
+        )
         return rknn_pb2.PrepareUploadResponse(cached=cached, held_bytes=held)
 
     async def UploadModel(
@@ -198,6 +201,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             self.plane.cache.begin_upload,
             header.manifest,
             list(header.start_offsets),
+            client_identity(),
         )
         try:
             upload: Upload = await asyncio.shield(step)

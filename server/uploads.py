@@ -7,6 +7,7 @@ call, in the upload's write thread) and hashes those same views meanwhile (hashl
 for them), so that receiving, hashing and writing overlap instead of taking turns, and every byte is
 hashed once and copied by nobody but the kernel. A file is created by its first bytes, never from the
 header; resuming re-hashes the bytes already held; a full disk discards this upload's bytes and says so.
+The uploader (`owner`) becomes an owner of the model once every byte verified (model_cache.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ _HASH_READ_BYTES = 1 << 20
 # Chunks are gathered into blocks this large before they are hashed and written: few large writes
 # (whole pages, one system call per block) and one executor hop per block rather than per chunk.
 BLOCK_BYTES = 4 << 20
+# Names, in a partial upload's folder, the identity whose bytes it holds (only it may resume them).
+UPLOADER_MARKER = ".uploader"
 # A block is also stored once it holds this many chunks: a client sending tiny chunks must not pile
 # up millions of objects.
 BLOCK_PARTS = 1024
@@ -58,11 +62,17 @@ class Upload:
     Each file is opened by its first chunk. Resuming re-hashes the bytes already held."""
 
     def __init__(
-        self, cache: ModelCache, manifest: rknn_pb2.ModelManifest, start_offsets: list[int], claim: Claim
+        self,
+        cache: ModelCache,
+        manifest: rknn_pb2.ModelManifest,
+        start_offsets: list[int],
+        claim: Claim,
+        owner: str | None = None,
     ) -> None:
         self._cache = cache
         self._claim = claim
         self.manifest = manifest
+        self.owner = owner
         self._dir = cache.partial_dir(manifest.digest)
         self._hashers = []
         self._accepted = []  # bytes checked and taken per file, on disk or in the block
@@ -80,6 +90,7 @@ class Upload:
         self._writers: dict[int, BlockWriter] = {}  # files in progress only: a complete one is closed
         self._queue = WriteQueue()
         self._discarded = False  # the partial files are gone: nothing more is stored
+        self._marked = False  # the folder names this upload's owner (done with the first bytes)
         self.received_bytes = 0
 
     @staticmethod
@@ -117,6 +128,20 @@ class Upload:
         self._block.size += len(data)
         full = self._block.size >= BLOCK_BYTES or len(self._block.parts) >= BLOCK_PARTS
         return self.take() if full else None
+
+    def adopt(self, path: Path) -> None:
+        """Take a whole one-file model received elsewhere as this upload's bytes: moved into place,
+        not copied, and hashed again (`finish` then verifies and commits it)."""
+        (f,) = self.manifest.files
+        if self._accepted[0] or self._block.size:
+            raise InvalidInput(f"{f.name!r} already has bytes in this upload; a whole file is adopted alone")
+        target = self._dir / f.name
+        with self._disk_errors():
+            self._open_dir()
+            os.replace(path, target)
+            self._rehash(target, f.size, self._hashers[0], f.name)
+        self._accepted[0] = self._written[0] = f.size
+        self._claim.on_disk += f.size
 
     def take(self) -> Block:
         """The chunks gathered so far, handed over for `store`."""
@@ -164,10 +189,17 @@ class Upload:
     def _writer(self, file_index: int) -> BlockWriter:
         writer = self._writers.get(file_index)
         if writer is None:
-            self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._open_dir()
             path = self._dir / self.manifest.files[file_index].name
             writer = self._writers[file_index] = BlockWriter(path, self._written[file_index], self._queue)
         return writer
+
+    def _open_dir(self) -> None:
+        """Make the partial folder for bytes about to land, naming whose they are."""
+        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self._marked:
+            (self._dir / UPLOADER_MARKER).write_text(self.owner or "")
+            self._marked = True
 
     def write(self, file_index: int, offset: int, data: bytes) -> None:
         """`accept` and, once a block is full, `store`: the whole path in the calling thread."""
@@ -193,7 +225,7 @@ class Upload:
                     f"bytes of {f.name!r} hash to {actual}, not the declared sha256 {f.sha256}; "
                     "the partial upload was discarded"
                 )
-        return self._cache.commit(self.manifest)
+        return self._cache.commit(self.manifest, self.owner)
 
     def _discard(self) -> None:
         self._discarded = True

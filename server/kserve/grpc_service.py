@@ -19,11 +19,11 @@ from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
 from rknn_proto.kserve import model_config_pb2 as config_pb
 from rknn_proto.version import MAX_MESSAGE_BYTES
-from rknn_server.errors import InvalidInput, ResourceExhausted
+from rknn_server.errors import InvalidInput
 from rknn_server.guard import client_identity, current_call
+from rknn_server.kserve.datatypes import reply_sizes
 from rknn_server.kserve.models import VERSION, InputTensor, Model, ModelMetadata, TensorMetadata, V2Models
-
-REPLY_HEADROOM_BYTES = 64 << 10  # the reply's names, shapes and framing besides the output bytes
+from rknn_server.replies import ReplyRule
 
 # The InferTensorContents field that carries each datatype's elements.
 CONTENTS_FIELD = {
@@ -132,9 +132,18 @@ def statistics_response(models: Sequence[Model]) -> pb.ModelStatisticsResponse:
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, models: V2Models, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self, models: V2Models, ready: Callable[[], bool], max_message_bytes: int = MAX_MESSAGE_BYTES
+    ) -> None:
         self.models = models
         self.ready = ready
+        self.reply = ReplyRule(
+            "v2 gRPC reply",
+            max_message_bytes,
+            f"--max-message-bytes {max_message_bytes}",
+            "ask for fewer outputs, raise --max-message-bytes, or use rknn.v1's streaming Inference",
+            models.plane.frame_memory,
+        )
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
@@ -149,7 +158,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.models.ready(request.name, request.version))
+        return pb.ModelReadyResponse(
+            ready=self.models.ready(request.name, request.version, client_identity())
+        )
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
@@ -170,26 +181,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
-        return statistics_response(self.models.statistics(request.name, request.version))
+        return statistics_response(self.models.statistics(request.name, request.version, client_identity()))
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         call = current_call()
         call.bytes_in = sum(len(raw) for raw in request.raw_input_contents)
+        inputs, owner = decode_inputs(request), client_identity()
+        requested = [o.name for o in request.outputs]
+        # Before compute, from the model's output shapes; then whatever they came to.
+        meta = await self.models.metadata(request.model_name, request.model_version, owner)
+        self.reply.check(reply_sizes(meta.outputs, requested), len(request.id))
         model, outputs = await self.models.infer(
-            request.model_name,
-            request.model_version,
-            client_identity(),
-            decode_inputs(request),
-            [o.name for o in request.outputs],
+            request.model_name, request.model_version, owner, inputs, requested
         )
+        self.reply.check(reply_sizes(outputs), len(request.id))
         call.bytes_out = sum(o.array.nbytes for o in outputs)
-        if call.bytes_out > MAX_MESSAGE_BYTES - REPLY_HEADROOM_BYTES:
-            raise ResourceExhausted(
-                f"the outputs are {call.bytes_out} bytes, over the {MAX_MESSAGE_BYTES} bytes of one gRPC "
-                "reply; ask for fewer outputs, or use rknn.v1's streaming Inference"
-            )
         raw = [o.array.tobytes() for o in outputs]
         return pb.ModelInferResponse(
             model_name=model.name,
@@ -210,20 +218,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 pb.RepositoryIndexResponse.ModelIndex(
                     name=e.name, version=e.version, state=e.state, reason=e.reason
                 )
-                for e in self.models.index(request.ready)
+                for e in self.models.index(request.ready, client_identity())
             ]
         )
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
-        await self.models.load(request.model_name)
+        await self.models.load(request.model_name, client_identity())
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
-        await self.models.unload(request.model_name)
+        await self.models.unload(request.model_name, client_identity())
         return pb.RepositoryModelUnloadResponse()
 
 

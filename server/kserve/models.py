@@ -7,6 +7,11 @@ rknn.v1's: each caller gets a session per model, opened on first use and kept in
 (bounded; the data plane's idle reaper may still close one, which is then opened again), closed when
 its model is unloaded. Inputs are checked once (names, datatypes, shapes, byte counts, the tensor
 limits) and then go through the same frame intake as rknn.v1 (`frames.take_arrays`).
+
+Tenancy: repository models are shared by name, with every caller; a model uploaded through rknn.v1
+is its owners' only (model_cache.py): every call takes the caller's identity, and to anyone else
+such a model is as unknown as a digest never uploaded (the index leaves it out, it is not ready,
+everything else is NOT_FOUND). Its statistics and sessions are each owner's own.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
 from rknn_server.frames import Declared, take_arrays, wire_outputs
-from rknn_server.kserve.datatypes import datatype_of, dtype_of
+from rknn_server.kserve.datatypes import checked_shape, datatype_of, dtype_of
 from rknn_server.kserve.repository import ModelConfig, ModelRepository, TensorConfig
 from rknn_server.sessions import Session
 
@@ -126,6 +131,7 @@ class Model:
     inputs: tuple[TensorAttr, ...] = ()
     outputs: tuple[TensorAttr, ...] = ()
     stats: InferenceStats = field(default_factory=InferenceStats)
+    shared: bool = False  # a repository model, for every caller (else one owner's view of an upload)
 
     def input_names(self) -> list[str]:
         return _names(self.inputs, self.config.inputs)
@@ -192,8 +198,9 @@ class SessionCache:
         self._ids.move_to_end(key)
         return session
 
-    async def get(self, digest: str, owner: str) -> tuple[Session, bool]:
-        """The caller's session of the model, and whether it was opened now."""
+    async def get(self, digest: str, owner: str, shared: bool) -> tuple[Session, bool]:
+        """The caller's session of the model (`shared`: by a repository name), and whether it was
+        opened now."""
         key = (digest, owner)
         session = self._cached(key)
         if session is not None and not session.broken:
@@ -208,7 +215,7 @@ class SessionCache:
                     return session, False
                 while len(self._ids) >= self.capacity:
                     await self._close(next(iter(self._ids)))
-                session = await self.plane.open(OpenRequest(digest=digest, owner=owner))
+                session = await self.plane.open(OpenRequest(digest=digest, owner=owner, shared=shared))
                 self._ids[key] = session.id
                 return session, True
         finally:
@@ -221,9 +228,9 @@ class SessionCache:
             with contextlib.suppress(ServiceError):  # already closed by the reaper
                 await self.plane.close(session_id, key[1])
 
-    async def drop(self, digest: str) -> int:
-        """Close every cached session of a model; how many there were."""
-        keys = [key for key in self._ids if key[0] == digest]
+    async def drop(self, digest: str, owner: str | None = None) -> int:
+        """Close the cached sessions of a model (`owner`'s only, if named); how many there were."""
+        keys = [key for key in self._ids if key[0] == digest and owner in (None, key[1])]
         for key in keys:
             await self._close(key)
         return len(keys)
@@ -240,47 +247,53 @@ class V2Models:
         self.sessions = SessionCache(plane, max_cached_sessions)
         self._loaded: dict[str, Model] = {}  # repository models that are ready
         self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
-        self._uploaded: OrderedDict[str, Model] = OrderedDict()  # digest models seen, bounded
+        # (digest, owner) -> that owner's view of an uploaded model, bounded
+        self._uploaded: OrderedDict[tuple[str, str], Model] = OrderedDict()
 
     # -- Lookup --------------------------------------------------------------------------------
 
-    def resolve(self, name: str, version: str = "") -> Model:
-        """The model `name` (and `version`, "" or "1"); NOT_FOUND or UNAVAILABLE with the reason."""
+    def resolve(self, name: str, version: str, owner: str) -> Model:
+        """The model `name` (and `version`, "" or "1") as `owner` may use it; NOT_FOUND or UNAVAILABLE
+        with the reason."""
         model = self._loaded.get(name)
         if model is None:
             if name in self._unavailable:
                 raise ModelUnavailable(f"model {name!r} is not ready: {self._unavailable[name]}")
-            model = self._uploaded_model(name)
+            model = self._uploaded_model(name, owner)
         if version not in ("", VERSION):
             raise NotFound(f"model {name!r} has no version {version[:32]!r}; its only version is {VERSION!r}")
         return model
 
-    def _uploaded_model(self, name: str) -> Model:
-        if not (valid_digest(name) and self.plane.cache.has(name)):
+    def _uploaded_model(self, name: str, owner: str) -> Model:
+        """`owner`'s view of the uploaded model `name`; NOT_FOUND, the same for a model that is not
+        there and one that is someone else's."""
+        if not self.plane.cache.may_use(name, owner):
             known = ", ".join(sorted(self._loaded)[:10]) or "none"
             raise NotFound(
                 f"unknown model {name[:80]!r}; the repository's ready models are: {known}, and a model uploaded "
                 "through rknn.v1 is addressed by its digest (64 hex characters)"
             )
-        model = self._uploaded.get(name)
+        key = (name, owner)
+        model = self._uploaded.get(key)
         if model is None:
-            suffix = "." + self.plane.cache.main_file(name).name.rpartition(".")[2]
+            suffix = "." + self.plane.cache.main_file(name, owner).name.rpartition(".")[2]
             model = Model(name, name, _PLATFORMS.get(suffix, self.plane.backend.name))
-            self._uploaded[name] = model
+            self._uploaded[key] = model
             while len(self._uploaded) > 256:
                 self._uploaded.popitem(last=False)
-        self._uploaded.move_to_end(name)
+        self._uploaded.move_to_end(key)
         return model
 
-    def ready(self, name: str, version: str = "") -> bool:
+    def ready(self, name: str, version: str, owner: str) -> bool:
         try:
-            self.resolve(name, version)
+            self.resolve(name, version, owner)
         except ServiceError:
             return False
         return True
 
-    def index(self, ready_only: bool) -> list[IndexEntry]:
-        """Every repository folder with its state, then the uploaded models (ready: they are cached)."""
+    def index(self, ready_only: bool, owner: str) -> list[IndexEntry]:
+        """Every repository folder with its state, then the uploaded models `owner` may use (ready:
+        they are cached)."""
         names = set(self._loaded) | set(self._unavailable)
         if self.repository is not None:
             names |= set(self.repository.names())
@@ -290,24 +303,31 @@ class V2Models:
             else IndexEntry(name, VERSION, "UNAVAILABLE", self._unavailable.get(name, "not loaded"))
             for name in sorted(names)
         ]
-        entries += [IndexEntry(digest, VERSION, "READY") for digest in self.plane.cache.cached_digests()]
+        entries += [
+            IndexEntry(digest, VERSION, "READY")
+            for digest in self.plane.cache.cached_digests()
+            if self.plane.cache.may_use(digest, owner)
+        ]
         return [e for e in entries if e.state == "READY" or not ready_only]
 
     # -- Load and unload -------------------------------------------------------------------------
 
-    async def load(self, name: str) -> Model:
-        """(Re)load a repository model: read its folder, bring it into the cache, open it once to check it."""
+    async def load(self, name: str, owner: str) -> Model:
+        """(Re)load a repository model (anyone may: it is shared): read its folder, bring it into the
+        cache, open it once to check it. Without a repository, `owner`'s uploaded model is just found."""
         if self.repository is None:
             if valid_digest(name):
-                return self.resolve(name)
+                return self.resolve(name, "", owner)
             raise NotFound("this daemon has no model repository (--model-repository)")
         repository = self.repository
         try:
             folder = repository.read(name)
             digest = await self.plane.blocking(repository.import_into, folder, self.plane.cache)
             suffix = "." + folder.files[0].rpartition(".")[2]
-            model = Model(name, digest, _PLATFORMS.get(suffix, self.plane.backend.name), folder.config)
-            probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER))
+            model = Model(
+                name, digest, _PLATFORMS.get(suffix, self.plane.backend.name), folder.config, shared=True
+            )
+            probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER, shared=True))
             try:
                 model.learn(probe)
             finally:
@@ -331,14 +351,15 @@ class V2Models:
         """Load every repository model (start-up); a model that fails is UNAVAILABLE, with the reason."""
         for name in self.repository.names() if self.repository else []:
             with contextlib.suppress(Exception):  # logged, and kept as the model's state
-                await self.load(name)
+                await self.load(name, REPOSITORY_OWNER)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, owner: str) -> None:
+        """Unload a repository model (for everyone), or close `owner`'s own sessions of its uploaded
+        model (other owners' stay)."""
         if name not in self._loaded and name not in self._unavailable:
-            if valid_digest(name) and self.plane.cache.has(name):
-                await self.sessions.drop(name)
-                return
-            self.resolve(name)  # raises NOT_FOUND with the known names
+            self.resolve(name, "", owner)  # raises NOT_FOUND with the known names
+            await self.sessions.drop(name, owner)
+            return
         await self._drop_old(name)
         self._unload(name, "unloaded")
 
@@ -355,14 +376,14 @@ class V2Models:
 
     async def _session(self, model: Model, owner: str) -> Session:
         if not self.plane.cache.has(model.digest) and model.name in self._loaded:
-            await self.load(model.name)  # evicted from the cache: bring it in again
-        session, opened = await self.sessions.get(model.digest, owner)
+            await self.load(model.name, owner)  # evicted from the cache: bring it in again
+        session, opened = await self.sessions.get(model.digest, owner, model.shared)
         if opened or not model.inputs:
             model.learn(session)
         return session
 
     async def metadata(self, name: str, version: str, owner: str) -> ModelMetadata:
-        model = self.resolve(name, version)
+        model = self.resolve(name, version, owner)
         if not model.inputs:
             await self._session(model, owner)
         inputs = tuple(
@@ -379,7 +400,7 @@ class V2Models:
         self, name: str, version: str, owner: str, inputs: Sequence[InputTensor], requested: Sequence[str]
     ) -> tuple[Model, list[OutputTensor]]:
         """Run one request; the outputs named in `requested` (all when empty), in the model's order."""
-        model = self.resolve(name, version)
+        model = self.resolve(name, version, owner)
         started = time.perf_counter_ns()
         try:
             outputs = await self._infer(model, owner, inputs, requested)
@@ -437,11 +458,16 @@ class V2Models:
             declared.append(Declared(array.dtype, tuple(array.shape), model.input_layout(index)))
         return arrays, declared
 
-    def statistics(self, name: str, version: str) -> list[Model]:
-        """The model `name` for its statistics, or every ready model when `name` is empty."""
+    def statistics(self, name: str, version: str, owner: str) -> list[Model]:
+        """The model `name` for its statistics, or every ready model `owner` may use when `name` is empty."""
         if name:
-            return [self.resolve(name, version)]
-        return [*self._loaded.values(), *self._uploaded.values()]
+            return [self.resolve(name, version, owner)]
+        mine = [
+            m
+            for (digest, o), m in self._uploaded.items()
+            if o == owner and self.plane.cache.may_use(digest, o)
+        ]
+        return [*self._loaded.values(), *mine]
 
     def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
         return SERVER_NAME, __version__, EXTENSIONS
@@ -451,7 +477,7 @@ def to_array(tensor: InputTensor, limits: codec.TensorLimits) -> np.ndarray:
     """An input's array, after its datatype, its shape (the tensor limits) and its byte count are checked."""
     what = f"input {tensor.name!r}"
     dtype = dtype_of(tensor.datatype, what)
-    shape = tuple(int(d) for d in tensor.shape)
+    shape = checked_shape(tensor.shape, dtype, what)
     count = math.prod(shape) if all(d >= 0 for d in shape) else 0
     codec.check_meta(
         rknn_pb2.TensorMeta(

@@ -14,22 +14,28 @@ An inference body is a JSON header, optionally followed by the binary data of in
 `parameters.binary_data_size` says how many bytes each takes (in input order), in which case the
 `Inference-Header-Content-Length` header gives the JSON's length. Outputs come back as JSON `data`,
 or as binary data after the JSON when the request asks (`binary_data_output`, or an output's
-`binary_data`). Errors are `{"error": "..."}` with an HTTP status that matches the gRPC code.
+`binary_data`). A reply is held to --max-message-bytes and the memory budget (server/replies.py),
+JSON weighed at what its text can take (many times the tensor's bytes), before compute where the
+model says its outputs' shapes; a reply too large is a 413 saying to ask for binary data.
+Errors are `{"error": "..."}` with an HTTP status that matches the gRPC code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 
+from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server.calls import Call, Recorder
 from rknn_server.errors import InvalidInput, status_of
 from rknn_server.http_endpoint import Reply, Request
+from rknn_server.kserve.datatypes import reply_sizes
 from rknn_server.kserve.models import (
     VERSION,
     InputTensor,
@@ -39,6 +45,8 @@ from rknn_server.kserve.models import (
     TensorMetadata,
     V2Models,
 )
+from rknn_server.memory import MemoryBudget
+from rknn_server.replies import ReplyRule, ReplyTooLarge, Sized
 
 JSON = "application/json"
 HEADER_LENGTH = "inference-header-content-length"
@@ -54,15 +62,33 @@ _HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
+JSON_SLICE = 1 << 16  # elements written as JSON at a time: one slice's text is in memory, not a tensor's
+BINARY_ADVICE = (
+    'ask for the outputs as binary data ("parameters": {"binary_data": true} on an output, or '
+    '{"binary_data_output": true} on the request), for fewer outputs, or use gRPC'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldReply(Reply):
+    """A reply whose body the memory budget counts while it exists."""
+
+    held: object = None
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _json(status: int, value: object, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
-    return Reply(status, JSON, json.dumps(value, separators=(",", ":")).encode(), headers)
+    return Reply(status, JSON, _dumps(value), headers)
 
 
 def error_reply(exc: BaseException) -> Reply:
     code, message = status_of(exc)
-    return _json(_HTTP_STATUS.get(code, 500), {"error": message})
+    # Too large for any retry: not 429, which says to retry later.
+    status = 413 if isinstance(exc, ReplyTooLarge) else _HTTP_STATUS.get(code, 500)
+    return _json(status, {"error": message})
 
 
 def _tensors(items: Sequence[TensorMetadata]) -> list[dict[str, object]]:
@@ -217,40 +243,77 @@ def _wanted_binary(header: Mapping[str, Any]) -> tuple[list[str], dict[str, bool
     return names, binary
 
 
+def _echoed_id(request_id: object) -> bytes:
+    """The reply's `"id"` member: the request's id echoed, when it has one."""
+    return b',"id":' + _dumps(request_id) if isinstance(request_id, str) and request_id else b""
+
+
+def _json_data(array: np.ndarray) -> Iterator[bytes]:
+    """An array's elements as a JSON array's text, a slice at a time (as `tolist` writes them)."""
+    flat = array.reshape(-1)
+    yield b"["
+    for start in range(0, flat.size, JSON_SLICE):
+        text = _dumps(flat[start : start + JSON_SLICE].tolist())[1:-1]
+        yield text if start == 0 else b"," + text
+    yield b"]"
+
+
+def _as_bytes(array: np.ndarray) -> memoryview:
+    return np.ascontiguousarray(array).data.cast("B")
+
+
 def infer_reply(
-    name: str, version: str, request_id: object, outputs: Sequence[OutputTensor], binary: Mapping[str, bool]
+    name: str,
+    version: str,
+    request_id: object,
+    outputs: Sequence[OutputTensor],
+    binary: Mapping[str, bool],
+    budget: MemoryBudget | None = None,
 ) -> Reply:
-    entries, blobs = [], []
-    for output in outputs:
-        entry: dict[str, object] = {
-            "name": output.name,
-            "datatype": output.datatype,
-            "shape": list(output.shape),
-        }
+    """The reply's body, written once: the JSON header (with the `data` of JSON outputs), then the
+    binary data of the others straight from their arrays; `budget` counts it while it exists."""
+    head = [_dumps({"model_name": name, "model_version": version or "1"})[:-1], b',"outputs":[']
+    blobs = []
+    for index, output in enumerate(outputs):
+        entry = _dumps({"name": output.name, "datatype": output.datatype, "shape": list(output.shape)})
+        head.append(b"," if index else b"")
         if binary.get(output.name, binary[""]):
-            data = output.array.tobytes()
-            entry["parameters"] = {"binary_data_size": len(data)}
-            blobs.append(data)
+            blobs.append(_as_bytes(output.array))
+            head.append(
+                entry[:-1] + b',"parameters":' + _dumps({"binary_data_size": blobs[-1].nbytes}) + b"}"
+            )
         else:
-            entry["data"] = output.array.ravel().tolist()
-        entries.append(entry)
-    body: dict[str, object] = {"model_name": name, "model_version": version or "1", "outputs": entries}
-    if isinstance(request_id, str) and request_id:
-        body["id"] = request_id
-    head = json.dumps(body, separators=(",", ":")).encode()
+            head += [entry[:-1], b',"data":', *_json_data(output.array), b"}"]
+    head += [b"]", _echoed_id(request_id), b"}"]
+    length = sum(len(piece) for piece in head)
+    body = b"".join([*head, *blobs])
+    held = np.frombuffer(body, np.uint8)
+    if budget is not None:
+        budget.hold([held], "the reply")
     if not blobs:
-        return Reply(200, JSON, head)
-    return Reply(
-        200, "application/octet-stream", head + b"".join(blobs), ((HEADER_LENGTH.title(), str(len(head))),)
+        return HeldReply(200, JSON, body, held=held)
+    return HeldReply(
+        200, "application/octet-stream", body, ((HEADER_LENGTH.title(), str(length)),), held=held
     )
 
 
 class RestV2:
     """The v2 REST routes over `V2Models`, for the HTTP listener (`Routes.more`)."""
 
-    def __init__(self, models: V2Models, recorder: Recorder) -> None:
+    def __init__(
+        self, models: V2Models, recorder: Recorder, max_message_bytes: int = MAX_MESSAGE_BYTES
+    ) -> None:
         self.models = models
         self.recorder = recorder
+        self.budget = models.plane.frame_memory
+        self.binary_reply = ReplyRule(
+            "REST reply",
+            max_message_bytes,
+            f"--max-message-bytes {max_message_bytes}",
+            "ask for fewer outputs, or raise --max-message-bytes",
+            self.budget,
+        )
+        self.json_reply = dataclasses.replace(self.binary_reply, advice=BINARY_ADVICE)
 
     @staticmethod
     def posts(route: str) -> bool:
@@ -286,7 +349,9 @@ class RestV2:
             return "RepositoryIndex", lambda: self._index(request)
         if len(parts) == 5 and parts[:3] == ["v2", "repository", "models"] and parts[4] in ("load", "unload"):
             action = self.models.load if parts[4] == "load" else self.models.unload
-            return f"RepositoryModel{parts[4].title()}", lambda: self._repository(action, parts[3])
+            return f"RepositoryModel{parts[4].title()}", lambda: self._repository(
+                action, parts[3], request.owner
+            )
         if len(parts) < 3 or parts[:2] != ["v2", "models"]:
             return None
         name, rest, version = parts[2], parts[3:], ""
@@ -295,11 +360,11 @@ class RestV2:
         if rest == []:
             return "ModelMetadata", lambda: self._metadata(name, version, request.owner)
         if rest == ["ready"]:
-            return "ModelReady", lambda: self._ready(name, version)
+            return "ModelReady", lambda: self._ready(name, version, request.owner)
         if rest == ["config"]:
             return "ModelConfig", lambda: self._config(name, version, request.owner)
         if rest == ["stats"]:
-            return "ModelStatistics", lambda: self._stats(name, version)
+            return "ModelStatistics", lambda: self._stats(name, version, request.owner)
         if rest == ["infer"]:
             return "ModelInfer", lambda: self._infer(name, version, request)
         return None
@@ -314,11 +379,11 @@ class RestV2:
     async def _config(self, name: str, version: str, owner: str) -> Reply:
         return _json(200, config_json(await self.models.metadata(name, version, owner)))
 
-    async def _stats(self, name: str, version: str) -> Reply:
-        return _json(200, stats_json(self.models.statistics(name, version)))
+    async def _stats(self, name: str, version: str, owner: str) -> Reply:
+        return _json(200, stats_json(self.models.statistics(name, version, owner)))
 
-    async def _ready(self, name: str, version: str) -> Reply:
-        ready = self.models.ready(name, version)
+    async def _ready(self, name: str, version: str, owner: str) -> Reply:
+        ready = self.models.ready(name, version, owner)
         return _json(200 if ready else 503, {"name": name, "ready": ready})
 
     async def _index(self, request: Request) -> Reply:
@@ -327,24 +392,40 @@ class RestV2:
         except ValueError:
             raise InvalidInput("the index request is not valid JSON") from None
         ready = bool(_object(query, "the index request").get("ready", False))
-        entries = self.models.index(ready)
+        entries = self.models.index(ready, request.owner)
         return _json(
             200,
             [{"name": e.name, "version": e.version, "state": e.state, "reason": e.reason} for e in entries],
         )
 
-    async def _repository(self, action: Callable[[str], Awaitable[object]], name: str) -> Reply:
-        await action(name)
+    async def _repository(
+        self, action: Callable[[str, str], Awaitable[object]], name: str, owner: str
+    ) -> Reply:
+        await action(name, owner)
         return _json(200, {})
 
     async def _infer(self, name: str, version: str, request: Request) -> Reply:
-        self.models.resolve(name, version)  # an unknown model or version first, whatever the body
+        self.models.resolve(
+            name, version, request.owner
+        )  # an unknown model or version first, whatever the body
         header, binary = _header_and_binary(request)
         requested, binary_out = _wanted_binary(header)
-        model, outputs = await self.models.infer(
-            name, version, request.owner, decode_inputs(header, binary), requested
-        )
-        return infer_reply(model.name, version, header.get("id"), outputs, binary_out)
+        inputs = decode_inputs(header, binary)
+        echoed = len(_echoed_id(header.get("id")))
+
+        def as_json(output: str) -> bool:
+            return not binary_out.get(output, binary_out[""])
+
+        # Before compute, from the model's output shapes; then whatever they came to.
+        meta = await self.models.metadata(name, version, request.owner)
+        self._check_reply(reply_sizes(meta.outputs, requested, as_json), echoed)
+        model, outputs = await self.models.infer(name, version, request.owner, inputs, requested)
+        self._check_reply(reply_sizes(outputs, (), as_json), echoed)
+        return infer_reply(model.name, version, header.get("id"), outputs, binary_out, self.budget)
+
+    def _check_reply(self, outputs: Sequence[Sized], echoed: int) -> None:
+        rule = self.json_reply if any(o.encoded for o in outputs) else self.binary_reply
+        rule.check(outputs, echoed)
 
 
 __all__ = [

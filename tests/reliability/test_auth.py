@@ -474,10 +474,19 @@ def test_another_local_user_cannot_use_or_release_a_session(
 
 
 _SLOT_TAKER = """
-import os, sys, grpc
+import hashlib, os, sys, grpc
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
+from rknn_proto.manifest import FileEntry, manifest_digest
+model = bytes.fromhex(sys.stdin.read())
 os.setuid(int(sys.argv[3]))
 stub = rknn_pb2_grpc.RknnServerStub(grpc.insecure_channel(sys.argv[1]))
+# Another's upload is not the intruder's: it sends the bytes itself.
+entry = FileEntry("cnn.onnx", len(model), hashlib.sha256(model).hexdigest())
+files = [rknn_pb2.ModelFile(name=entry.name, size=entry.size, sha256=entry.sha256)]
+header = rknn_pb2.UploadHeader(manifest=rknn_pb2.ModelManifest(digest=manifest_digest([entry]), files=files))
+header.start_offsets.append(0)
+chunk = rknn_pb2.UploadChunk(file_index=0, offset=0, data=model)
+stub.UploadModel(iter([rknn_pb2.UploadModelRequest(header=header), rknn_pb2.UploadModelRequest(chunk=chunk)]), timeout=60)
 for _ in range(3):
     try:
         stub.InitRuntime(rknn_pb2.InitRuntimeRequest(model_digest=sys.argv[2]), timeout=60)
@@ -492,9 +501,10 @@ def test_one_local_user_cannot_take_another_users_session_slots(daemons: StartDa
         pytest.skip("calling as a second local user needs root (the intruder drops to uid 65534)")
     daemon = daemons("--max-sessions", "4", "--max-sessions-per-client", "2")
     with device(daemon) as owner:
-        owner.load(cnn).release()  # the model is cached: the intruder opens sessions of it by digest
+        owner.load(cnn).release()  # the model is cached: the intruder uploads it too, then opens it by digest
         taker = subprocess.run(
             [sys.executable, "-c", _SLOT_TAKER, daemon.address, describe_files([cnn]).digest, "65534"],
+            input=cnn.read_bytes().hex(),
             capture_output=True,
             text=True,
             timeout=180,

@@ -52,7 +52,8 @@ def _bytes_under(folder: Path) -> int:
 
 
 def _files_under(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if p.is_file()]
+    """The data files (not the cache's own dot files, such as who began a partial upload)."""
+    return [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 
 def _chunks(data: bytes, upto: int, index: int = 0, start: int = 0) -> Iterator[tuple[int, int, bytes]]:
@@ -195,7 +196,8 @@ def test_a_disk_filled_during_an_upload_is_a_clear_error_and_frees_its_bytes(
     with grpc.insecure_channel(daemon.address) as channel:
         call = rknn_pb2_grpc.RknnServerStub(channel).UploadModel.future(requests(), timeout=PATIENCE_S)
         _wait(lambda: _bytes_under(cache / "partial") >= MIB, "the first block on disk")
-        with filler.open("wb") as fh, pytest.raises(OSError):  # another program fills the disk
+        # Another program fills the disk (unbuffered: a short last write leaves nothing to flush at close).
+        with filler.open("wb", buffering=0) as fh, pytest.raises(OSError):
             while True:
                 fh.write(bytes(MIB))
                 fh.flush()

@@ -33,6 +33,8 @@ def executor() -> Iterator[ThreadPoolExecutor]:
 def make_plane(tmp_path: Path, executor: ThreadPoolExecutor, **limits: float) -> tuple[DataPlane, str]:
     cache = ModelCache(tmp_path / "cache", CacheLimits())
     digest = store(cache, MODEL)
+    for owner in ("", "alice", "bob"):  # the callers these tests open it as uploaded it
+        cache.grant(digest, owner)
     plane = DataPlane(
         FakeBackend("rk3588"),
         cache,

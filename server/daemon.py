@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -26,10 +26,11 @@ from rknn_server import __version__
 from rknn_server.allocator import reuse_large_buffers
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.calls import Recorder
+from rknn_server.connections import GateCollector, raise_open_files
 from rknn_server.data_plane import DataPlane
 from rknn_server.doorbell import Doorbells
 from rknn_server.guard import Guard
-from rknn_server.http_endpoint import HttpAccess, HttpEndpoint, Routes, check_exposure
+from rknn_server.http_endpoint import HttpEndpoint, Routes, check_exposure
 from rknn_server.kserve import grpc_service as v2
 from rknn_server.kserve.models import V2Models
 from rknn_server.kserve.repository import ModelRepository
@@ -300,7 +301,9 @@ def _repository(config: DaemonConfig, backend: Backend, limits: Limits) -> Model
     """KServe v2's model repository (--model-repository), its configs checked now: a bad one stops the start."""
     if config.model_repository is None:
         return None
-    repository = ModelRepository(config.model_repository, backend.model_suffixes, limits.max_model_bytes)
+    repository = ModelRepository(
+        config.model_repository, backend.model_suffixes, limits.max_model_bytes, limits.max_model_files
+    )
     for name in repository.names():
         repository.read(name)
     return repository
@@ -335,6 +338,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         log.warning("insecure_configuration", warning=text)
 
     limits = config.enforced_limits()
+    raise_open_files(limits.max_toolkit_connections + limits.max_http_connections)
     metrics = DaemonMetrics()
     backend, reason = _backend(config, probe, metrics)
     reservations = ReservationBook()
@@ -370,20 +374,24 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         security,
         guard,
         RknnService(plane, reservations, facts, limits, shared, doorbells),
-        v2.InferenceService(models, serving.is_set),
+        v2.InferenceService(models, serving.is_set, limits.max_message_bytes),
     )
 
-    http_server, metrics_url = None, ""
+    http_server, metrics_url, gates = None, "", []
     if config.metrics_listen is not None:
         routes = Routes(
             metrics.exposition,
             serving.is_set,
-            more=RestV2(models, Recorder(metrics)),
+            more=RestV2(models, Recorder(metrics), limits.max_message_bytes),
             posts=RestV2.posts,
             max_body_bytes=limits.max_message_bytes,
             body_budget=plane.frame_memory,
         )
-        endpoint = HttpEndpoint(routes, HttpAccess(security.tokens, not config.trust_loopback))
+        # The gRPC doors' access rule, less client certificates (this listener has no TLS).
+        endpoint = HttpEndpoint(
+            routes, replace(security.access, client_certificates=False), limits.http_connections()
+        )
+        gates.append(endpoint.gate)
         http_server, http_port = await endpoint.start(config.metrics_listen)
         metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"
     # Stop signals are handled before the daemon says it is ready: a SIGTERM right after the
@@ -393,10 +401,13 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    legacy_limits = LegacyLimits(limits.tensors(), limits.max_model_bytes, limits.max_message_bytes)
+    legacy_limits = LegacyLimits(
+        limits.tensors(), limits.max_model_bytes, limits.max_message_bytes, limits.toolkit_connections()
+    )
     legacy_listener, legacy_bound = await legacy.start(
         legacy_plan, plane, legacy_limits, RELEASES[config.legacy_toolkit]
     )
+    metrics.watch(GateCollector([legacy_listener.gate, *gates]))
     bound += [f"{place} (RKNN-Toolkit2 protocol)" for place in legacy_bound]
     await models.load_all()
     for status_name in ("", SERVICE_NAME):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import socket
-import struct
 import threading
 import time
 from collections import Counter
@@ -37,6 +36,7 @@ from google.protobuf.message import DecodeError
 
 from rknn_proto import rknn_pb2
 from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY
+from rknn_server.connections import unix_peer_uid
 from rknn_server.data_plane import DataPlane
 from rknn_server.errors import InvalidInput, NotFound, error_metadata, status_of
 from rknn_server.metrics import DaemonMetrics
@@ -51,7 +51,6 @@ HANDSHAKE_TIMEOUT_S = 5.0
 MAX_HANDSHAKES = 64
 MAX_HANDSHAKES_PER_USER = 4
 MAX_MESSAGE_BYTES = 4096  # a ring is a few bytes; anything longer is not one
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 @dataclass(eq=False)
@@ -77,13 +76,6 @@ class _Bell:
         if self.connection is not None:
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RD)
-
-
-def _peer_uid(connection: socket.socket) -> int:
-    _pid, uid, _gid = _PEERCRED.unpack(
-        connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    )
-    return int(uid)
 
 
 def _opened() -> bytes:
@@ -207,7 +199,7 @@ class Doorbells:
             except OSError:  # shut down: the daemon is stopping
                 return
             try:
-                uid = _peer_uid(connection)
+                uid = unix_peer_uid(connection)
             except OSError:  # gone already
                 connection.close()
                 continue

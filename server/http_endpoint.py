@@ -2,12 +2,16 @@
 when the daemon serves v2, the v2 REST protocol (server/kserve/rest.py).
 
 It runs on the daemon's event loop and is deliberately strict: GET, and POST only where a route takes
-a body (v2 inference); one request per connection; a bounded request line and header block, a
-deadline for the request head and for the body, a body of at most `Routes.max_body_bytes` (given a
-Content-Length, held against the daemon's memory budget) and a cap on connections.
-Metrics reveal the models and clients of a board, so the listener follows the gRPC listeners' rules:
-a non-loopback address needs the bearer token (or an explicit --insecure), and callers show the token in
-an `Authorization: Bearer` header.
+a body (v2 inference); one request per connection; a bounded request line and header block, a short
+deadline for the request head (--http-head-timeout) and one for the body, a body of at most
+`Routes.max_body_bytes` (given a Content-Length, held against the daemon's memory budget), and the
+connection gate (server/connections.py): each peer (its local user, else its address) holds at most
+--max-http-connections-per-client connections, counted before anything is read, so peers that
+connect and say nothing cannot take every slot.
+Metrics reveal the models and clients of a board, so the listener follows the gRPC listeners' rules,
+with the same code (auth.AccessPolicy.admit, without client certificates: HTTP has no TLS here): a
+non-loopback address needs the bearer token (or an explicit --insecure), callers show the token in an
+`Authorization: Bearer` header, and a tokenless local caller is `uid:N` as on gRPC.
 """
 
 from __future__ import annotations
@@ -20,27 +24,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from rknn_server.auth import SecurityConfigError, TokenTable, bearer_token
+from rknn_server.auth import AccessPolicy, SecurityConfigError, Unauthenticated, bearer_token
+from rknn_server.connections import DoorLimits, Gate, IdleTimeout, Refused, grpc_peer
 from rknn_server.errors import ServiceError
 from rknn_server.listen import ListenAddress, parse_listen
 from rknn_server.memory import MemoryBudget
-from rknn_server.peers import Peer
+from rknn_server.peers import anonymous_identity, parse_peer
 
 log = structlog.get_logger("rknn_server.http")
 
 MAX_LINE_BYTES = 4096  # the request line and each header line
 MAX_HEADERS = 32
-HEAD_TIMEOUT_S = 10.0  # to send the request line and headers
 WRITE_TIMEOUT_S = 30.0
 BODY_TIMEOUT_S = 60.0  # to send the body, once the head arrived
 _BODY_READ_BYTES = 1 << 16
-MAX_CONNECTIONS = 16
 TEXT = "text/plain; charset=utf-8"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _REASONS = {
     200: "OK",
     400: "Bad Request",
     401: "Unauthorized",
+    408: "Request Timeout",
     404: "Not Found",
     405: "Method Not Allowed",
     409: "Conflict",
@@ -59,23 +63,6 @@ class BadRequest(Exception):
     def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
         self.status = status
-
-
-@dataclass(frozen=True)
-class HttpAccess:
-    """Who may read the HTTP listener: the daemon's tokens, and whether loopback callers need one too."""
-
-    tokens: TokenTable | None
-    token_on_loopback: bool
-
-
-def admits(access: HttpAccess, loopback: bool, token: str | None) -> bool:
-    """The one access decision of the HTTP listener (the same rule the gRPC guard applies)."""
-    if access.tokens is None:
-        return True
-    if token is not None:  # a wrong token is refused, even where no token is needed
-        return access.tokens.identify(token) is not None
-    return loopback and not access.token_on_loopback
 
 
 def parse_metrics_listen(text: str) -> ListenAddress:
@@ -102,7 +89,7 @@ def check_exposure(address: ListenAddress, has_tokens: bool, insecure: bool) -> 
 @dataclass(frozen=True)
 class Request:
     """One request, read whole: route (the path without its query), lower-case headers, the body,
-    and who sent it (the token's name, else `http:<address>`)."""
+    and who sent it (as on gRPC: the token's name, else `uid:N` for a local caller, else its address)."""
 
     method: str
     route: str
@@ -133,37 +120,39 @@ class Routes:
 
 
 class HttpEndpoint:
-    def __init__(self, routes: Routes, access: HttpAccess) -> None:
+    def __init__(self, routes: Routes, access: AccessPolicy, limits: DoorLimits) -> None:
         self.routes = routes
-        self.access = access
-        self._connections = 0
+        self.access = access  # its listeners gain this one's port: a local caller's uid is looked up there
+        self.gate = Gate("http", limits, "--http-head-timeout")
 
     async def start(self, address: ListenAddress) -> tuple[asyncio.Server, int]:
         server = await asyncio.start_server(self._serve, address.host, address.port, limit=MAX_LINE_BYTES)
         port = int(server.sockets[0].getsockname()[1])
+        self.access.listeners.append((address.host, port))
         return server, port
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._connections >= MAX_CONNECTIONS:
-            writer.close()
-            return
-        self._connections += 1
+        peer = grpc_peer(writer.get_extra_info("peername"))
         try:
-            writer.write(_response(await self._answer(reader, writer)))
-            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+            with self.gate.admit(anonymous_identity(parse_peer(peer), self.access.listeners)):
+                _write(writer, await self._answer(reader, peer))
+                await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+        except Refused as exc:  # answered without reading a byte of the request
+            _write(writer, _text(429, str(exc)))
         except (OSError, asyncio.TimeoutError):
-            pass  # the client went away, or was too slow to send its request or read the answer
+            pass  # the client went away, or was too slow to read the answer
         finally:
-            self._connections -= 1
             writer.close()
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT_S)
 
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Reply:
+    async def _answer(self, reader: asyncio.StreamReader, peer: str) -> Reply:
         try:
-            method, path, headers = await asyncio.wait_for(_read_head(reader), HEAD_TIMEOUT_S)
+            method, path, headers = await self.gate.within(_read_head(reader), "request head")
         except BadRequest as exc:
             return _text(exc.status, str(exc))
+        except IdleTimeout as exc:
+            return _text(408, str(exc))
         route = path.partition("?")[0]
         posts = self.routes.posts(route)
         if method != ("POST" if posts else "GET"):
@@ -174,12 +163,9 @@ class HttpEndpoint:
             return Reply(200, TEXT, b"")
         if route == "/v2/health/ready":
             return Reply(200 if self.routes.ready() else 503, TEXT, b"")
-        peer = writer.get_extra_info("peername")
-        loopback = (
-            isinstance(peer, tuple) and Peer("ipv6" if ":" in peer[0] else "ipv4", peer[0], peer[1]).is_local
-        )
-        token = bearer_token(list(headers.items()))
-        if not admits(self.access, loopback, token):
+        try:
+            owner = self.access.admit(peer, bearer_token(list(headers.items())), "")
+        except Unauthenticated:
             return Reply(
                 401,
                 TEXT,
@@ -199,8 +185,6 @@ class HttpEndpoint:
                 return _text(exc.status, str(exc))
             except ServiceError as exc:  # the memory budget
                 return _text(429, str(exc))
-            identity = self.access.tokens.identify(token) if token and self.access.tokens else None
-            owner = identity or f"http:{peer[0] if isinstance(peer, tuple) else 'unknown'}"
             reply = await self.routes.more(Request(method, route, headers, body, owner))
             if reply is not None:
                 return reply
@@ -243,13 +227,21 @@ def _text(status: int, text: str) -> Reply:
     return Reply(status, TEXT, f"{text}\n".encode())
 
 
-def _response(reply: Reply) -> bytes:
+def _write(writer: asyncio.StreamWriter, reply: Reply) -> None:
+    """The head, then the body, in two writes: a large body is not copied to be joined to its head
+    (writelines joins its buffers on Python < 3.12)."""
+    head, body = _response(reply)
+    writer.write(head)
+    writer.write(body)
+
+
+def _response(reply: Reply) -> tuple[bytes, bytes]:
     head = (
         f"HTTP/1.1 {reply.status} {_REASONS[reply.status]}\r\nContent-Type: {reply.content_type}\r\n"
         f"Content-Length: {len(reply.body)}\r\nConnection: close\r\n"
     )
     head += "".join(f"{name}: {value}\r\n" for name, value in reply.headers)
-    return head.encode() + b"\r\n" + reply.body
+    return head.encode() + b"\r\n", reply.body
 
 
 async def _read_line(reader: asyncio.StreamReader) -> str:
@@ -284,12 +276,10 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, 
 
 
 __all__ = [
-    "HttpAccess",
     "HttpEndpoint",
     "Reply",
     "Request",
     "Routes",
-    "admits",
     "check_exposure",
     "parse_metrics_listen",
 ]

@@ -173,6 +173,11 @@ def socket_owner(peer: Peer, listeners: Sequence[Listener]) -> int | None:
     return None
 
 
+def uid_identity(uid: int) -> str:
+    """A local user as an identity, on every door: "uid:1000"."""
+    return f"uid:{uid}"
+
+
 def anonymous_identity(peer: Peer, listeners: Sequence[Listener]) -> str:
     """Who a caller without credentials is: its local user, else its address, else "unix-socket"."""
     if peer.family == "unix":
@@ -180,4 +185,4 @@ def anonymous_identity(peer: Peer, listeners: Sequence[Listener]) -> str:
     if not peer.is_local:
         return peer.host
     uid = socket_owner(peer, listeners)
-    return f"uid:{uid}" if uid is not None else peer.connection()
+    return uid_identity(uid) if uid is not None else peer.connection()

@@ -24,17 +24,19 @@ class Layout:
     # other sizes: the daemon refuses such a client with a crash report instead of misreading it).
     run_request_bytes: int = 0x478
     ioctl_request_bytes: int = 0x79
-    # Acks of fixed size: version (text at TEXT_AT), load, unload; the crash report (text at TEXT_AT).
+    # Acks of fixed size: version (text at TEXT_AT), load, set core; unload and the inputs' error ack;
+    # the crash report (text at TEXT_AT).
     short_ack_bytes: int = 0x170
+    bare_ack_bytes: int = 0x70
     crash_bytes: int = 0x1070
     text_at: int = 0x70
     version_text_bytes: int = 0x100
-    # MsgIoctl ack while loading: ack at 0x6c, echoed subcommand at 0x70, u64 data length at 0x74, data
-    # from IOCTL_DATA_AT. After loading (the client's reader thread): u64 value or data length at 0x7c,
-    # data from RUN_IOCTL_DATA_AT.
+    # MsgIoctl ack: ack at 0x6c, echoed subcommand at 0x70, u64 data length at 0x74, data from
+    # IOCTL_DATA_AT, then one more (zero) byte. After loading (the client's reader thread) the data is a
+    # u64 (a duration, or the text's length) and from RUN_IOCTL_TEXT_AT a text in its buffer.
     ioctl_data_at: int = 0x7C
-    run_ioctl_value_at: int = 0x7C
-    run_ioctl_data_at: int = 0x84
+    run_ioctl_text_at: int = 0x84
+    memory_text_bytes: int = 1024
     model_info_bytes: int = 104985
     dynamic_range_bytes: int = 4228852
     # MODEL_INFO: u32 n_input, input records, u32 n_output, output records, a 20-byte row per input.
@@ -75,6 +77,7 @@ QUANT_AT = 0x143
 FL_AT = 0x144
 ZERO_POINT_AT = 0x145
 SCALE_AT = 0x149
+W_STRIDE_AT = 0x14D  # u32, then u32 size_with_stride at 0x151
 
 RELEASES = {version: Layout(version) for version in ("2.3.2", "2.5.0")}
 DEFAULT_VERSION = "2.5.0"

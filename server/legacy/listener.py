@@ -2,7 +2,9 @@
 
 The toolkit reaches `local:transfer_proxy` through `adb forward`; adbd resolves that to the socket
 `/dev/socket/transfer_proxy` (Android-style adbd) or to the abstract `@transfer_proxy`. The legacy
-protocol has no authentication, so it never listens on TCP.
+protocol has no authentication, so it never listens on TCP. Each connection is admitted by the
+door's gate under its user (SO_PEERCRED: adbd's user for adb callers) before a byte is read; one
+beyond the caps is closed at once.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from pathlib import Path
 import structlog
 
 from rknn_server.calls import Recorder
+from rknn_server.connections import Gate, Refused, unix_peer_identity
 from rknn_server.data_plane import DataPlane
-from rknn_server.legacy.connection import LegacyConnection, LegacyLimits
+from rknn_server.legacy.connection import Door, LegacyConnection, LegacyLimits
+from rknn_server.legacy.intake import ModelIntake
 from rknn_server.legacy.layouts import Layout
 
 log = structlog.get_logger("rknn_server.legacy")
@@ -67,10 +71,9 @@ def _clear_stale_socket(path: Path) -> None:
 
 class LegacyListener:
     def __init__(self, plane: DataPlane, limits: LegacyLimits, layout: Layout) -> None:
-        self.plane = plane
-        self.limits = limits
-        self.layout = layout
-        self.recorder = Recorder(plane.metrics)
+        self.gate = Gate("toolkit", limits.connections, "--toolkit-idle-timeout")
+        intake = ModelIntake(plane, limits.max_model_bytes)
+        self.door = Door(plane, layout, limits, self.gate, intake, Recorder(plane.metrics))
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -87,12 +90,19 @@ class LegacyListener:
         self._servers.append(server)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
-        connection = LegacyConnection(
-            self.plane, self.layout, self.limits, reader, writer, name, self.recorder
-        )
-        task = asyncio.ensure_future(connection.serve())
+        task = asyncio.ensure_future(self._serve(reader, writer, name))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
+        """Serve one connection while the gate counts it in; one it has no room for is closed at once."""
+        identity = unix_peer_identity(writer.get_extra_info("socket"))
+        try:
+            with self.gate.admit(identity):
+                await LegacyConnection(self.door, reader, writer, name, identity).serve()
+        except Refused as exc:
+            log.info("legacy_connection_refused", place=name, client=identity, reason=str(exc))
+            writer.transport.abort()
 
     async def close(self) -> None:
         for server in self._servers:

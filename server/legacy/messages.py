@@ -13,6 +13,7 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+import structlog
 
 from rknn_proto.codec import TensorLimits
 from rknn_proto.messages import TensorAttr, in_layout, quantize
@@ -26,6 +27,12 @@ from rknn_server.runtime.rknnrt.tensors import numpy_dtype, tensor_type
 _FORMATS = {"NCHW": TensorFormat.NCHW, "NHWC": TensorFormat.NHWC}
 _TYPE_CODES = frozenset(int(t) for t in TensorType)
 _LAYOUT_NAMES = {int(code): name for name, code in _FORMATS.items()}
+log = structlog.get_logger("rknn_server.legacy")
+
+
+class InputMismatch(InvalidInput):
+    """Inputs that contradict the model as MODEL_INFO described it (count, type, too few bytes): what
+    librknnrt's rknn_inputs_set refuses, and the toolkit checks before it sends any."""
 
 
 def _check_count(specs: Sequence[TensorAttr], what: str, layout: Layout) -> None:
@@ -50,6 +57,9 @@ def _pack_record(message: bytearray, at: int, spec: TensorAttr) -> None:
     message[at + layouts.QUANT_AT] = QuantType[spec.quant_type.name]  # the ABI's names are the contract's
     struct.pack_into("<b", message, at + layouts.FL_AT, spec.fl)
     struct.pack_into("<if", message, at + layouts.ZERO_POINT_AT, spec.zero_point, spec.scale)
+    # w_stride 0 as the real server sends; size_with_stride: the runtime interface has the tensor's
+    # size only (the toolkit does not read either).
+    struct.pack_into("<II", message, at + layouts.W_STRIDE_AT, 0, spec.size_bytes)
 
 
 def pack_model_info(
@@ -67,12 +77,12 @@ def pack_model_info(
 
 
 def unpack_inputs(
-    message: bytes, layout: Layout, specs: Sequence[TensorAttr], limits: TensorLimits
+    message: bytes | memoryview, layout: Layout, specs: Sequence[TensorAttr], limits: TensorLimits
 ) -> tuple[list[np.ndarray], list[InputFormat]]:
     """The arrays (views of `message`) and formats of a MsgMultiInput, checked against the model."""
     (count,) = struct.unpack_from("<I", message, layout.input_count_at)
     if count != len(specs):
-        raise InvalidInput(
+        raise InputMismatch(
             f"{count} inputs were sent; the model has {len(specs)} ({', '.join(s.name for s in specs)})"
         )
     data_bytes = len(message) - layout.input_data_at
@@ -90,11 +100,11 @@ def unpack_inputs(
                 f"input {i} ({spec.name}) is {size} bytes; the limit is max_tensor_bytes={limits.max_tensor_bytes}"
             )
         if offset + size > data_bytes:
-            raise InvalidInput(
+            raise InputMismatch(
                 f"input {i} ({spec.name}) claims bytes {offset}..{offset + size} of a {data_bytes}-byte data area"
             )
         if kind not in _TYPE_CODES:
-            raise InvalidInput(f"input {i} ({spec.name}) has tensor type {kind}, not an rknn_tensor_type")
+            raise InputMismatch(f"input {i} ({spec.name}) has tensor type {kind}, not an rknn_tensor_type")
         dtype = numpy_dtype(kind)
         if spec.is_dynamic:
             raise InvalidInput(
@@ -102,11 +112,13 @@ def unpack_inputs(
             )
         sent_layout = _LAYOUT_NAMES.get(fmt, spec.layout)
         shape = in_layout(spec.shape, spec.layout.upper(), sent_layout)
-        if size != math.prod(shape) * dtype.itemsize:
-            raise InvalidInput(
-                f"input {i} ({spec.name}) is {size} bytes; shape {list(shape)} of {dtype} takes "
-                f"{math.prod(shape) * dtype.itemsize}"
+        needed = math.prod(shape) * dtype.itemsize
+        if size < needed:
+            raise InputMismatch(
+                f"input {i} ({spec.name}) is {size} bytes; shape {list(shape)} of {dtype} takes {needed}"
             )
+        if size > needed:  # librknnrt's rule is size >= needed: it takes the first bytes
+            log.warning("legacy_input_longer", input=i, name=spec.name, size=size, used=needed)
         array = np.frombuffer(message, dtype, math.prod(shape), layout.input_data_at + offset).reshape(shape)
         arrays.append(array)
         formats.append(InputFormat(layout=sent_layout, pass_through=pass_through))

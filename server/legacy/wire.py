@@ -18,10 +18,13 @@ FLAG_COLLECT_MEMORY = 0x80000000
 PROTOCOL_DATE = 20181212
 HEADER_BYTES = 0x6C
 OPEN_BYTES = 48
-# magic, version, -1, -1, init flags, sequence (u64), an unknown u32, version again, command, total size,
-# model id. The flags are the client's rknn_init flags (1 = medium priority, 0x8 = collect performance
-# data for eval_perf, 0x80000000 = collect memory data for eval_memory); acks carry 1 there.
-_HEADER = struct.Struct("<IIiiIQIIIII")
+# magic, version, context id (i64), init flags, sequence (u64), an unknown u32, version again, command,
+# total size, model id. The context id is -1 until a LOAD ack assigns one (1, 2, 3 ... per daemon
+# lifetime); the client then carries it in every request. The flags are the client's rknn_init flags
+# (1 = medium priority, 0x8 = collect performance data for eval_perf, 0x80000000 = collect memory data
+# for eval_memory); acks carry 1 there.
+NO_CONTEXT = -1
+_HEADER = struct.Struct("<IIqIQIIIII")
 _LENGTH = struct.Struct("<I")
 
 
@@ -40,6 +43,9 @@ class Command(IntEnum):
     CRASH = 13
     SET_CORE = 14
     SET_CORE_ACK = 15
+    SET_INPUT_SHAPE = 16  # its layout is not decoded: refused (see docs/legacy-protocol.md)
+    SET_INPUT_SHAPE_ACK = 17
+    SET_INPUT_ACK = 18  # sent only when inputs are refused
 
 
 class ProtocolError(Exception):
@@ -53,6 +59,7 @@ class Header:
     size: int
     model_id: int
     flags: int = 0
+    context: int = NO_CONTEXT
 
     @classmethod
     def parse(cls, data: bytes) -> Header:
@@ -60,19 +67,32 @@ class Header:
             raise ProtocolError(
                 f"a message of {len(data)} bytes; every message starts with a {HEADER_BYTES}-byte header"
             )
-        magic, _version, _a, _b, flags, sequence, _unknown, _date, command, size, model_id = (
+        magic, _version, context, flags, sequence, _unknown, _date, command, size, model_id = (
             _HEADER.unpack_from(data)
         )
         if magic != MAGIC:
             raise ProtocolError(f"bad magic {magic:#010x} in a message header; expected {MAGIC:#010x}")
-        return cls(command, sequence, size, model_id, flags)
+        return cls(command, sequence, size, model_id, flags, context)
 
 
-def build(command: Command, sequence: int, model_id: int, size: int) -> bytearray:
-    """A zeroed message of `size` bytes with its header filled in (the body is the caller's)."""
+def build(command: Command, request: Header, size: int, context: int = NO_CONTEXT) -> bytearray:
+    """A zeroed message of `size` bytes answering `request`, its header filled in (the body is the
+    caller's). Header bytes 0x30-0x6b stay zero: the real server echoes the request's, which are the
+    client's uninitialised memory."""
     message = bytearray(size)
     _HEADER.pack_into(
-        message, 0, MAGIC, PROTOCOL_DATE, -1, -1, 1, sequence, 0, PROTOCOL_DATE, command, size, model_id
+        message,
+        0,
+        MAGIC,
+        PROTOCOL_DATE,
+        context,
+        1,
+        request.sequence,
+        0,
+        PROTOCOL_DATE,
+        command,
+        size,
+        request.model_id,
     )
     return message
 
@@ -86,8 +106,12 @@ async def read_exactly(reader: asyncio.StreamReader, count: int, what: str) -> b
         ) from None
 
 
-async def read_length(reader: asyncio.StreamReader) -> int:
-    return int(_LENGTH.unpack(await read_exactly(reader, _LENGTH.size, "a frame length"))[0])
+LENGTH_BYTES = _LENGTH.size
+
+
+def parse_length(data: bytes) -> int:
+    """The length that frames every message."""
+    return int(_LENGTH.unpack(data)[0])
 
 
 def frame(message: bytes | bytearray) -> bytes:

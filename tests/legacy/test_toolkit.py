@@ -286,18 +286,48 @@ def test_two_inputs_of_two_dtypes_on_two_cores(
         np.testing.assert_array_equal(mine.ravel(), np.asarray(theirs).ravel())
 
 
-CRASH_SCRIPT = """
+# Each step of a session, as a script sees it: the return code, or the toolkit's error code.
+STEPS_SCRIPT = """
+import json
+import re
 import sys
+import numpy as np
 from rknn.api import RKNN
 
-rknn = RKNN()
-assert rknn.load_rknn(sys.argv[1]) == 0
-print("INIT", rknn.init_runtime(target="rk3588", device_id=sys.argv[2]))
-rknn.release()
+device, bare, model, dynamic, needs_op = sys.argv[1:6]
+
+
+def step(call):
+    try:
+        result = call()
+    except Exception as exc:
+        found = re.search(r"error code: (RKNN_ERR_[A-Z_]+)", str(exc))
+        return found.group(1) if found else repr(exc)[:200]
+    return "OK" if result is None or isinstance(result, int) and result == 0 else (
+        "OK" if isinstance(result, list) else result)
+
+
+def session(path, *inputs):
+    rknn = RKNN()
+    assert rknn.load_rknn(path) == 0
+    seen = [step(lambda: rknn.init_runtime(target="rk3588", device_id=device))]
+    seen += [step(lambda x=x: rknn.inference(inputs=[x])) for x in inputs]
+    rknn.release()
+    return seen
+
+
+shape = (1, 4, 4, 3)
+print("RESULT " + json.dumps({
+    "refused model": session(bare),
+    "inputs": session(model, np.ones((1, 4, 4, 2), np.float32), np.ones((1, 4, 4, 4), np.float32),
+                      np.ones(shape, np.float32)),
+    "dynamic": session(dynamic, np.ones(shape, np.float32)),
+    "failing run": session(needs_op, np.ones(shape, np.float32)),
+}))
 """
 
 
-def test_a_model_the_runtime_refuses_is_reported_to_the_toolkit_user_with_the_reason(
+def test_no_refusal_gives_the_toolkit_a_reason_to_kill_the_daemon(
     toolkit: Toolkit,
     toolkit_adb: PrivateAdbServer,
     real_rknn: Path,
@@ -305,48 +335,43 @@ def test_a_model_the_runtime_refuses_is_reported_to_the_toolkit_user_with_the_re
     board_for,
     tmp_path: Path,
 ) -> None:
-    """The real tiny.rknn alone (no stand-in inside) is refused by the stub librknnrt: the toolkit
-    prints the daemon's crash report instead of hanging or saying only -9."""
+    """After a crash report during a run the toolkit runs `killall rknn_server` and `nohup
+    /usr/bin/rknn_server` on the board, so refusals are answered as Rockchip's rknn_server answers them,
+    with the same codes for the script: a model the runtime refuses gets the LOAD ack ACK_FAIL
+    (RKNN_ERR_MODEL_INVALID); a too-small input is refused by the toolkit itself; a larger one runs (the
+    runtime takes what it needs); a run that fails is a MsgFinish with an error result. The daemon keeps
+    its PID throughout and the board records no restart command."""
     daemon = legacy_daemon()
     board = board_for(daemon)
-    run = run_script(toolkit, toolkit_adb, tmp_path, CRASH_SCRIPT, str(real_rknn), board.serial)
-    assert "rknn_init failed for model.rknn: RKNN_ERR_MODEL_INVALID" in run.stdout, run.stdout[-3000:]
-    assert str(daemon.process.log_path.parent) not in run.stdout  # no server paths
-    # The daemon keeps serving and holds no session.
-    with rknn_client.connect(daemon.url) as device:
-        assert device.info(refresh=True).open_sessions == 0
-
-
-def test_a_failing_run_is_reported_to_the_toolkit_user_with_the_reason(
-    toolkit: Toolkit,
-    toolkit_adb: PrivateAdbServer,
-    real_rknn: Path,
-    legacy_daemon: LegacyDaemonFactory,
-    board_for,
-    tmp_path: Path,
-) -> None:
-    """A model whose run fails in the runtime (a custom op no plugin provides): the toolkit prints the
-    daemon's reason and fails the inference at once, instead of waiting for its run timeout."""
-    daemon = legacy_daemon()
-    board = board_for(daemon)
-    model = write_stub_model(
+    pid = daemon.process.pid
+    x = StubTensor("x", "FP32", "NHWC", (1, 4, 4, 3))
+    needs_op = write_stub_model(
         tmp_path / "needs-op.rknn",
-        inputs=[StubTensor("x", "FP32", "NHWC", (1, 4, 4, 3))],
+        inputs=[x],
         outputs=[StubTensor("y", "FP32", "NCHW", (1, 3, 4, 4))],
         requires_op="MyCustomOp",
         container=real_rknn.read_bytes(),
     )
-    np.save(tmp_path / "x.npy", np.zeros((1, 4, 4, 3), np.float32))
-    run = run_script(
-        toolkit,
-        toolkit_adb,
-        tmp_path,
-        SCRIPT,
-        str(model),
-        board.serial,
-        str(tmp_path / "x.npy"),
-        str(tmp_path / "y.npy"),
+    dynamic = write_stub_model(
+        tmp_path / "dynamic.rknn",
+        inputs=[x],
+        outputs=[StubTensor("y", "FP32", "NHWC", (1, 4, 4, 3))],
+        dynamic=[(1, 4, 4, 3), (1, 8, 8, 3)],
+        container=real_rknn.read_bytes(),
     )
-    assert run.returncode != 0
-    assert "rknn_run failed: RKNN_ERR_MODEL_INVALID" in run.stdout, run.stdout[-3000:]
-    assert "Run timeout" not in run.stdout + run.stderr
+    model = wrapped_model(real_rknn, tmp_path / "wrapped.rknn")
+    paths = (real_rknn, model, dynamic, needs_op)
+    run = run_script(toolkit, toolkit_adb, tmp_path, STEPS_SCRIPT, board.serial, *map(str, paths))
+    assert "RESULT " in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    seen = json.loads(run.stdout.split("RESULT ", 1)[1])
+    assert seen["refused model"] == ["RKNN_ERR_MODEL_INVALID"]
+    assert "msg_load_ack fail, ack = 1(ACK_FAIL)" in run.stdout
+    assert seen["inputs"] == ["OK", "RKNN_ERR_PARAM_INVALID", "OK", "OK"]
+    assert seen["failing run"] == ["OK", "RKNN_ERR_FAIL"]
+    # A dynamic model is not yet runnable here (docs/legacy-protocol.md): its run fails, nothing more.
+    assert seen["dynamic"] == ["OK", "RKNN_ERR_INPUT_INVALID"]
+    assert "Catch runtime Crash" not in run.stdout
+    assert not (daemon.board / RESTARTS_LOG).exists(), (daemon.board / RESTARTS_LOG).read_text()
+    assert daemon.process.pid == pid and Path(f"/proc/{pid}").exists()
+    with rknn_client.connect(daemon.url) as device:
+        assert device.info(refresh=True).open_sessions == 0

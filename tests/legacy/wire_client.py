@@ -25,15 +25,18 @@ LOAD, LOAD_ACK, UNLOAD, UNLOAD_ACK, RUN, FINISH, IOCTL, IOCTL_ACK, MULTI_INPUT, 
     11,
     12,
 )
+SET_INPUT_SHAPE, SET_INPUT_SHAPE_ACK, SET_INPUT_ACK = 16, 17, 18
 CRASH_BYTES = 0x1070
+ACK_FAIL, ACK_INVALD_INPUT = 1, 3
 # rknn_tensor_type / rknn_tensor_format codes.
 TYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int8): 2, np.dtype(np.uint8): 3}
 NHWC = 1
 
 
-def header(command: int, sequence: int, size: int, junk: bytes = b"") -> bytes:
-    """A header as the toolkit writes it; `junk` fills 0x30-0x6b like its uninitialised heap memory."""
-    head = struct.pack("<IIiiIQIIIII", MAGIC, DATE, -1, -1, 1, sequence, 0, DATE, command, size, 0)
+def header(command: int, sequence: int, size: int, junk: bytes = b"", context: int = -1) -> bytes:
+    """A header as the toolkit writes it: the context id its LOAD ack gave at 0x08 (i64, -1 before),
+    and `junk` in 0x30-0x6b like its uninitialised heap memory."""
+    head = struct.pack("<IIqIQIIIII", MAGIC, DATE, context, 1, sequence, 0, DATE, command, size, 0)
     return head + (junk * HEADER or bytes(HEADER))[: HEADER - len(head)]
 
 
@@ -44,6 +47,14 @@ class Reply:
     @property
     def command(self) -> int:
         return int(struct.unpack_from("<I", self.data, 0x24)[0])
+
+    @property
+    def context(self) -> int:
+        return int(struct.unpack_from("<q", self.data, 0x08)[0])
+
+    @property
+    def ack(self) -> int:
+        return int(struct.unpack_from("<I", self.data, 0x6C)[0])
 
     @property
     def is_crash(self) -> bool:
@@ -59,6 +70,7 @@ class WireClient:
         self.sock.settimeout(timeout)
         self.sock.connect(address)
         self.sequence = 0
+        self.context = -1  # from the last successful LOAD ack, carried by every later request
 
     def open(self) -> int:
         self.sock.sendall(struct.pack("<4I", 0, 3, 0xFF, 4242) + b"devid:test".ljust(32, b"\0"))
@@ -76,7 +88,7 @@ class WireClient:
     def send(self, command: int, body: bytes = b"", pad_to: int = 0, junk: bytes = b"") -> None:
         self.sequence += 1
         size = max(HEADER + len(body), pad_to)
-        message = (header(command, self.sequence, size, junk) + body).ljust(size, b"\0")
+        message = (header(command, self.sequence, size, junk, self.context) + body).ljust(size, b"\0")
         self.sock.sendall(struct.pack("<I", size) + message)
 
     def reply(self) -> Reply:
@@ -88,7 +100,10 @@ class WireClient:
         return self.reply()
 
     def load(self, model: bytes) -> Reply:
-        return self.call(LOAD, struct.pack("<I", len(model)) + model + bytes(132))
+        reply = self.call(LOAD, struct.pack("<I", len(model)) + model + bytes(132))
+        if reply.command == LOAD_ACK and reply.ack == 0:
+            self.context = reply.context
+        return reply
 
     def ioctl(self, subcommand: int) -> Reply:
         return self.call(IOCTL, struct.pack("<I", subcommand), pad_to=0x79)

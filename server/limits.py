@@ -70,7 +70,12 @@ class Limits:
     max_sessions_per_client (then max_sessions alone applies)."""
 
     # Messages and tensors (the frame intake, rknn_proto.codec).
-    max_message_bytes: int = _limit(MAX_MESSAGE_BYTES, 64 << 10, _MESSAGE, "largest gRPC message")
+    max_message_bytes: int = _limit(
+        MAX_MESSAGE_BYTES,
+        64 << 10,
+        _MESSAGE,
+        "largest message: a gRPC request or reply, a v2 REST body or reply",
+    )
     max_chunk_bytes: int = _limit(_TENSORS.max_chunk_bytes, 1, _MESSAGE, "largest tensor or upload chunk")
     max_tensor_bytes: int = _limit(_TENSORS.max_tensor_bytes, 1, _SIZE, "largest tensor")
     max_tensor_rank: int = _limit(_TENSORS.max_rank, 1, 64, "highest tensor rank")

@@ -52,7 +52,6 @@ from rknn_proto.manifest import (
     entries_of,
     file_sha256,
     manifest_digest,
-    one_file_manifest,
     valid_digest,
     valid_file_name,
 )
@@ -382,20 +381,6 @@ class ModelCache:
     def close(self) -> None:
         """Make durable the models committed so far (at a clean stop)."""
         self._syncer.close()
-
-    def store_bytes(self, name: str, data: bytes, owner: str | None = None) -> str:
-        """Cache a one-file model received whole (as an upload of it would, `owner` its uploader) and
-        return its digest."""
-        manifest = one_file_manifest(name, data)
-        cached, _ = self.prepare(manifest, owner)
-        if not cached:
-            upload = self.begin_upload(manifest, [0], owner)
-            try:
-                upload.write(0, 0, data)
-                upload.finish()
-            finally:
-                upload.close()
-        return manifest.digest
 
     def adopt(self, manifest: rknn_pb2.ModelManifest, path: Path, owner: str) -> None:
         """Take a one-file model the daemon received whole (its bytes at `path`, moved, not copied) as

@@ -87,7 +87,11 @@ def _start(soc: str, token: str, token_file: Path) -> Endpoint:
         _, err = process.communicate(timeout=10)
         hint = ""
         if "No module named rknn_server" in err or "onnxruntime" in err.lower():
-            hint = " Install the host runtime with: pip install 'rknn-server-oss[host]'."
+            hint = (
+                " Install the host runtime into this Python with the project's host extra: "
+                "pip install '.[host]' in a clone, or pip install 'rknn_server_oss-VERSION-py3-none-any.whl[host]' "
+                "from a wheel (make wheel builds one)."
+            )
         raise TransportError(f"the private host-runtime daemon did not start: {err.strip()[-2000:]}.{hint}")
 
     def stop() -> None:

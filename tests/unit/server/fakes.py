@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rknn_proto.manifest import one_file_manifest
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, TensorAttr
+from rknn_server.model_cache import ModelCache
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
@@ -76,3 +78,17 @@ class FakeBackend(Backend):
         runtime = FakeRuntime(model_path, options)
         self.opened.append(runtime)
         return runtime
+
+
+def store_model(cache: ModelCache, data: bytes, name: str = "m.onnx") -> str:
+    """Cache a one-file model through an upload of it, as a client's would, and return its digest."""
+    manifest = one_file_manifest(name, data)
+    if cache.prepare(manifest)[0]:
+        return manifest.digest
+    upload = cache.begin_upload(manifest, [0])
+    try:
+        upload.write(0, 0, data)
+        upload.finish()
+    finally:
+        upload.close()
+    return manifest.digest

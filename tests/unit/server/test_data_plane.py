@@ -18,8 +18,7 @@ from rknn_server.metrics import DaemonMetrics
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import InputFormat, ModelFormatError, WorkerLost
-from tests.unit.server.fakes import FakeBackend, FakeRuntime
-from tests.unit.server.test_model_cache import store
+from tests.unit.server.fakes import FakeBackend, FakeRuntime, store_model
 
 MODEL = b"not really onnx, the fake backend does not read it" * 10
 
@@ -32,7 +31,7 @@ def executor() -> Iterator[ThreadPoolExecutor]:
 
 def make_plane(tmp_path: Path, executor: ThreadPoolExecutor, **limits: float) -> tuple[DataPlane, str]:
     cache = ModelCache(tmp_path / "cache", CacheLimits())
-    digest = store(cache, MODEL)
+    digest = store_model(cache, MODEL)
     for owner in ("", "alice", "bob"):  # the callers these tests open it as uploaded it
         cache.grant(digest, owner)
     plane = DataPlane(

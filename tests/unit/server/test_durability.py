@@ -16,6 +16,7 @@ from rknn_server import model_cache
 from rknn_server.cache_records import RECORD_FILE, read_record
 from rknn_server.errors import DataLoss
 from rknn_server.model_cache import CacheLimits, ModelCache
+from tests.unit.server.fakes import store_model
 
 
 class HeldSync:
@@ -51,7 +52,7 @@ def test_the_record_follows_the_sync_and_the_model_is_trusted_meanwhile(
     tmp_path: Path, held_sync: HeldSync, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = ModelCache(tmp_path / "c", CacheLimits())
-    digest = cache.store_bytes("m.onnx", os.urandom(5000))
+    digest = store_model(cache, os.urandom(5000))
     folder = cache.model_dir(digest)
     assert not (folder / RECORD_FILE).exists()  # not synced yet: no record that a restart would trust
     _no_hashing(monkeypatch)
@@ -66,7 +67,7 @@ def test_the_record_follows_the_sync_and_the_model_is_trusted_meanwhile(
 
 def test_a_file_changed_before_its_record_is_hashed_again(tmp_path: Path, held_sync: HeldSync) -> None:
     cache = ModelCache(tmp_path / "c", CacheLimits())
-    digest = cache.store_bytes("m.onnx", os.urandom(5000))
+    digest = store_model(cache, os.urandom(5000))
     path = cache.main_file(digest)
     path.write_bytes(os.urandom(5000))  # same size, new bytes and mtime
     with pytest.raises(DataLoss):
@@ -83,7 +84,7 @@ def test_a_model_that_cannot_be_synced_is_removed(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(model_cache, "sync_path", failing)
     cache = ModelCache(tmp_path / "c", CacheLimits())
-    digest = cache.store_bytes("m.onnx", os.urandom(5000))
+    digest = store_model(cache, os.urandom(5000))
     cache.close()
     assert not cache.has(digest) and not cache.model_dir(digest).exists()
 
@@ -93,7 +94,7 @@ def test_a_model_evicted_while_it_waits_for_its_sync_is_left_alone(
 ) -> None:
     cache = ModelCache(tmp_path / "c", CacheLimits())
     data = os.urandom(5000)
-    digest = cache.store_bytes("m.onnx", data)
+    digest = store_model(cache, data)
     shutil.rmtree(cache.model_dir(digest))
     held_sync.release.set()
     cache.close()
@@ -106,7 +107,7 @@ def test_a_model_left_without_its_record_is_hashed_again_after_a_restart(
 ) -> None:
     """A power cut before the sync: the restarted cache trusts nothing, and a torn file is removed."""
     cache = ModelCache(tmp_path / "c", CacheLimits())
-    digest = cache.store_bytes("m.onnx", os.urandom(5000))
+    digest = store_model(cache, os.urandom(5000))
     path = cache.main_file(digest)
     stat = path.stat()
     path.write_bytes(bytes(5000))  # the bytes the disk kept: zeros, same size and times

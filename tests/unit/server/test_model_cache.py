@@ -13,14 +13,11 @@ from rknn_proto import manifest, rknn_pb2
 from rknn_server.errors import Aborted, DataLoss, NotFound, ResourceExhausted
 from rknn_server.model_cache import CacheLimits, ModelCache
 from rknn_server.uploads import BLOCK_BYTES, Upload
+from tests.unit.server.fakes import store_model
 
 
 def manifest_of(data: bytes, name: str = "m.onnx") -> rknn_pb2.ModelManifest:
     return manifest.one_file_manifest(name, data)
-
-
-def store(cache: ModelCache, data: bytes) -> str:
-    return cache.store_bytes("m.onnx", data)
 
 
 def test_a_model_appears_only_after_it_verified(tmp_path: Path) -> None:
@@ -67,18 +64,18 @@ def test_resume_rehashes_the_bytes_already_held(tmp_path: Path) -> None:
 
 def test_lru_eviction_spares_pinned_models(tmp_path: Path) -> None:
     cache = ModelCache(tmp_path / "c", CacheLimits(quota_bytes=2500, max_model_bytes=2500))
-    old, pinned = store(cache, os.urandom(1000)), store(cache, os.urandom(1000))
+    old, pinned = store_model(cache, os.urandom(1000)), store_model(cache, os.urandom(1000))
     os.utime(cache.model_dir(old), (1, 1))
     os.utime(cache.model_dir(pinned), (0, 0))
     cache.pin(pinned)
-    newest = store(cache, os.urandom(1000))
+    newest = store_model(cache, os.urandom(1000))
     assert cache.has(pinned) and cache.has(newest) and not cache.has(old)
     with pytest.raises(ResourceExhausted, match="model_cache_quota_bytes=2500"):
         cache.pin(newest)
-        store(cache, os.urandom(1000))
+        store_model(cache, os.urandom(1000))
     cache.unpin(pinned)
     cache.unpin(newest)
-    store(cache, os.urandom(1000))
+    store_model(cache, os.urandom(1000))
 
 
 def test_a_trailing_newline_is_not_part_of_a_valid_name_or_digest() -> None:
@@ -95,11 +92,11 @@ def test_partial_bytes_count_against_the_quota_and_a_stale_resume_is_aborted(tmp
     upload.write(0, 0, abandoned[:1000])
     upload.close()
     assert cache.prepare(man) == (False, [1000])
-    store(cache, os.urandom(2000))  # 1000 held + 2000 > 2500: the abandoned bytes make room
+    store_model(cache, os.urandom(2000))  # 1000 held + 2000 > 2500: the abandoned bytes make room
     assert cache.prepare(man) == (False, [0])
     with pytest.raises(Aborted, match="no longer holds"):
         cache.begin_upload(man, [1000])
-    assert store(cache, abandoned) == man.digest  # nothing was left claimed
+    assert store_model(cache, abandoned) == man.digest  # nothing was left claimed
 
 
 def _send(upload: Upload, chunks: list[tuple[int, int, bytes]]) -> None:

@@ -190,13 +190,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         call.bytes_in = sum(len(raw) for raw in request.raw_input_contents)
         inputs, owner = decode_inputs(request), client_identity()
         requested = [o.name for o in request.outputs]
+        echoed = len(request.id)
         # Before compute, from the model's output shapes; then whatever they came to.
-        meta = await self.models.metadata(request.model_name, request.model_version, owner)
-        self.reply.check(reply_sizes(meta.outputs, requested), len(request.id))
         model, outputs = await self.models.infer(
-            request.model_name, request.model_version, owner, inputs, requested
+            request.model_name,
+            request.model_version,
+            owner,
+            inputs,
+            requested,
+            lambda declared: self.reply.check(reply_sizes(declared, requested), echoed),
         )
-        self.reply.check(reply_sizes(outputs), len(request.id))
+        self.reply.check(reply_sizes(outputs), echoed)
         call.bytes_out = sum(o.array.nbytes for o in outputs)
         raw = [o.array.tobytes() for o in outputs]
         return pb.ModelInferResponse(

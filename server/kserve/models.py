@@ -21,7 +21,7 @@ import contextlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -170,6 +170,14 @@ def _output_dtype(spec: TensorAttr) -> np.dtype:
     """What an output travels as: quantized integers are dequantized to float32 (as rknn.v1 does)."""
     return (
         np.dtype("<f4") if spec.quant_type is not QuantType.NONE and spec.dtype.kind in "iu" else spec.dtype
+    )
+
+
+def _output_metadata(model: Model) -> tuple[TensorMetadata, ...]:
+    """A model's outputs as v2 describes them (its metadata's, and what the reply rule weighs)."""
+    return tuple(
+        TensorMetadata(n, datatype_of(_output_dtype(s)), _client_shape(s, s.layout))
+        for n, s in zip(model.output_names(), model.outputs, strict=True)
     )
 
 
@@ -390,17 +398,24 @@ class V2Models:
             TensorMetadata(n, datatype_of(s.dtype), _client_shape(s, model.input_layout(i)))
             for i, (n, s) in enumerate(zip(model.input_names(), model.inputs, strict=True))
         )
-        outputs = tuple(
-            TensorMetadata(n, datatype_of(_output_dtype(s)), _client_shape(s, s.layout))
-            for n, s in zip(model.output_names(), model.outputs, strict=True)
-        )
-        return ModelMetadata(model.name, (VERSION,), model.platform, inputs, outputs)
+        return ModelMetadata(model.name, (VERSION,), model.platform, inputs, _output_metadata(model))
 
     async def infer(
-        self, name: str, version: str, owner: str, inputs: Sequence[InputTensor], requested: Sequence[str]
+        self,
+        name: str,
+        version: str,
+        owner: str,
+        inputs: Sequence[InputTensor],
+        requested: Sequence[str],
+        check_reply: Callable[[Sequence[TensorMetadata]], None] | None = None,
     ) -> tuple[Model, list[OutputTensor]]:
-        """Run one request; the outputs named in `requested` (all when empty), in the model's order."""
+        """Run one request; the outputs named in `requested` (all when empty), in the model's order.
+        `check_reply` weighs the reply by the model's output shapes before compute (the door's reply rule)."""
         model = self.resolve(name, version, owner)
+        if check_reply is not None:
+            if not model.outputs:
+                await self._session(model, owner)
+            check_reply(_output_metadata(model))
         started = time.perf_counter_ns()
         try:
             outputs = await self._infer(model, owner, inputs, requested)

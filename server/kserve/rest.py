@@ -417,9 +417,14 @@ class RestV2:
             return not binary_out.get(output, binary_out[""])
 
         # Before compute, from the model's output shapes; then whatever they came to.
-        meta = await self.models.metadata(name, version, request.owner)
-        self._check_reply(reply_sizes(meta.outputs, requested, as_json), echoed)
-        model, outputs = await self.models.infer(name, version, request.owner, inputs, requested)
+        model, outputs = await self.models.infer(
+            name,
+            version,
+            request.owner,
+            inputs,
+            requested,
+            lambda declared: self._check_reply(reply_sizes(declared, requested, as_json), echoed),
+        )
         self._check_reply(reply_sizes(outputs, (), as_json), echoed)
         return infer_reply(model.name, version, header.get("id"), outputs, binary_out, self.budget)
 

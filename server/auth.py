@@ -108,8 +108,9 @@ class AccessPolicy:
     def required(self) -> bool:
         return self.tokens is not None or self.client_certificates
 
-    def admit(self, peer: str, token: str | None, certificate_subject: str) -> str:
-        """The caller's identity: its token's name, its certificate's subject, else who its socket says."""
+    def admit(self, peer: str, token: str | None, certificate_subject: str, anonymous: str = "") -> str:
+        """The caller's identity: its token's name, its certificate's subject, else who its socket says
+        (`anonymous`, where the door already asked: the lookup is a kernel round trip)."""
         if token is not None and self.tokens is not None:
             name = self.tokens.identify(token)
             if name is None:
@@ -122,7 +123,7 @@ class AccessPolicy:
             return certificate_subject
         caller = parse_peer(peer)
         if not self.required or (self.trust_loopback and caller.is_local):
-            return anonymous_identity(caller, self.listeners)
+            return anonymous or anonymous_identity(caller, self.listeners)
         wanted = ["a token in gRPC metadata 'authorization: Bearer <token>'"] if self.tokens else []
         wanted += ["a client certificate (mutual TLS)"] if self.client_certificates else []
         raise Unauthenticated(

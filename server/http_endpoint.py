@@ -134,8 +134,9 @@ class HttpEndpoint:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = grpc_peer(writer.get_extra_info("peername"))
         try:
-            with self.gate.admit(anonymous_identity(parse_peer(peer), self.access.listeners)):
-                _write(writer, await self._answer(reader, peer))
+            anonymous = anonymous_identity(parse_peer(peer), self.access.listeners)
+            with self.gate.admit(anonymous):
+                _write(writer, await self._answer(reader, peer, anonymous))
                 await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
         except Refused as exc:  # answered without reading a byte of the request
             _write(writer, _text(429, str(exc)))
@@ -146,7 +147,8 @@ class HttpEndpoint:
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT_S)
 
-    async def _answer(self, reader: asyncio.StreamReader, peer: str) -> Reply:
+    async def _answer(self, reader: asyncio.StreamReader, peer: str, anonymous: str) -> Reply:
+        """The reply to one request of `peer`, whose socket names it `anonymous` (before any token)."""
         try:
             method, path, headers = await self.gate.within(_read_head(reader), "request head")
         except BadRequest as exc:
@@ -164,7 +166,7 @@ class HttpEndpoint:
         if route == "/v2/health/ready":
             return Reply(200 if self.routes.ready() else 503, TEXT, b"")
         try:
-            owner = self.access.admit(peer, bearer_token(list(headers.items())), "")
+            owner = self.access.admit(peer, bearer_token(list(headers.items())), "", anonymous)
         except Unauthenticated:
             return Reply(
                 401,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
 from rknn_proto import rknn_pb2
+from rknn_proto.tensor_limits import TensorLimits
 from rknn_proto.version import CHUNK_BYTES
 
 DT = rknn_pb2.DataType
@@ -50,17 +50,6 @@ class CodecError(ValueError):
 
 class LimitExceeded(CodecError):
     """A tensor message over one of the receiver's limits; the text names the limit and its value."""
-
-
-@dataclass(frozen=True)
-class TensorLimits:
-    """Bounds a receiver enforces before allocating anything."""
-
-    max_tensor_bytes: int = 4 << 30
-    max_rank: int = 16
-    max_tensors: int = 256
-    max_elements: int = 1 << 32
-    max_chunk_bytes: int = 4 * CHUNK_BYTES
 
 
 def supported_dtype_names() -> list[str]:

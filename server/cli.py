@@ -9,21 +9,16 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-import structlog
-
 from rknn_proto.version import DEFAULT_PORT
 from rknn_server import __version__
-from rknn_server.auth import SecurityConfigError, TlsFiles
-from rknn_server.daemon import DaemonConfig, run
-from rknn_server.http_endpoint import parse_metrics_listen
-from rknn_server.kserve.repository import RepositoryError
+from rknn_server.daemon_config import DaemonConfig
 from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
-from rknn_server.legacy.listener import parse_place
 from rknn_server.limits import Limits
-from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen
-from rknn_server.logs import configure
+from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen, parse_metrics_listen
 from rknn_server.options import CONFIG_ENV, YEAR_S, Bounded, Repeat, document, env_name, parse_layered
-from rknn_server.runtime.select import BackendUnavailable
+
+# Only what the parsers need is imported here: `--help`, a refused option and `health` never load the
+# daemon (its imports cost a board's CPU seconds); serve_main imports it once the options are good.
 
 
 def _listen_arg(text: str) -> str:
@@ -319,10 +314,10 @@ def health_parser() -> argparse.ArgumentParser:
 
 
 def health_main(argv: list[str]) -> int:
+    args = health_parser().parse_args(argv)
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    args = health_parser().parse_args(argv)
     target = parse_listen(args.addr).grpc_address()
     if args.tls_ca is not None:
         credentials = grpc.ssl_channel_credentials(
@@ -363,12 +358,18 @@ def main(argv: list[str] | None = None) -> int:
     command, argv = _command(sys.argv[1:] if argv is None else argv)
     if command == "health":
         return health_main(argv)
+    return serve_main(argv)
+
+
+def serve_main(argv: list[str]) -> int:
     parser = serve_parser()
     args = parse_layered(parser, argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     if args.no_legacy and args.legacy_listen:
         parser.error("--no-legacy and --legacy-listen contradict each other")
+    from rknn_server.legacy.listener import parse_place
+
     for place in args.legacy_listen or ():
         try:
             parse_place(place)
@@ -376,6 +377,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     if args.tls_client_ca is not None and args.tls_cert is None:
         parser.error("--tls-client-ca needs --tls-cert and --tls-key")
+    import structlog
+
+    from rknn_server.auth import SecurityConfigError
+    from rknn_server.daemon import run
+    from rknn_server.kserve.repository import RepositoryError
+    from rknn_server.logs import configure
+    from rknn_server.runtime.select import BackendUnavailable
+
     configure(args.log_format, args.log_level)
     if args.auth_loopback:
         structlog.get_logger("rknn_server").warning(
@@ -392,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def daemon_config(args: argparse.Namespace) -> DaemonConfig:
     """The daemon's settings from the parsed options (each limit's flag has its field's name as dest)."""
+    from rknn_server.auth import TlsFiles
+
     return DaemonConfig(
         listen=[parse_listen(a) for a in args.listen],
         runtime=args.runtime,

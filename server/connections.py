@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rknn_server.errors import ResourceExhausted
+from rknn_server.limits import DoorLimits
 from rknn_server.peers import uid_identity
 
 log = structlog.get_logger("rknn_server.connections")
@@ -35,23 +36,6 @@ T = TypeVar("T")
 # cache's files, the runtime, worker processes' pipes, shared-memory regions.
 FD_HEADROOM = 512
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-@dataclass(frozen=True)
-class DoorLimits:
-    """One door's caps: connections in total, per identity, and the seconds a read may wait (0: no
-    deadline) — for the toolkit listener the idle time between and within requests, for HTTP the time
-    to send the request head. Set by the Limits fields of the door (server/limits.py)."""
-
-    max_connections: int
-    max_per_client: int
-    idle_timeout_s: float
-
-
-# The defaults. Toolkit callers through adb all arrive as adbd's user, so its per-client cap is
-# its share of the board; a session left idle as long as a connection is freed anyway.
-TOOLKIT = DoorLimits(max_connections=64, max_per_client=16, idle_timeout_s=300.0)
-HTTP = DoorLimits(max_connections=64, max_per_client=8, idle_timeout_s=5.0)
 
 
 class Refused(ResourceExhausted):
@@ -184,9 +168,6 @@ class GateCollector(Collector):
 
 
 __all__ = [
-    "HTTP",
-    "TOOLKIT",
-    "DoorLimits",
     "Gate",
     "GateCollector",
     "IdleTimeout",

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -27,6 +27,7 @@ from rknn_server.allocator import reuse_large_buffers
 from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
 from rknn_server.calls import Recorder
 from rknn_server.connections import GateCollector, raise_open_files
+from rknn_server.daemon_config import DaemonConfig
 from rknn_server.data_plane import DataPlane
 from rknn_server.doorbell import Doorbells
 from rknn_server.guard import Guard
@@ -37,9 +38,9 @@ from rknn_server.kserve.repository import ModelRepository
 from rknn_server.kserve.rest import RestV2
 from rknn_server.legacy import startup as legacy
 from rknn_server.legacy.connection import LegacyLimits
-from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
+from rknn_server.legacy.layouts import RELEASES
 from rknn_server.limits import Limits
-from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, ListenError, bind_problem, parse_listen
+from rknn_server.listen import ListenAddress, ListenError, bind_problem
 from rknn_server.metrics import DaemonMetrics, StateCollector
 from rknn_server.model_cache import ModelCache
 from rknn_server.platform import PlatformInfo, probe_platform
@@ -54,40 +55,6 @@ from rknn_server.telemetry import BoardTelemetry
 
 log = structlog.get_logger("rknn_server")
 SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
-
-
-@dataclass
-class DaemonConfig:
-    listen: list[ListenAddress] = field(default_factory=lambda: [parse_listen(a) for a in DEFAULT_LISTEN])
-    runtime: str = "auto"
-    soc: str = ""
-    model_cache: Path = field(default_factory=lambda: Path("~/.cache/rknn_server").expanduser())
-    limits: Limits = field(default_factory=Limits.for_machine)  # every limit (server/limits.py)
-    verify_interval_s: float = 86400.0  # re-hash each cached model this often (0: only when its files change)
-    model_repository: Path | None = None  # KServe v2 models by folder name (server/kserve)
-    verify_cache: bool = False  # re-hash every cached model at start-up, before serving
-    isolation: str = "thread"  # "thread": in the daemon; "process": one worker process per session
-    threads: int | None = None
-    grace_s: float = 10.0
-    exit_with_stdin: bool = False
-    runtime_lib: Path | None = None  # librknnrt/librknnmrt to load instead of searching for one
-    plugin_dir: Path | None = None  # custom-op plugins for the rknnrt runtime
-    sysfs_root: Path = Path("/")  # where the platform probe reads /proc, /sys and /dev
-    auth_token_file: Path | None = None
-    trust_loopback: bool = False  # let this machine's callers in without a token or certificate
-    tls: TlsFiles | None = None
-    insecure: bool = False
-    backend: str = ""  # MODULE:CALLABLE serving instead of `runtime` (see runtime/backend_hook.py)
-    metrics_listen: ListenAddress | None = None  # HTTP: /metrics and the KServe v2 health endpoints
-    ready_file: Path | None = None  # JSON of the bound listeners, written once serving (rknn_proto.ready)
-    # Where the RKNN-Toolkit2 protocol is served (server/legacy): None = the default, () = off.
-    legacy_listen: tuple[str, ...] | None = None
-    legacy_toolkit: str = DEFAULT_VERSION  # whose message layout it speaks (a key of layouts.RELEASES)
-    shm: bool = True  # offer shared-memory tensors to same-host callers (server/shm.py)
-
-    def enforced_limits(self) -> Limits:
-        """The limits as served: a call deadline binds worker processes only (a thread cannot be killed)."""
-        return self.limits if self.isolation == "process" else self.limits.without_call_timeout()
 
 
 # Server keepalive: ping an idle connection every 60 s and drop it when the ping is not answered in

@@ -24,7 +24,8 @@ from rknn_proto import codec
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump
 from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, InvalidInput, NotFound
-from rknn_server.memory import MemoryBudget, MemoryLimits
+from rknn_server.limits import MemoryLimits, SessionLimits
+from rknn_server.memory import MemoryBudget
 from rknn_server.metrics import DaemonMetrics
 from rknn_server.model_cache import ModelCache
 from rknn_server.runtime.base import (
@@ -39,13 +40,6 @@ from rknn_server.sessions import Session, SessionRegistry
 
 log = structlog.get_logger("rknn_server.data_plane")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    max_sessions: int = 16
-    idle_timeout_s: float = 300.0
-    max_per_client: int = 0
 
 
 @dataclass(frozen=True)
@@ -296,4 +290,4 @@ class DataPlane:
                 await loop.run_in_executor(self.executor, close)
 
 
-__all__ = ["DataPlane", "OpenRequest", "Ran", "SessionLimits"]
+__all__ = ["DataPlane", "OpenRequest", "Ran"]

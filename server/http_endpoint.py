@@ -25,9 +25,10 @@ import numpy as np
 import structlog
 
 from rknn_server.auth import AccessPolicy, SecurityConfigError, Unauthenticated, bearer_token
-from rknn_server.connections import DoorLimits, Gate, IdleTimeout, Refused, grpc_peer
+from rknn_server.connections import Gate, IdleTimeout, Refused, grpc_peer
 from rknn_server.errors import ServiceError
-from rknn_server.listen import ListenAddress, parse_listen
+from rknn_server.limits import DoorLimits
+from rknn_server.listen import ListenAddress
 from rknn_server.memory import MemoryBudget
 from rknn_server.peers import anonymous_identity, parse_peer
 
@@ -63,14 +64,6 @@ class BadRequest(Exception):
     def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
         self.status = status
-
-
-def parse_metrics_listen(text: str) -> ListenAddress:
-    """--metrics-listen: a TCP address (HTTP has no abstract-socket clients)."""
-    address = parse_listen(text)
-    if address.scheme != "tcp":
-        raise ValueError(f"metrics listen address {text!r}: expected tcp://HOST:PORT")
-    return address
 
 
 def check_exposure(address: ListenAddress, has_tokens: bool, insecure: bool) -> list[str]:
@@ -283,5 +276,4 @@ __all__ = [
     "Request",
     "Routes",
     "check_exposure",
-    "parse_metrics_listen",
 ]

@@ -1,32 +1,84 @@
-"""Every limit the daemon enforces, declared once, with its wire form (GetInfo's `Limits`).
+"""Every limit the daemon enforces, declared once; GetInfo reports them (service.wire_limits).
 
 A limit is one field here, named exactly like its field of `rknn_pb2.Limits` and like the `dest` of
-its `rknn_server` flag, so that the flags build a `Limits` and `to_wire` reports it without a list of
+its `rknn_server` flag, so that the flags build a `Limits` and GetInfo reports it without a list of
 names in between: a field missing from the proto fails at once (tests/unit/server/test_limits.py,
 tests/reliability/test_limits_reported.py). Each field also declares its flag's help and valid range
 (`_limit`); server/cli.py adds the flags from them, and the range is checked alike for a flag, an
 RKNN_SERVER_* variable and a config-file key (options.Bounded). The parts that enforce them get
-their own small views (`tensors()`, `cache()`, ...), built from this one object in `serve`.
+their own small views (`tensors()`, `cache()`, ...), built from this one object in `serve`; the view
+types live here too, so this module imports nothing of the daemon (the option parser reads it, and
+`rknn_server --help` need not load the daemon).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TypeVar
 
-from rknn_proto import codec, rknn_pb2
-from rknn_proto.version import CHUNK_BYTES, MAX_MESSAGE_BYTES
-from rknn_server.connections import HTTP, TOOLKIT, DoorLimits
-from rknn_server.data_plane import SessionLimits
-from rknn_server.memory import MemoryLimits
-from rknn_server.model_cache import CacheLimits
+from rknn_proto.tensor_limits import TensorLimits
+from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server.options import YEAR_S, Bounded, Kind
+from rknn_server.sizes import machine_ram
 
-_TENSORS = codec.TensorLimits()
+_TENSORS = TensorLimits()
 T = TypeVar("T", int, float)
 # The widest ranges: what a board could ever use, and what fits the wire (uint32 counts, uint64 sizes)
 # and gRPC (a signed 32-bit message size).
 _COUNT, _SIZE, _MESSAGE = 1 << 16, 1 << 50, 1 << 30
+
+
+# -- the views: what each part that enforces limits is handed (built from one Limits in `serve`) --------
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """The session registry's (sessions.py)."""
+
+    max_sessions: int = 16
+    idle_timeout_s: float = 300.0
+    max_per_client: int = 0
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    """The model cache's (model_cache.py)."""
+
+    quota_bytes: int = 16 << 30
+    max_model_bytes: int = 8 << 30
+    max_model_files: int = 1024
+    partial_ttl_s: float = 3600.0  # 0: partial uploads are kept until evicted for room
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """The memory budgets (memory.py), 0 meaning unlimited. Defaults: half the RAM for the daemon, a
+    quarter per session."""
+
+    max_memory: int = 0
+    max_session_memory: int = 0
+
+    @classmethod
+    def for_machine(cls, ram: int | None = None) -> MemoryLimits:
+        ram = machine_ram() if ram is None else ram
+        return cls(max_memory=ram // 2, max_session_memory=ram // 4)
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    """One connection-oriented door's caps (connections.py): connections in total, per identity, and the
+    seconds a read may wait (0: no deadline) — for the toolkit listener the idle time between and within
+    requests, for HTTP the time to send the request head."""
+
+    max_connections: int
+    max_per_client: int
+    idle_timeout_s: float
+
+
+# The doors' defaults. Toolkit callers through adb all arrive as adbd's user, so its per-client cap is
+# its share of the board; a session left idle as long as a connection is freed anyway.
+TOOLKIT = DoorLimits(max_connections=64, max_per_client=16, idle_timeout_s=300.0)
+HTTP = DoorLimits(max_connections=64, max_per_client=8, idle_timeout_s=5.0)
 
 
 @dataclass(frozen=True)
@@ -213,18 +265,14 @@ class Limits:
         memory = MemoryLimits.for_machine()
         return cls(max_memory_bytes=memory.max_memory, max_session_memory_bytes=memory.max_session_memory)
 
-    def to_wire(self) -> rknn_pb2.Limits:
-        """GetInfo's `Limits`: every field, plus the chunk size the daemon sends."""
-        return rknn_pb2.Limits(chunk_bytes=CHUNK_BYTES, **asdict(self))
-
     def without_call_timeout(self) -> Limits:
         """These limits where runtime calls cannot be cut short (a thread cannot be killed)."""
         return replace(self, call_timeout_s=0.0)
 
     # -- the views of the parts that enforce them ----------------------------------------------
 
-    def tensors(self) -> codec.TensorLimits:
-        return codec.TensorLimits(
+    def tensors(self) -> TensorLimits:
+        return TensorLimits(
             max_tensor_bytes=self.max_tensor_bytes,
             max_rank=self.max_tensor_rank,
             max_tensors=self.max_tensors,
@@ -254,4 +302,13 @@ class Limits:
         )
 
 
-__all__ = ["LimitFlag", "Limits"]
+__all__ = [
+    "HTTP",
+    "TOOLKIT",
+    "CacheLimits",
+    "DoorLimits",
+    "LimitFlag",
+    "Limits",
+    "MemoryLimits",
+    "SessionLimits",
+]

@@ -82,3 +82,11 @@ def bind_problem(address: ListenAddress) -> str | None:
     except OSError as exc:
         return "the address is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
     return None
+
+
+def parse_metrics_listen(text: str) -> ListenAddress:
+    """--metrics-listen: a TCP address (HTTP has no abstract-socket clients)."""
+    address = parse_listen(text)
+    if address.scheme != "tcp":
+        raise ValueError(f"metrics listen address {text!r}: expected tcp://HOST:PORT")
+    return address

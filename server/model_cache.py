@@ -74,6 +74,7 @@ from rknn_server.errors import (
     NotFound,
     ResourceExhausted,
 )
+from rknn_server.limits import CacheLimits
 from rknn_server.uploads import UPLOADER_MARKER, Claim, Upload
 
 log = structlog.get_logger("rknn_server.cache")
@@ -81,14 +82,6 @@ log = structlog.get_logger("rknn_server.cache")
 MAIN_FILE_MARKER = ".main"
 # Damaged models remembered (digest -> when) so that a client asking for one hears why it is gone.
 _DAMAGED_REMEMBERED = 256
-
-
-@dataclass(frozen=True)
-class CacheLimits:
-    quota_bytes: int = 16 << 30
-    max_model_bytes: int = 8 << 30
-    max_model_files: int = 1024
-    partial_ttl_s: float = 3600.0  # 0: partial uploads are kept until evicted for room
 
 
 @dataclass(frozen=True)

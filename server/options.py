@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rknn_server.memory import format_size, parse_size
+from rknn_server.sizes import format_size, parse_size
 
 ENV_PREFIX = "RKNN_SERVER_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 import grpc
 
 from rknn_proto import codec, convert, framing, rknn_pb2, rknn_pb2_grpc
-from rknn_proto.version import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RESERVATION_METADATA_KEY
+from rknn_proto.version import CHUNK_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RESERVATION_METADATA_KEY
 from rknn_server import __version__
 from rknn_server.calls import Call
 from rknn_server.data_plane import DataPlane, OpenRequest
@@ -40,6 +40,11 @@ T = TypeVar("T")
 
 # Core masks the contract defines (rknn_core_mask values).
 KNOWN_CORE_MASKS = {v.number for v in rknn_pb2.CoreMask.DESCRIPTOR.values}
+
+
+def wire_limits(limits: Limits) -> rknn_pb2.Limits:
+    """GetInfo's `Limits`: every field of `Limits` under its own name, plus the chunk size the daemon sends."""
+    return rknn_pb2.Limits(chunk_bytes=CHUNK_BYTES, **asdict(limits))
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,7 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
                 dynamic_shape=caps.dynamic_shape,
                 fix_freq=caps.fix_freq,
             ),
-            limits=self.limits.to_wire(),
+            limits=wire_limits(self.limits),
             runtime_reason=self.config.runtime_reason,
             model_formats=list(backend.model_suffixes),
             board=self.config.board,

@@ -36,7 +36,8 @@ from rknn_proto import rknn_pb2
 from rknn_proto.manifest import FileEntry, manifest_digest, valid_digest, valid_file_name
 from rknn_server.errors import DataLoss, InvalidInput, NotFound
 from rknn_server.kserve.folder import FileChanged, Folder, UnsafeEntry, kind_of
-from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.limits import CacheLimits
+from rknn_server.model_cache import ModelCache
 
 CONFIG_FILE = "config.toml"
 MAX_CONFIG_BYTES = 64 << 10

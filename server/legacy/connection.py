@@ -26,13 +26,14 @@ from rknn_proto.codec import TensorLimits
 from rknn_proto.messages import EvalMemoryResponse
 from rknn_server import __version__
 from rknn_server.calls import Call, Recorder
-from rknn_server.connections import TOOLKIT, DoorLimits, Gate, IdleTimeout
+from rknn_server.connections import Gate, IdleTimeout
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, ResourceExhausted, status_of
 from rknn_server.legacy import layouts, messages, wire
 from rknn_server.legacy.intake import ModelIntake
 from rknn_server.legacy.layouts import Layout
 from rknn_server.legacy.wire import Command, Header, ProtocolError
+from rknn_server.limits import TOOLKIT, DoorLimits
 from rknn_server.runtime.base import InputError, InputFormat, WorkerLost
 from rknn_server.sessions import Session
 
@@ -171,7 +172,7 @@ class LegacyConnection:
 
     async def _read(self, count: int, what: str) -> bytes:
         """Exactly `count` bytes, each wait for them bounded by the idle deadline."""
-        return await self.gate.within(wire.read_exactly(self.reader, count, what), what)
+        return await self.gate.within(_read_exactly(self.reader, count, what), what)
 
     async def _read_some(self, most: int, what: str = "the model") -> bytes:
         """Up to `most` bytes of a message body, as they come (a model is streamed with it)."""
@@ -515,3 +516,13 @@ class LegacyConnection:
                 log.info("legacy_session_released", session=session.id[:12], reason=reason)
             except Exception as exc:  # expired meanwhile: nothing left to free
                 log.info("legacy_release_skipped", session=session.id[:12], reason=str(exc))
+
+
+async def _read_exactly(reader: asyncio.StreamReader, count: int, what: str) -> bytes:
+    """`count` bytes, or EOFError saying how much of `what` came before the client hung up."""
+    try:
+        return await reader.readexactly(count)
+    except asyncio.IncompleteReadError as exc:
+        raise EOFError(
+            f"the client hung up after {len(exc.partial)} of the {count} bytes of {what}"
+        ) from None

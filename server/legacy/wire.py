@@ -7,7 +7,6 @@ the PC's memory), so nothing here keeps or logs them.
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
@@ -95,15 +94,6 @@ def build(command: Command, request: Header, size: int, context: int = NO_CONTEX
         request.model_id,
     )
     return message
-
-
-async def read_exactly(reader: asyncio.StreamReader, count: int, what: str) -> bytes:
-    try:
-        return await reader.readexactly(count)
-    except asyncio.IncompleteReadError as exc:
-        raise EOFError(
-            f"the client hung up after {len(exc.partial)} of the {count} bytes of {what}"
-        ) from None
 
 
 LENGTH_BYTES = _LENGTH.size

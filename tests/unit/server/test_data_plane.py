@@ -12,10 +12,11 @@ import pytest
 
 from rknn_proto import codec
 from rknn_proto.reasons import Reason
-from rknn_server.data_plane import DataPlane, OpenRequest, SessionLimits
+from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted
+from rknn_server.limits import CacheLimits, SessionLimits
 from rknn_server.metrics import DaemonMetrics
-from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.model_cache import ModelCache
 from rknn_server.reservations import ReservationBook
 from rknn_server.runtime.base import InputFormat, ModelFormatError, WorkerLost
 from tests.unit.server.fakes import FakeBackend, FakeRuntime, store_model

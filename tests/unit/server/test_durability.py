@@ -15,7 +15,8 @@ from rknn_proto import manifest
 from rknn_server import model_cache
 from rknn_server.cache_records import RECORD_FILE, read_record
 from rknn_server.errors import DataLoss
-from rknn_server.model_cache import CacheLimits, ModelCache
+from rknn_server.limits import CacheLimits
+from rknn_server.model_cache import ModelCache
 from tests.unit.server.fakes import store_model
 
 

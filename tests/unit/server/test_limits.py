@@ -7,6 +7,7 @@ from dataclasses import asdict, fields
 from rknn_proto import rknn_pb2
 from rknn_proto.version import CHUNK_BYTES
 from rknn_server.limits import Limits
+from rknn_server.service import wire_limits
 
 
 def distinct() -> Limits:
@@ -20,7 +21,7 @@ def distinct() -> Limits:
 
 def test_the_wire_form_carries_every_limit_and_nothing_else() -> None:
     limits = distinct()
-    wire = limits.to_wire()
+    wire = wire_limits(limits)
     assert {f.name for f in rknn_pb2.Limits.DESCRIPTOR.fields} == {"chunk_bytes", *asdict(limits)}
     for name, value in asdict(limits).items():
         assert getattr(wire, name) == value, name

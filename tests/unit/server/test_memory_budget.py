@@ -10,7 +10,9 @@ import pytest
 
 from rknn_server.cli import serve_parser
 from rknn_server.errors import ResourceExhausted
-from rknn_server.memory import MemoryBudget, MemoryLimits, parse_size
+from rknn_server.limits import MemoryLimits
+from rknn_server.memory import MemoryBudget
+from rknn_server.sizes import parse_size
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,13 @@ import itertools
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import structlog
 
 from rknn_proto.codec import TensorLimits
-from rknn_proto.messages import EvalMemoryResponse
+from rknn_proto.messages import EvalMemoryResponse, TensorAttr
 from rknn_server import __version__
 from rknn_server.calls import Call, Recorder
 from rknn_server.connections import Gate, IdleTimeout
@@ -34,7 +34,7 @@ from rknn_server.legacy.intake import ModelIntake
 from rknn_server.legacy.layouts import Layout
 from rknn_server.legacy.wire import Command, Header, ProtocolError
 from rknn_server.limits import TOOLKIT, DoorLimits
-from rknn_server.runtime.base import InputError, InputFormat, WorkerLost
+from rknn_server.runtime.base import InputError, InputFormat, InputShapes, WorkerLost
 from rknn_server.sessions import Session
 
 log = structlog.get_logger("rknn_server.legacy")
@@ -51,6 +51,7 @@ ACK_FAIL = 1
 ACK_INVALD_INPUT = 3
 ACK_IOCTL_UNKNOWN_CMD = 7
 ACK_UNSUPPORT_SET_CORE = 9
+ACK_INVALID_DYNAMIC_INPUT_RANGE = 10
 # The ack that answers each request (a refused one carries ACK_FAIL at 0x6c), and those acks' sizes.
 _ACKS = {
     Command.VERSION: Command.VERSION_ACK,
@@ -66,11 +67,27 @@ _MODEL_SIZE = struct.Struct("<I")
 _LOAD_HEADER_BYTES = 0x70
 _READ_BYTES = 1 << 20
 _REQUESTS = frozenset(_ACKS) | {Command.IOCTL, Command.MULTI_INPUT, Command.RUN}
-# rknn_run in the 2.5.0 client sends MsgRun and only then starts waiting on a condition variable,
-# without checking whether the answer already came: a MsgFinish that arrives in between is lost and
-# the toolkit fails with "Run timeout" minutes later (its other waits look alike). A real NPU run is
-# slower than that gap; a fast stand-in is not, so no answer leaves sooner than this after its request.
-MIN_TURNAROUND_S = 0.01
+# The client (2.5.0's librknn_api; 2.3.2's is the same code) reads the answers to VERSION, LOAD and
+# the MODEL_INFO and INPUT_DYNAMIC_RANGE ioctls itself while loading. Every later answer is taken by
+# its reader thread, which signals a condition variable that rknn_run, rknn_query (the other ioctls),
+# rknn_set_core_mask, rknn_set_input_shapes and rknn_destroy wait on only after they sent the request,
+# waiting before they look whether the answer already came: one that arrives in between is lost and
+# the toolkit fails with "Run timeout" minutes later. That gap is a few instructions, unless the
+# client's thread is preempted right after its send; so no answer its reader thread takes leaves
+# sooner than this after its request. Measured with the real toolkit beside two busy loops on two
+# loaded cores: answers sent at once lost about 1 in 500 runs, 1 ms after 1 in 1200, 2 ms and 3 ms
+# after none in 7000 and 4000.
+MIN_TURNAROUND_S = 0.003
+
+
+def _reader_thread_takes(header: Header, message: memoryview) -> bool:
+    """Whether the client takes this request's answer on its reader thread (see MIN_TURNAROUND_S)."""
+    if header.command in (Command.VERSION, Command.LOAD):
+        return False
+    if header.command == Command.IOCTL and len(message) >= wire.HEADER_BYTES + 4:
+        (subcommand,) = struct.unpack_from("<I", message, wire.HEADER_BYTES)
+        return subcommand not in (MODEL_INFO, INPUT_DYNAMIC_RANGE)
+    return True
 
 
 @dataclass(frozen=True)
@@ -132,6 +149,11 @@ class LegacyConnection:
         self.session: Session | None = None
         self.context = wire.NO_CONTEXT  # the id the LOAD ack of `session` assigned
         self.inputs: tuple[list[np.ndarray], list[InputFormat]] | None = None
+        # The session's inputs' shapes as its runtime declares them, the inputs with those dims, and
+        # the inputs and outputs as the client now knows them (declared, then its last MsgSetInputShape's).
+        self.shapes: list[InputShapes] = []
+        self.declared: list[TensorAttr] = []
+        self.current: tuple[list[TensorAttr], list[TensorAttr]] = ([], [])
         self.input_error: Exception | None = None
         self.inputs_bytes = 0  # of the inputs received for the next run, counted in that run's record
         self.frames = itertools.count(0)
@@ -257,7 +279,8 @@ class LegacyConnection:
             outcome = code.name
             log.warning("legacy_request_failed", place=self.name, command=Command(command).name, error=text)
             answer = self._refusal(header, message, exc, text)
-        await asyncio.sleep(MIN_TURNAROUND_S - (time.perf_counter() - call.start))
+        if _reader_thread_takes(header, message):
+            await asyncio.sleep(MIN_TURNAROUND_S - (time.perf_counter() - call.start))
         self.writer.write(wire.frame(answer))
         call.session = self.session.id if self.session is not None else ""
         call.bytes_out = len(answer)
@@ -288,9 +311,7 @@ class LegacyConnection:
             await self._release("unloaded by the toolkit")
             self.finished = True
             return answer
-        raise InvalidInput(
-            "dynamic input shapes (rknn_set_input_shapes) are not served over the toolkit's protocol yet"
-        )
+        return await self._set_input_shapes(header, message)  # the last request left
 
     def _refusal(self, header: Header, message: memoryview, exc: Exception, text: str) -> bytearray:
         """The answer to a refused request: the ack it waits for, with ACK_FAIL, as the real server
@@ -378,6 +399,7 @@ class LegacyConnection:
                 eval_mem=bool(header.flags & wire.FLAG_COLLECT_MEMORY),
             )
         )
+        await self._describe()
         log.info("legacy_model_loaded", place=self.name, session=self.session.id[:12], model=digest[:12])
 
     def _loaded(self) -> Session:
@@ -400,15 +422,46 @@ class LegacyConnection:
         answer[at : at + len(data)] = data
         return answer
 
+    async def _describe(self) -> None:
+        """Learn what the client is told of the new session's model: Rockchip's server describes each
+        input by the dims the runtime's input attribute gives (a dynamic input's too), and lists the
+        shapes of a dynamic one."""
+        session = self._loaded()
+        self.shapes = await self.plane.in_session(session, session.runtime.input_shapes)
+        self.declared = [
+            replace(spec, shape=shapes.declared)
+            for spec, shapes in zip(session.runtime.inputs, self.shapes, strict=True)
+        ]
+        self.current = (self.declared, list(session.runtime.outputs))
+
     def _ioctl(self, header: Header, subcommand: int) -> bytearray:
         session = self._loaded()
-        data = bytearray(self._loading_length(subcommand))
+        answer = self._ioctl_ack(header, ACK_SUCC, subcommand, bytes(self._loading_length(subcommand)))
+        # The packers write at message offsets (the data starts at ioctl_data_at).
         if subcommand == MODEL_INFO:
-            # pack_model_info writes at message offsets: the data starts at ioctl_data_at.
-            framed = bytearray(self.layout.ioctl_data_at) + data
-            messages.pack_model_info(framed, self.layout, session.runtime.inputs, session.runtime.outputs)
-            data = framed[self.layout.ioctl_data_at :]
-        return self._ioctl_ack(header, ACK_SUCC, subcommand, data)
+            messages.pack_model_info(answer, self.layout, self.declared, session.runtime.outputs)
+        else:
+            messages.pack_dynamic_ranges(answer, self.layout, session.runtime.inputs, self.shapes)
+        return answer
+
+    async def _set_input_shapes(self, header: Header, message: memoryview) -> bytearray:
+        """Inference on a dynamic-shape model: the client first sends each input's shape. The runtime
+        switches to them, and the ack carries the inputs' and outputs' attributes at those shapes, which
+        the client checks its inputs and the outputs against from then on. A shape the model does not
+        take is ack 10 (ACK_INVALID_DYNAMIC_INPUT_RANGE), the attributes it was sent and the outputs'
+        unchanged, as Rockchip's server answers; the runtime stays at its previous shapes."""
+        session = self._loaded()
+        shapes = messages.unpack_input_shapes(message, self.layout, session.runtime.inputs)
+        answer = wire.build(Command.SET_INPUT_SHAPE_ACK, header, self.layout.shape_ack_bytes, self.context)
+        try:
+            self.current = await self.plane.in_session(session, session.runtime.set_input_shapes, shapes)
+            messages.pack_attrs(answer, self.layout, self.layout.shape_ack_inputs_at, self.current[0])
+        except InputError as exc:
+            log.warning("legacy_input_shapes_refused", place=self.name, shapes=shapes, error=str(exc))
+            struct.pack_into("<I", answer, wire.HEADER_BYTES, ACK_INVALID_DYNAMIC_INPUT_RANGE)
+            messages.echo_input_shapes(answer, self.layout, message)
+        messages.pack_attrs(answer, self.layout, self.layout.shape_ack_outputs_at, self.current[1])
+        return answer
 
     async def _run_ioctl(self, header: Header, subcommand: int) -> bytearray:
         """A query after loading. Its waiter in the client wakes only on an ioctl ack, never on a crash
@@ -458,6 +511,7 @@ class LegacyConnection:
                     core_mask=mask,
                 )
             )
+            await self._describe()
         except Exception as exc:
             struct.pack_into("<I", answer, wire.HEADER_BYTES, ACK_UNSUPPORT_SET_CORE)
             log.warning("legacy_core_mask_refused", place=self.name, mask=mask, error=status_of(exc)[1])
@@ -472,8 +526,8 @@ class LegacyConnection:
         faith and this daemon still refuses (its limits, a dynamic shape) fail only the run."""
         self.inputs, self.input_error = None, None
         try:
-            specs = self._loaded().runtime.inputs
-            self.inputs = messages.unpack_inputs(message, self.layout, specs, self.limits.tensors)
+            self._loaded()
+            self.inputs = messages.unpack_inputs(message, self.layout, self.current[0], self.limits.tensors)
         except Exception as exc:
             self.input_error = exc
             log.warning("legacy_inputs_refused", place=self.name, error=status_of(exc)[1])
@@ -491,7 +545,7 @@ class LegacyConnection:
         start = time.perf_counter()
         outputs = await self.plane.in_session(session, session.runtime.run, arrays, formats)
         self.last_run_us = (time.perf_counter() - start) * 1e6
-        native = messages.native_outputs(outputs, session.runtime.outputs)
+        native = messages.native_outputs(outputs, self.current[1])
         if len(native) > self.layout.max_tensors:
             raise ResourceExhausted(
                 f"the model has {len(native)} outputs; the protocol carries at most {self.layout.max_tensors}"
@@ -510,6 +564,7 @@ class LegacyConnection:
         session, self.session = self.session, None
         self.context = wire.NO_CONTEXT
         self.inputs = None
+        self.shapes, self.declared, self.current = [], [], ([], [])
         if session is not None:
             try:
                 await self.plane.close(session.id, self.owner)

@@ -55,6 +55,22 @@ class Layout:
     input_types_at: int = 0x4F0
     input_pass_through_at: int = 0x570
     input_data_at: int = 0x5F0
+    # INPUT_DYNAMIC_RANGE (message offsets; the 0x6c data bytes before are not read by the client):
+    # u32 n_input, u32 is_dynamic (the client sends MsgSetInputShape only when it is set), then one
+    # record per input (see the DYNAMIC_* fields below).
+    dynamic_count_at: int = 0xE8
+    dynamic_flag_at: int = 0xEC
+    dynamic_records_at: int = 0xF0
+    dynamic_record_bytes: int = 0x810D
+    # MsgSetInputShape: u32 n at 0x6c, the client's rknn_tensor_attr of each input from 0x70 (records
+    # of ATTR_BYTES, the ATTR_* fields below). Its ack: u32 ack at 0x6c, the inputs' current attributes
+    # (u32 n at 0x70, records from 0x74), the outputs' (u32 n at 0xb4f4, records from 0xb4f8).
+    shape_request_bytes: int = 0xB4F0
+    shape_count_at: int = 0x6C
+    shape_records_at: int = 0x70
+    shape_ack_bytes: int = 0x16978
+    shape_ack_inputs_at: int = 0x70
+    shape_ack_outputs_at: int = 0xB4F4
     # MsgFinish: u64 frame id, u32 result, u32 n_output, u32 len[], u32 offset[], data.
     finish_lengths_at: int = 0x7C
     finish_offsets_at: int = 0x27C
@@ -62,7 +78,11 @@ class Layout:
 
     def request_bytes(self, command: int) -> int | None:
         """The size this release's client gives a request of fixed size (None: any size)."""
-        sizes: dict[int, int] = {Command.RUN: self.run_request_bytes, Command.IOCTL: self.ioctl_request_bytes}
+        sizes: dict[int, int] = {
+            Command.RUN: self.run_request_bytes,
+            Command.IOCTL: self.ioctl_request_bytes,
+            Command.SET_INPUT_SHAPE: self.shape_request_bytes,
+        }
         return sizes.get(command)
 
 
@@ -78,6 +98,24 @@ FL_AT = 0x144
 ZERO_POINT_AT = 0x145
 SCALE_AT = 0x149
 W_STRIDE_AT = 0x14D  # u32, then u32 size_with_stride at 0x151
+
+# Fields of an INPUT_DYNAMIC_RANGE record (librknnrt's rknn_input_range, packed, name last).
+DYNAMIC_INDEX_AT = 0x0  # u32, then u32 shape_number
+DYNAMIC_FORMAT_AT = 0x8  # u8
+DYNAMIC_N_DIMS_AT = 0x9  # u32
+DYNAMIC_RANGE_AT = 0xD  # u32 dyn_range[MAX_SHAPES][MAX_DIMS]
+DYNAMIC_NAME_AT = 0x800D
+MAX_SHAPES = 512
+
+# Fields of the protocol's tensor attribute (librknnrt's rknn_tensor_attr, packed: enums as bytes),
+# as MsgSetInputShape and its ack carry it.
+ATTR_BYTES = 0x169
+ATTR_INDEX_AT = 0x0  # u32, then u32 n_dims, u32 dims[16]
+ATTR_DIMS_AT = 0x8
+ATTR_NAME_AT = 0x48
+ATTR_N_ELEMS_AT = 0x148  # u32, then u32 size
+ATTR_FORMAT_AT = 0x150  # u8 fmt, u8 type, u8 qnt_type, i8 fl, i32 zp, f32 scale
+ATTR_STRIDES_AT = 0x15C  # u32 w_stride, u32 size_with_stride, u8 pass_through, u32 h_stride
 
 RELEASES = {version: Layout(version) for version in ("2.3.2", "2.5.0")}
 DEFAULT_VERSION = "2.5.0"

@@ -20,7 +20,7 @@ from rknn_proto.messages import TensorAttr, in_layout, quantize
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.legacy import layouts
 from rknn_server.legacy.layouts import Layout
-from rknn_server.runtime.base import InputFormat
+from rknn_server.runtime.base import InputFormat, InputShapes
 from rknn_server.runtime.rknnrt.abi import QuantType, TensorFormat, TensorType
 from rknn_server.runtime.rknnrt.tensors import numpy_dtype, tensor_type
 
@@ -42,15 +42,25 @@ def _check_count(specs: Sequence[TensorAttr], what: str, layout: Layout) -> None
         )
 
 
-def _pack_record(message: bytearray, at: int, spec: TensorAttr) -> None:
+def _dims(spec: TensorAttr) -> list[int]:
+    """The dims the protocol carries (a dynamic dimension as 0), at most MAX_DIMS of them."""
     if len(spec.shape) > layouts.MAX_DIMS:
         raise ResourceExhausted(
             f"tensor {spec.name!r} has {len(spec.shape)} dims; at most {layouts.MAX_DIMS}"
         )
-    name = spec.name.encode("utf-8", "replace")[: layouts.NAME_BYTES - 1]
-    message[at : at + len(name)] = name
-    message[at + layouts.N_DIMS_AT] = len(spec.shape)
-    struct.pack_into(f"<{len(spec.shape)}I", message, at + layouts.DIMS_AT, *(max(d, 0) for d in spec.shape))
+    return [max(d, 0) for d in spec.shape]
+
+
+def _pack_name(message: bytearray, at: int, name: str) -> None:
+    data = name.encode("utf-8", "replace")[: layouts.NAME_BYTES - 1]
+    message[at : at + len(data)] = data
+
+
+def _pack_record(message: bytearray, at: int, spec: TensorAttr) -> None:
+    dims = _dims(spec)
+    _pack_name(message, at, spec.name)
+    message[at + layouts.N_DIMS_AT] = len(dims)
+    struct.pack_into(f"<{len(dims)}I", message, at + layouts.DIMS_AT, *dims)
     kind = tensor_type(spec.dtype)
     message[at + layouts.FORMAT_AT] = _FORMATS.get(spec.layout.upper(), TensorFormat.UNDEFINED)
     message[at + layouts.TYPE_AT] = TensorType.FLOAT32 if kind is None else kind
@@ -74,6 +84,96 @@ def pack_model_info(
     struct.pack_into("<I", message, layout.n_output_at, len(outputs))
     for i, spec in enumerate(outputs):
         _pack_record(message, layout.outputs_at + i * layout.record_bytes, spec)
+
+
+def pack_dynamic_ranges(
+    message: bytearray, layout: Layout, inputs: Sequence[TensorAttr], shapes: Sequence[InputShapes]
+) -> None:
+    """Fill an INPUT_DYNAMIC_RANGE ack's data: each input's shapes as the runtime lists them, and the
+    flag that makes the client send the inputs' shapes (MsgSetInputShape) before each inference."""
+    _check_count(inputs, "input", layout)
+    dynamic = any(s.ranges for s in shapes)
+    struct.pack_into("<II", message, layout.dynamic_count_at, len(inputs), int(dynamic))
+    for i, (spec, input_shapes) in enumerate(zip(inputs, shapes, strict=True)):
+        at = layout.dynamic_records_at + i * layout.dynamic_record_bytes
+        ranges = input_shapes.ranges[: layouts.MAX_SHAPES]
+        n_dims = len(input_shapes.declared)
+        if n_dims > layouts.MAX_DIMS or any(len(shape) != n_dims for shape in ranges):
+            raise ResourceExhausted(
+                f"input {spec.name!r} has shapes of {n_dims} dims or more than {layouts.MAX_DIMS}: "
+                f"{[list(r) for r in ranges]}"
+            )
+        struct.pack_into("<II", message, at + layouts.DYNAMIC_INDEX_AT, i, len(ranges))
+        message[at + layouts.DYNAMIC_FORMAT_AT] = _FORMATS.get(spec.layout.upper(), TensorFormat.UNDEFINED)
+        struct.pack_into("<I", message, at + layouts.DYNAMIC_N_DIMS_AT, n_dims)
+        for s, shape in enumerate(ranges):
+            row = at + layouts.DYNAMIC_RANGE_AT + s * 4 * layouts.MAX_DIMS
+            struct.pack_into(f"<{n_dims}I", message, row, *shape)
+        _pack_name(message, at + layouts.DYNAMIC_NAME_AT, spec.name)
+
+
+def unpack_input_shapes(
+    message: bytes | memoryview, layout: Layout, specs: Sequence[TensorAttr]
+) -> list[tuple[int, ...]]:
+    """The shape of each input a MsgSetInputShape asks for (its attributes' dims), checked against the
+    model's inputs (count, rank)."""
+    (count,) = struct.unpack_from("<I", message, layout.shape_count_at)
+    if count != len(specs):
+        raise InputMismatch(
+            f"shapes for {count} inputs were sent; the model has {len(specs)} ({', '.join(s.name for s in specs)})"
+        )
+    shapes = []
+    for i, spec in enumerate(specs):
+        at = layout.shape_records_at + i * layouts.ATTR_BYTES
+        (n_dims,) = struct.unpack_from("<I", message, at + layouts.ATTR_INDEX_AT + 4)
+        if n_dims != len(spec.shape):
+            raise InputMismatch(
+                f"input {i} ({spec.name}) was given a shape of {n_dims} dims; it has {len(spec.shape)}"
+            )
+        shapes.append(struct.unpack_from(f"<{n_dims}I", message, at + layouts.ATTR_DIMS_AT))
+    return shapes
+
+
+def _pack_attr(message: bytearray, at: int, spec: TensorAttr) -> None:
+    """One tensor attribute as MsgSetInputShape's ack carries it."""
+    dims = _dims(spec)
+    struct.pack_into(f"<II{len(dims)}I", message, at, spec.index, len(dims), *dims)
+    _pack_name(message, at + layouts.ATTR_NAME_AT, spec.name)
+    kind = tensor_type(spec.dtype)
+    struct.pack_into(
+        "<IIBBBbif",
+        message,
+        at + layouts.ATTR_N_ELEMS_AT,
+        math.prod(dims),
+        spec.size_bytes,
+        _FORMATS.get(spec.layout.upper(), TensorFormat.UNDEFINED),
+        TensorType.FLOAT32 if kind is None else kind,
+        QuantType[spec.quant_type.name],
+        spec.fl,
+        spec.zero_point,
+        spec.scale,
+    )
+    struct.pack_into("<II", message, at + layouts.ATTR_STRIDES_AT, 0, spec.size_bytes)
+
+
+def pack_attrs(message: bytearray, layout: Layout, count_at: int, specs: Sequence[TensorAttr]) -> None:
+    """A count and tensor attributes as MsgSetInputShape's ack carries the inputs' (at
+    `shape_ack_inputs_at`) and outputs' (at `shape_ack_outputs_at`); the client takes them as the
+    model's from then on: the sizes it checks inputs and outputs against."""
+    _check_count(specs, "tensor", layout)
+    struct.pack_into("<I", message, count_at, len(specs))
+    for i, spec in enumerate(specs):
+        _pack_attr(message, count_at + 4 + i * layouts.ATTR_BYTES, spec)
+
+
+def echo_input_shapes(answer: bytearray, layout: Layout, request: bytes | memoryview) -> None:
+    """The inputs' attributes of a refused MsgSetInputShape, as its ack carries them: the request's
+    own (Rockchip's server answers with the attributes it was sent)."""
+    (count,) = struct.unpack_from("<I", request, layout.shape_count_at)
+    end = layout.shape_records_at + min(count, layout.max_tensors) * layouts.ATTR_BYTES
+    answer[layout.shape_ack_inputs_at : layout.shape_ack_inputs_at + end - layout.shape_count_at] = request[
+        layout.shape_count_at : end
+    ]
 
 
 def unpack_inputs(

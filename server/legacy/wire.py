@@ -42,7 +42,7 @@ class Command(IntEnum):
     CRASH = 13
     SET_CORE = 14
     SET_CORE_ACK = 15
-    SET_INPUT_SHAPE = 16  # its layout is not decoded: refused (see docs/legacy-protocol.md)
+    SET_INPUT_SHAPE = 16  # rknn_set_input_shapes of a dynamic-shape model
     SET_INPUT_SHAPE_ACK = 17
     SET_INPUT_ACK = 18  # sent only when inputs are refused
 

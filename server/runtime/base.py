@@ -56,6 +56,19 @@ class InputFormat:
 
 
 @dataclass(frozen=True)
+class InputShapes:
+    """The shapes one input takes, as its runtime declares them (librknnrt's RKNN_QUERY_INPUT_ATTR and
+    RKNN_QUERY_INPUT_DYNAMIC_RANGE): a `TensorAttr` marks a dynamic dimension -1, while a protocol that
+    describes tensors by their runtime's attributes (the toolkit's) needs the dims the runtime gives
+    and the list of shapes. Every shape is in the input's layout (its `TensorAttr.layout`)."""
+
+    # The dims the runtime's input attribute gives (for a dynamic input, one of its shapes) ...
+    declared: tuple[int, ...]
+    # ... and every shape a dynamic input takes (() for a static input).
+    ranges: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
 class RuntimeOptions:
     """Options of `init_runtime` that reach the runtime."""
 
@@ -136,6 +149,19 @@ class ModelRuntime(abc.ABC):
     def sdk_version(self) -> VersionInfo | None:
         """Versions the runtime reports for this model, when it differs from the backend's own."""
         return None
+
+    def input_shapes(self) -> list[InputShapes]:
+        """Each input's declared dims and, for a dynamic-shape input, the shapes it takes; by default
+        each input's own shape and no ranges."""
+        return [InputShapes(tuple(spec.shape)) for spec in self.inputs]
+
+    def set_input_shapes(
+        self, shapes: Sequence[tuple[int, ...]]
+    ) -> tuple[list[TensorAttr], list[TensorAttr]]:
+        """Switch a dynamic-shape model to these input shapes (one per input, each in its input's
+        layout and among its `input_shapes().ranges`) for the runs that follow; returns the inputs' and
+        outputs' descriptions at those shapes. A shape the model does not take is an InputError."""
+        raise UnsupportedError("this runtime cannot change a model's input shapes")
 
     @abc.abstractmethod
     def close(self) -> None:

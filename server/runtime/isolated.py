@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, FrequencyList, LayerDump
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, FrequencyList, LayerDump, TensorAttr
 from rknn_server.runtime.base import (
     Backend,
     BackendError,
     ExecutionError,
     FrequencyOutcome,
     InputFormat,
+    InputShapes,
     ModelRuntime,
     OverBudget,
     RuntimeOptions,
@@ -199,6 +200,18 @@ class IsolatedRuntime(ModelRuntime):
 
     def sdk_version(self) -> VersionInfo | None:
         result: VersionInfo | None = self._call("sdk_version")
+        return result
+
+    def input_shapes(self) -> list[InputShapes]:
+        result: list[InputShapes] = self._call("input_shapes")
+        return result
+
+    def set_input_shapes(
+        self, shapes: Sequence[tuple[int, ...]]
+    ) -> tuple[list[TensorAttr], list[TensorAttr]]:
+        result: tuple[list[TensorAttr], list[TensorAttr]] = self._call(
+            "set_input_shapes", [tuple(shape) for shape in shapes]
+        )
         return result
 
     def dump_layers(

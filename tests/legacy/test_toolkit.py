@@ -328,7 +328,7 @@ print("RESULT " + json.dumps({
 
 
 def test_no_refusal_gives_the_toolkit_a_reason_to_kill_the_daemon(
-    toolkit: Toolkit,
+    each_toolkit: Toolkit,
     toolkit_adb: PrivateAdbServer,
     real_rknn: Path,
     legacy_daemon: LegacyDaemonFactory,
@@ -340,7 +340,7 @@ def test_no_refusal_gives_the_toolkit_a_reason_to_kill_the_daemon(
     with the same codes for the script: a model the runtime refuses gets the LOAD ack ACK_FAIL
     (RKNN_ERR_MODEL_INVALID); a too-small input is refused by the toolkit itself; a larger one runs (the
     runtime takes what it needs); a run that fails is a MsgFinish with an error result. The daemon keeps
-    its PID throughout and the board records no restart command."""
+    its PID throughout and the board records no restart command. The same with 2.5.0 and 2.3.2."""
     daemon = legacy_daemon()
     board = board_for(daemon)
     pid = daemon.process.pid
@@ -361,15 +361,17 @@ def test_no_refusal_gives_the_toolkit_a_reason_to_kill_the_daemon(
     )
     model = wrapped_model(real_rknn, tmp_path / "wrapped.rknn")
     paths = (real_rknn, model, dynamic, needs_op)
-    run = run_script(toolkit, toolkit_adb, tmp_path, STEPS_SCRIPT, board.serial, *map(str, paths))
+    run = run_script(each_toolkit, toolkit_adb, tmp_path, STEPS_SCRIPT, board.serial, *map(str, paths))
     assert "RESULT " in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
     seen = json.loads(run.stdout.split("RESULT ", 1)[1])
     assert seen["refused model"] == ["RKNN_ERR_MODEL_INVALID"]
     assert "msg_load_ack fail, ack = 1(ACK_FAIL)" in run.stdout
     assert seen["inputs"] == ["OK", "RKNN_ERR_PARAM_INVALID", "OK", "OK"]
     assert seen["failing run"] == ["OK", "RKNN_ERR_FAIL"]
-    # A dynamic model is not yet runnable here (docs/legacy-protocol.md): its run fails, nothing more.
-    assert seen["dynamic"] == ["OK", "RKNN_ERR_INPUT_INVALID"]
+    # Shapes only the runtime knows (the .rknn container declares none): MODEL_INFO carries the runtime's
+    # dims (its largest shape), so the toolkit refuses the smaller input itself, as with Rockchip's
+    # server; a .rknn built with dynamic_input runs at two sizes (test_dynamic_shapes.py).
+    assert seen["dynamic"] == ["OK", "RKNN_ERR_PARAM_INVALID"]
     assert "Catch runtime Crash" not in run.stdout
     assert not (daemon.board / RESTARTS_LOG).exists(), (daemon.board / RESTARTS_LOG).read_text()
     assert daemon.process.pid == pid and Path(f"/proc/{pid}").exists()

@@ -16,15 +16,19 @@ from rknn_client.toolkit.locate import STAMP
 from rknn_client.user_cache import cache_root
 
 PREFERRED_VERSION = "2.5.0"
-# A tiny ONNX model, y = 2x + 1 on a 1x3x4x4 input, exported by the toolkit for rk3588.
+# A tiny ONNX model, y = 2x + 1 on a 1x3x4x4 input, exported by the toolkit for rk3588; given the
+# toolkit's dynamic_input (JSON), its height and width are free and the .rknn takes those shapes.
 EXPORT_SCRIPT = """
+import json
 import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])
-y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])
+dynamic = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+dims = [1, 3, "h", "w"] if dynamic else [1, 3, 4, 4]
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
 two = numpy_helper.from_array(np.full((1,), 2.0, np.float32), "two")
 one = numpy_helper.from_array(np.full((1,), 1.0, np.float32), "one")
 nodes = [helper.make_node("Mul", ["x", "two"], ["m"]), helper.make_node("Add", ["m", "one"], ["y"])]
@@ -36,7 +40,7 @@ onnx.save(model, sys.argv[1])
 from rknn.api import RKNN
 
 rknn = RKNN()
-rknn.config(target_platform="rk3588")
+rknn.config(target_platform="rk3588", dynamic_input=dynamic)
 assert rknn.load_onnx(sys.argv[1]) == 0
 assert rknn.build(do_quantization=False) == 0
 assert rknn.export_rknn(sys.argv[2]) == 0
@@ -88,14 +92,18 @@ def find_toolkit(version: str | None = None) -> Toolkit | None:
     return next((t for t in installed_toolkits() if version in (None, t.version)), None)
 
 
-def export_tiny_rknn(toolkit: Toolkit, folder: Path) -> Path:
-    """A real .rknn from the real converter (a few seconds)."""
+def export_tiny_rknn(
+    toolkit: Toolkit, folder: Path, dynamic_input: list[list[list[int]]] | None = None
+) -> Path:
+    """A real .rknn from the real converter (a few seconds); with `dynamic_input` (the toolkit's
+    config argument: one list of input shapes per model shape, NCHW) a dynamic-shape one."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "export.py"
     script.write_text(EXPORT_SCRIPT)
     out = folder / "tiny.rknn"
+    extra = [json.dumps(dynamic_input)] if dynamic_input else []
     subprocess.run(
-        [str(toolkit.python), str(script), str(folder / "tiny.onnx"), str(out)],
+        [str(toolkit.python), str(script), str(folder / "tiny.onnx"), str(out), *extra],
         cwd=folder,
         check=True,
         capture_output=True,

@@ -27,6 +27,7 @@ LOAD, LOAD_ACK, UNLOAD, UNLOAD_ACK, RUN, FINISH, IOCTL, IOCTL_ACK, MULTI_INPUT, 
 )
 SET_INPUT_SHAPE, SET_INPUT_SHAPE_ACK, SET_INPUT_ACK = 16, 17, 18
 CRASH_BYTES = 0x1070
+SET_INPUT_SHAPE_BYTES, ATTR_BYTES = 0xB4F0, 0x169
 ACK_FAIL, ACK_INVALD_INPUT = 1, 3
 # rknn_tensor_type / rknn_tensor_format codes.
 TYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int8): 2, np.dtype(np.uint8): 3}
@@ -123,6 +124,17 @@ class WireClient:
     def run(self) -> Reply:
         return self.call(RUN, pad_to=0x478)
 
+    def set_input_shapes(self, shapes: list[tuple[int, ...]], fmt: int = NHWC) -> Reply:
+        """MsgSetInputShape as the toolkit sends it: u32 n at 0x6c, then one 0x169-byte tensor
+        attribute per input from 0x70 (index, n_dims, dims[16], name[256], ..., fmt at +0x150)."""
+        body = bytearray(SET_INPUT_SHAPE_BYTES - HEADER)
+        struct.pack_into("<I", body, 0, len(shapes))
+        for i, shape in enumerate(shapes):
+            at = 0x70 - HEADER + i * ATTR_BYTES
+            struct.pack_into(f"<II{len(shape)}I", body, at, i, len(shape), *shape)
+            body[at + 0x150] = fmt
+        return self.call(SET_INPUT_SHAPE, bytes(body))
+
     def close(self) -> None:
         self.sock.close()
 
@@ -136,3 +148,30 @@ def finish_outputs(reply: Reply, dtypes: list[np.dtype]) -> list[np.ndarray]:
         (offset,) = struct.unpack_from("<I", reply.data, 0x27C + 4 * i)
         outputs.append(np.frombuffer(reply.data, dtypes[i], length // dtypes[i].itemsize, 0x47C + offset))
     return outputs
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One tensor attribute of a MsgSetInputShape ack (the protocol's packed rknn_tensor_attr)."""
+
+    index: int
+    dims: tuple[int, ...]
+    name: str
+    n_elems: int
+    size: int
+    fmt: int
+    type: int
+
+
+def attrs(data: bytes, count_at: int) -> list[Attr]:
+    """The u32 count at `count_at` and the 0x169-byte attributes after it."""
+    (count,) = struct.unpack_from("<I", data, count_at)
+    found = []
+    for i in range(count):
+        at = count_at + 4 + i * ATTR_BYTES
+        index, n_dims = struct.unpack_from("<II", data, at)
+        dims = struct.unpack_from(f"<{n_dims}I", data, at + 8)
+        name = data[at + 0x48 : at + 0x148].split(b"\0", 1)[0].decode()
+        n_elems, size = struct.unpack_from("<II", data, at + 0x148)
+        found.append(Attr(index, dims, name, n_elems, size, data[at + 0x150], data[at + 0x151]))
+    return found

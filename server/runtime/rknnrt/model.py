@@ -24,6 +24,7 @@ from rknn_server.runtime.base import (
     ExecutionError,
     InputError,
     InputFormat,
+    InputShapes,
     ModelFormatError,
     ModelRuntime,
     RuntimeOptions,
@@ -141,7 +142,7 @@ class RknnrtModel(ModelRuntime):
             for attr, ranges in zip(self._in_attrs, self._ranges, strict=True)
         ]
         self.outputs: Sequence[TensorAttr] = [tensors.tensor_attr(attr) for attr in self._out_attrs]
-        self._current_shapes: list[tuple[int, ...] | None] = [None] * len(self._in_attrs)
+        self._current_shapes: list[tuple[int, ...]] = []
 
     def _register(self, plugins: Sequence[Plugin]) -> None:
         """Register each plugin's op with this context; a refused one is logged and skipped."""
@@ -251,11 +252,37 @@ class RknnrtModel(ModelRuntime):
         self._check(self._lib.rknn_run(self._ctx, None), "rknn_run")
         self._last_wall_us = (time.perf_counter_ns() - start) / 1000.0
 
+    def input_shapes(self) -> list[InputShapes]:
+        """The dims RKNN_QUERY_INPUT_ATTR gave and the shapes RKNN_QUERY_INPUT_DYNAMIC_RANGE lists."""
+        return [
+            InputShapes(tensors.attr_dims(attr), ranges)
+            for attr, ranges in zip(self._in_attrs, self._ranges, strict=True)
+        ]
+
+    def set_input_shapes(
+        self, shapes: Sequence[tuple[int, ...]]
+    ) -> tuple[list[TensorAttr], list[TensorAttr]]:
+        """rknn_set_input_shapes, then the runtime's current input and output attributes."""
+        if not any(self._ranges):
+            raise InputError("this model has static input shapes; only a dynamic-shape model takes others")
+        if len(shapes) != len(self._in_attrs):
+            raise InputError(f"{len(shapes)} input shapes for a model of {len(self._in_attrs)} inputs")
+        self._set_shapes([tuple(int(d) for d in shape) for shape in shapes])
+        current = [self._attr(abi.Query.CURRENT_INPUT_ATTR, i) for i in range(len(self._in_attrs))]
+        return (
+            [tensors.tensor_attr(attr, is_input=True) for attr in current],
+            [tensors.tensor_attr(attr) for attr in self._out_attrs],
+        )
+
     def _apply_shapes(self, inputs: Sequence[np.ndarray], fmts: Sequence[InputFormat]) -> None:
         """Switch a dynamic-shape model to the inputs' shapes when they changed."""
-        if not any(self._ranges):
-            return
-        shapes = [tensors.runtime_shape(array, fmt) for array, fmt in zip(inputs, fmts, strict=True)]
+        if any(self._ranges):
+            self._set_shapes(
+                [tensors.runtime_shape(array, fmt) for array, fmt in zip(inputs, fmts, strict=True)]
+            )
+
+    def _set_shapes(self, shapes: list[tuple[int, ...]]) -> None:
+        """rknn_set_input_shapes with each input's attribute at its new shape, unless none changed."""
         if shapes == self._current_shapes:
             return
         attrs = (abi.NATIVE.tensor_attr * len(shapes))()

@@ -25,7 +25,7 @@ APT_INSTALL := apt-get update -qq && apt-get install -y -qq --no-install-recomme
 
 install: $(DEV_STAMP)
 	@if [ "$$(id -u)" = 0 ] && ! { command -v arm-linux-gnueabihf-gcc && command -v systemd-analyze; } >/dev/null; then \
-		echo "make: running as root, so installing the armhf cross compiler and systemd with apt-get (for the armhf ABI test and the unit checks)"; fi
+		echo "make: running as root, so installing with apt-get what is missing of gcc-arm-linux-gnueabihf (the armhf ABI test), systemd (the unit checks), chromium (the farm report's browser test) and, for make tritonclient, libb64-0d (perf_analyzer)"; fi
 	@command -v arm-linux-gnueabihf-gcc >/dev/null || [ "$$(id -u)" != 0 ] || ($(APT_INSTALL) gcc-arm-linux-gnueabihf) \
 		|| echo "gcc-arm-linux-gnueabihf could not be installed; the armhf ABI test will skip"
 	@command -v systemd-analyze >/dev/null || [ "$$(id -u)" != 0 ] || ($(APT_INSTALL) systemd) \

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rknn_client.cli_parser import add_json_option
-from rknn_client.devices import devices_table, survey
+from rknn_client.devices import adb_problem, devices_table, survey
 from rknn_client.doctor import diagnose, format_report
 from rknn_client.transport.base import TransportError
 from rknn_client.transport.security import ENV_TOKEN
@@ -27,7 +27,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
     else:
-        print(devices_table(rows), end="")
+        print(devices_table(rows, adb_problem() if not rows else ""), end="")
     return 0
 
 

@@ -45,10 +45,23 @@ from rknn_client.report import memory_text, perf_text, readable_size
 from rknn_client.timing import measure, sample_inputs
 from rknn_client.toolkit.cli import add_toolkit_commands
 from rknn_client.transport.base import TransportError
+from rknn_proto.messages import EvalPerfResponse, TensorAttr
 
 # A transfer shorter than this shows no bar (only a few MB and up take that long).
 TRANSFER_BAR_DELAY_S = 0.5
 DEFAULT_PERF_RUNS = 20
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+# `run` prints each output's values as numpy summarises them: this many at each edge of each axis.
+PRINT_EDGE_ITEMS = 3
+# `run --json` carries at most this many values of each output (the first ones, in C order).
+JSON_VALUES = 1000
+HOST_RUNTIME_HERE = "host runtime on this PC (a private daemon, not a board)"
+PRIVATE_WARNING = (
+    "rknn-client: warning: no --device given (nor RKNN_SERVER, ANDROID_SERIAL or --target), so this runs "
+    "on a private host-runtime daemon on this PC (ONNX Runtime on its CPU), not on a board: its figures "
+    "are this PC's. Pick a board with --device SERIAL|IP:PORT|tcp://HOST:PORT (`rknn-client devices` "
+    "lists them)"
+)
 INPUT_HELP = ".npy, .npz or image (jpg/png/bmp: RGB, NHWC, resized to the model input), one per input"
 
 
@@ -60,8 +73,41 @@ def _emit_json(value: object) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
+def _wants_json(args: argparse.Namespace) -> bool:
+    """`--json` as a print-to-stdout switch (farm run's --json is a file name instead)."""
+    return getattr(args, "json", None) is True
+
+
+def _report_error(args: argparse.Namespace, error: BaseException, fix: str = "") -> None:
+    """An error on stderr, and with --json also as the one JSON document on stdout."""
+    text = str(error) or "interrupted (Ctrl-C)"
+    if _wants_json(args):
+        reason = getattr(error, "reason", None)
+        code = reason.value if reason is not None else type(error).__name__
+        code = "INTERRUPTED" if isinstance(error, KeyboardInterrupt) else code
+        _emit_json({"error": {"code": code, "message": text, **({"fix": fix} if fix else {})}})
+    print(f"rknn-client: {text}" + (f"\n  fix: {fix}" if fix else ""), file=sys.stderr)
+
+
+def _measured_on(device: Device) -> str:
+    """Where the figures come from when that is not a board ('' for a board)."""
+    return HOST_RUNTIME_HERE if device.endpoint.kind == "private" else ""
+
+
+def _check_format(device: Device, model: str) -> None:
+    """Refuse a model the daemon's runtime cannot load before any byte of it is sent."""
+    formats = device.info().model_formats
+    suffix = Path(model).suffix.lower()
+    if formats and suffix not in formats:
+        raise ValueError(
+            f"{model}: {device.endpoint.description} loads {' or '.join(formats)} models, not "
+            f"{suffix or 'a file without a suffix'}; give a {' or '.join(formats)} file"
+        )
+
+
 def _upload(device: Device, args: argparse.Namespace) -> str:
     """The model's digest on the daemon, uploaded unless cached; a bar shows hashing, then sending."""
+    _check_format(device, args.model)
     with byte_bar(not args.no_progress, "hashing") as bar:
         uploaded = device.upload(
             args.model,
@@ -128,11 +174,39 @@ def cmd_run(device: Device, args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
-    for spec, array in zip(session.outputs, outputs, strict=True):
-        print(f"output {spec.index} {spec.name}: shape={list(array.shape)} dtype={array.dtype}")
-        if out_dir:
+        for spec, array in zip(session.outputs, outputs, strict=True):
             np.save(out_dir / f"output_{spec.index}.npy", array)
+    pairs = list(zip(session.outputs, outputs, strict=True))
+    if args.json:
+        _emit_json({"device": device.endpoint.description, "outputs": [_output_json(s, a) for s, a in pairs]})
+        return 0
+    for spec, array in pairs:
+        print(
+            f"output {spec.index} {spec.name}: shape={list(array.shape)} dtype={array.dtype}{_stats(array)}"
+        )
+        print(np.array2string(array, threshold=2 * PRINT_EDGE_ITEMS, edgeitems=PRINT_EDGE_ITEMS))
+    if not out_dir and any(array.size > 2 * PRINT_EDGE_ITEMS for array in outputs):
+        print("(values summarised; --output-dir DIR saves each output whole as DIR/output_N.npy)")
     return 0
+
+
+def _stats(array: np.ndarray) -> str:
+    """` min=.. max=.. mean=..` of a numeric array that has values; '' otherwise."""
+    if array.size == 0 or not np.issubdtype(array.dtype, np.number):
+        return ""
+    return f" min={array.min():.6g} max={array.max():.6g} mean={array.mean():.6g}"
+
+
+def _output_json(spec: TensorAttr, array: np.ndarray) -> dict[str, object]:
+    flat = array.reshape(-1)
+    return {
+        "index": spec.index,
+        "name": spec.name,
+        "shape": list(array.shape),
+        "dtype": str(array.dtype),
+        "values": flat[:JSON_VALUES].tolist(),  # C order; the whole array is --output-dir's
+        "values_truncated": bool(flat.size > JSON_VALUES),
+    }
 
 
 def _perf_frame(session: Session, args: argparse.Namespace) -> Frame:
@@ -159,17 +233,27 @@ def cmd_perf(device: Device, args: argparse.Namespace) -> int:
         latency = measure(
             session, frame.arrays, frame.layouts, frame.pass_through, warmup=args.warmup, runs=runs
         )
-        if args.no_perf_debug:
+        if latency.interrupted:  # Ctrl-C: what was timed, and no profiling on top
+            report = EvalPerfResponse(layers=(), total_time_us=latency.p50_us)
+        elif args.no_perf_debug:
             report = session.perf(fix_freq=not args.no_fix_freq)
-    if not args.no_perf_debug:
+    if not (args.no_perf_debug or latency.interrupted):
         with _open(device, args, digest, perf_debug=True) as profiling:
             report = profiling.perf(fix_freq=not args.no_fix_freq)
     if args.json:
         _emit_json(
-            {"latency": {**dataclasses.asdict(latency), "fps": latency.fps}, **dataclasses.asdict(report)}
+            {
+                "device": device.endpoint.description,
+                "measured_on": _measured_on(device) or "board",
+                "latency": {**dataclasses.asdict(latency), "fps": latency.fps},
+                **dataclasses.asdict(report),
+            }
         )
     else:
-        print(perf_text(report, latency), end="")
+        print(perf_text(report, latency, _measured_on(device)), end="")
+    if latency.interrupted:
+        print(f"rknn-client: interrupted (Ctrl-C) after {latency.runs} timed runs", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
@@ -193,9 +277,15 @@ def cmd_mem(device: Device, args: argparse.Namespace) -> int:
     with _open(device, args, _upload(device, args), eval_mem=True) as session:
         report = session.memory()
     if args.json:
-        _emit_json(dataclasses.asdict(report))
+        _emit_json(
+            {
+                "device": device.endpoint.description,
+                "measured_on": _measured_on(device) or "board",
+                **dataclasses.asdict(report),
+            }
+        )
     else:
-        print(memory_text(report), end="")
+        print(memory_text(report, _measured_on(device)), end="")
     return 0
 
 
@@ -212,9 +302,15 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     that --device/--target select (neither: golden vs simulator only). The full table goes to
     error_analysis.txt; the terminal gets the worst layers first."""
     if not args.no_quantization and not args.dataset:
-        print("rknn-client: accuracy needs --dataset (or --no-quantization)", file=sys.stderr)
+        _report_error(args, ValueError("accuracy needs --dataset (or --no-quantization)"))
         return 2
     check_input_files(args.input)
+    if args.device is None and args.target is None:
+        print(
+            "rknn-client: note: no --device or --target, so this compares golden (float) with the "
+            "simulator on this PC only, no board's runtime; pick a board with --device or --target",
+            file=sys.stderr,
+        )
     rknn = RKNN(toolkit="host")  # the host analysis: its result object feeds the worst-layers view
     table = io.StringIO()
     try:
@@ -236,6 +332,8 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     result = rknn.last_accuracy
     if not ok or result is None:
         sys.stderr.write(table.getvalue())
+        last = [line for line in table.getvalue().splitlines() if line.strip()]
+        _report_error(args, RuntimeError(last[-1] if last else "the accuracy analysis failed"))
         return 1
     if args.json:
         _emit_json(accuracy_json(result))
@@ -277,7 +375,8 @@ def parser() -> argparse.ArgumentParser:
     add_json_option(info)
     run = add("run", cmd_run, "run a model once on .npy, .npz or image inputs", model=True)
     run.add_argument("--input", action="append", required=True, help=INPUT_HELP)
-    run.add_argument("--output-dir", help="save each output as output_N.npy here")
+    run.add_argument("--output-dir", help="save each output whole as output_N.npy here")
+    add_json_option(run)
     perf = add(
         "perf",
         cmd_perf,
@@ -335,7 +434,7 @@ def run_standalone(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise
     except (RknnError, TransportError, OSError, ValueError) as exc:
-        print(f"rknn-client: {exc}", file=sys.stderr)
+        _report_error(args, exc)
         return 1
 
 
@@ -348,26 +447,32 @@ def _dispatch(args: argparse.Namespace) -> int:
         try:
             return cmd_accuracy(args)
         except InputFileError as exc:
-            print(f"rknn-client: {exc}", file=sys.stderr)
+            _report_error(args, exc)
             return 1
     if getattr(args, "standalone", None) is not None:
         return run_standalone(args)
     try:
         with connect(args.device, args.target, token=args.token) as device:
+            if device.endpoint.kind == "private" and args.command != "info":
+                print(PRIVATE_WARNING, file=sys.stderr)
             return int(args.func(device, args))
     except BrokenPipeError:
         raise
     except (RknnError, TransportError, OSError, ValueError) as exc:
-        fix = advice(exc, "cli")
-        print(f"rknn-client: {exc}" + (f"\n  fix: {fix}" if fix else ""), file=sys.stderr)
+        _report_error(args, exc, advice(exc, "cli"))
         return 1
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C anywhere ends with what was measured so far (each command prints its own), a line saying
+    so and exit 130, never a traceback."""
     args = parse(parser(), argv)
     try:
         code = _dispatch(args)
         sys.stdout.flush()
+    except KeyboardInterrupt as exc:
+        _report_error(args, exc)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -20,8 +20,11 @@ from rknn_client.errors import AuthenticationFailed, RknnError
 from rknn_client.transport.adb import (
     AdbDeviceInfo,
     AdbTransportError,
+    adb_server_address,
+    adb_server_running,
     attached_devices,
     connect_adb_server,
+    no_server_fix,
     open_adb,
 )
 from rknn_client.transport.base import Endpoint, TransportError
@@ -135,9 +138,24 @@ def _with_daemon(row: DeviceRow, info: rknn_pb2.GetInfoResponse | None) -> Devic
     return replace(row, daemon=True, daemon_version=info.daemon_version, runtime=runtime)
 
 
-def devices_table(rows: Sequence[DeviceRow]) -> str:
-    """A fixed-width table, one board per line; under it, why a daemon refused this client."""
+def adb_problem() -> str:
+    """Why no adb board can be listed at all (no adb server answers, and this never starts one),
+    with the fix; '' when a server answers."""
+    host, port = adb_server_address()
+    if adb_server_running(host, port):
+        return ""
+    return (
+        f"no adb server answers on {host}:{port}, so no adb board could be listed (devices never starts "
+        f"one).\n  fix: {no_server_fix(port)}; or name a daemon with --device tcp://HOST:PORT or RKNN_SERVER"
+    )
+
+
+def devices_table(rows: Sequence[DeviceRow], adb_problem: str = "") -> str:
+    """A fixed-width table, one board per line; under it, why a daemon refused this client. With no
+    row, `adb_problem` (why no adb board could be listed) says what is wrong instead."""
     if not rows:
+        if adb_problem:
+            return f"No device found: {adb_problem}\n"
         return (
             "No device found. Attach a board over USB (adb devices), or a network board with "
             "`adb connect IP:5555`, or name a daemon with --device tcp://HOST:PORT or RKNN_SERVER.\n"

@@ -54,9 +54,11 @@ _FIND_DAEMONS = (
     'echo "${d#/proc/} $(readlink $d/exe)"; done'
 )
 TOKEN_FIX = (
-    f"the daemon wants a bearer token: set {ENV_TOKEN} (or pass --token) to the content of the file the "
-    "daemon was started with (`--auth-token-file`)"
+    f"the daemon wants a bearer token: set {ENV_TOKEN} (or pass --token) to a line of the file the daemon "
+    f"was started with (`--auth-token-file`), as it stands (`name:token` or a bare token): for a one-token "
+    f"file, `export {ENV_TOKEN}=$(cat auth-token)`"
 )
+_LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 # RKNN-Toolkit2's own path to the board: `ps -A | grep rknn_server` (else it runs /usr/bin/rknn_server),
 # then adb forwards local:transfer_proxy, served at one of these sockets.
 TOOLKIT_LAUNCHER = "/usr/bin/rknn_server"
@@ -313,16 +315,30 @@ def _tcp_chain(device_id: str, timeout: float, token: str | None) -> Iterator[Ch
             "tcp connect",
             False,
             f"cannot connect to {host}:{port_text}: {error}",
-            f"start the daemon on the board with `--listen tcp://0.0.0.0:{port_text} --auth-token-file FILE` "
-            f"(FILE: a secret token, mode 0600; the daemon refuses other addresses than loopback without "
-            f"one) and give this PC the same token in {ENV_TOKEN}; check the network and firewall between "
-            "this PC and the board",
+            _listen_fix(host, port_text),
         )
         return
     yield Check("tcp connect", True, f"{host}:{port_text} accepts connections")
     daemon = yield from _daemon_checks(tcp_endpoint(device_id), device_id, timeout, token)
     if daemon is not None:
         yield _driver_check(daemon.driver_version)
+
+
+def _listen_fix(host: str, port: str) -> str:
+    """How to get a daemon listening where `host:port` points: on this PC for a loopback address (no
+    token needed there), else on the board, reachable from the network and so with a token."""
+    if host in _LOOPBACK_HOSTS or host.startswith("127."):
+        return (
+            f"nothing listens on this PC's port {port}: start a daemon here with `rknn_server serve --listen "
+            f"tcp://{host}:{port}` (loopback: no token needed), or forward a board's daemon to that port; "
+            "for a board on the network, give its address instead"
+        )
+    return (
+        f"start the daemon on the board with `--listen tcp://0.0.0.0:{port} --auth-token-file FILE` "
+        f"(FILE: a secret token, mode 0600; the daemon refuses other addresses than loopback without "
+        f"one) and give this PC the same token in {ENV_TOKEN}; check the network and firewall between "
+        "this PC and the board"
+    )
 
 
 def is_vendor_binary(exe: str) -> bool:

@@ -118,6 +118,26 @@ def read_image(path: Path, size: tuple[int, int, int] | None, note: Note) -> np.
     return pixels
 
 
+# The first bytes of each kind of file an input can be, so that a misnamed file is read as what it is.
+MAGIC = {
+    b"\x93NUMPY": ".npy",
+    b"PK\x03\x04": ".npz",
+    b"\x89PNG\r\n\x1a\n": ".png",
+    b"\xff\xd8\xff": ".jpg",
+    b"BM": ".bmp",
+}
+
+
+def sniff(path: Path) -> str | None:
+    """The suffix the file's content says it has (".npy", ".png", ...); None when unknown."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(8)
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc}") from exc
+    return next((suffix for magic, suffix in MAGIC.items() if head.startswith(magic)), None)
+
+
 def _read_arrays(path: Path) -> list[np.ndarray]:
     try:
         if path.suffix.lower() == ".npz":
@@ -148,6 +168,8 @@ def read_input_files(
         path = Path(text)
         suffix = path.suffix.lower()
         if suffix in (".npy", ".npz"):
+            suffix = _content_suffix(path, suffix, note)
+        if suffix in (".npy", ".npz"):
             arrays += _read_arrays(path)
         elif suffix in IMAGE_SUFFIXES:
             size = sizes[len(arrays)] if len(arrays) < len(sizes) else None
@@ -158,3 +180,18 @@ def read_input_files(
                 "or an image (jpg, png, bmp)"
             )
     return arrays
+
+
+def _content_suffix(path: Path, suffix: str, note: Note) -> str:
+    """The suffix `path`'s content has: `suffix` when it fits, another kind's (with a note) when the
+    file is misnamed; refused when it is no input file at all."""
+    found = sniff(path)
+    if found is None:
+        raise InputFileError(
+            f"cannot read {path} as {suffix}: its content is neither a .npy nor a .npz array nor an "
+            "image (jpg, png, bmp)"
+        )
+    if found != suffix:
+        kind = "image" if found in IMAGE_SUFFIXES else "array"
+        note(f"{path} is a {found[1:].upper()} {kind}, not {suffix}: read as one (rename it to {found})")
+    return found

@@ -98,9 +98,10 @@ def ranking_table(report: EvalPerfResponse) -> str:
     return "\n".join(["Operator Time Consuming Ranking Table", *table_lines(rows)])
 
 
-def perf_text(report: EvalPerfResponse, latency: Latency | None = None) -> str:
+def perf_text(report: EvalPerfResponse, latency: Latency | None = None, measured_on: str = "") -> str:
     """The eval_perf report: frequencies, then the per-layer tables or the total alone. With `latency`
-    (many timed runs), Total Time is their median and the spread follows."""
+    (many timed runs), Total Time is their median and the spread follows; `measured_on` (where the
+    figures come from, when that is not a board) heads the block."""
     parts = [frequency_text(report)] if report.frequencies or report.frequency_note else []
     if report.layers:
         parts += [layer_table(report), ranking_table(report)]
@@ -109,13 +110,21 @@ def perf_text(report: EvalPerfResponse, latency: Latency | None = None) -> str:
     block = [
         _RULE,
         "                 Performance",
+        *([f"Measured on: {measured_on}"] if measured_on else []),
         _RULE,
         f"Total Time(us): {_us(total)}",
         f"FPS: {fps:.2f}",
     ]
+    if report.layers:  # two measurements: say which is which, as the toolkit's footer names its own
+        block.append(
+            "(Total Time: timed runs without the profiler, the median; the per-layer times: profiled "
+            "runs, which the profiler slows, adding up to Total Operator Elapsed Per Frame Time)"
+        )
     if latency is not None:
+        stopped = " (stopped by Ctrl-C)" if latency.interrupted else ""
         block += [
-            f"Runs: {latency.runs} timed after {latency.warmup} warm-up (the daemon's run time per frame)",
+            f"Runs: {latency.runs} timed after {latency.warmup} warm-up{stopped} "
+            "(the daemon's run time per frame)",
             f"Latency(us): p50 {_us(latency.p50_us)}  p90 {_us(latency.p90_us)}  p99 {_us(latency.p99_us)}"
             f"  min {_us(latency.min_us)}  max {_us(latency.max_us)}",
             f"Round trip from this PC(us): p50 {_us(latency.round_trip_p50_us)}",
@@ -142,12 +151,14 @@ def human_bytes(n: int) -> str:
     return f"{n / (1 << 10):.2f} KiB"
 
 
-def memory_text(report: EvalMemoryResponse) -> str:
+def memory_text(report: EvalMemoryResponse, measured_on: str = "") -> str:
+    """The eval_memory report; `measured_on` as in perf_text."""
     return (
         "\n".join(
             [
                 _RULE,
                 "      Memory Profile Info Dump",
+                *([f"Measured on: {measured_on}"] if measured_on else []),
                 _RULE,
                 "NPU model memory detail(bytes):",
                 f"  Weight Memory: {human_bytes(report.weight_memory)}",

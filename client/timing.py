@@ -28,13 +28,16 @@ class Latency:
     min_us: float
     max_us: float
     round_trip_p50_us: float
+    interrupted: bool = False  # Ctrl-C ended the timed runs early: these are the ones done
 
     @property
     def fps(self) -> float:
         return 1e6 / self.p50_us if self.p50_us > 0 else 0.0
 
     @classmethod
-    def of(cls, run_us: Sequence[float], round_trip_us: Sequence[float], warmup: int) -> Latency:
+    def of(
+        cls, run_us: Sequence[float], round_trip_us: Sequence[float], warmup: int, interrupted: bool = False
+    ) -> Latency:
         p50, p90, p99 = (float(v) for v in np.percentile(run_us, [50, 90, 99]))
         return cls(
             runs=len(run_us),
@@ -45,6 +48,7 @@ class Latency:
             min_us=float(min(run_us)),
             max_us=float(max(run_us)),
             round_trip_p50_us=float(np.median(round_trip_us)),
+            interrupted=interrupted,
         )
 
 
@@ -57,18 +61,24 @@ def measure(
     warmup: int,
     runs: int,
 ) -> Latency:
-    """`warmup` untimed runs, then `runs` timed ones."""
+    """`warmup` untimed runs, then `runs` timed ones. Ctrl-C during the timed runs keeps the runs
+    done (`interrupted`); before the first one there is nothing to report and KeyboardInterrupt goes on."""
     if runs < 1:
         raise ValueError(f"--runs must be at least 1, not {runs}")
     for _ in range(max(warmup, 0)):
         session.run(arrays, layouts, pass_through=pass_through, strict=False)
     run_us: list[float] = []
     round_trip_us: list[float] = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(arrays, layouts, pass_through=pass_through, strict=False)
-        round_trip_us.append((time.perf_counter() - start) * 1e6)
-        run_us.append(float(session.last_run_time_us) or round_trip_us[-1])
+    try:
+        for _ in range(runs):
+            start = time.perf_counter()
+            session.run(arrays, layouts, pass_through=pass_through, strict=False)
+            round_trip_us.append((time.perf_counter() - start) * 1e6)
+            run_us.append(float(session.last_run_time_us) or round_trip_us[-1])
+    except KeyboardInterrupt:
+        if not run_us:
+            raise
+        return Latency.of(run_us, round_trip_us[: len(run_us)], max(warmup, 0), interrupted=True)
     return Latency.of(run_us, round_trip_us, max(warmup, 0))
 
 

@@ -1,8 +1,11 @@
 """Who may call the daemon: bearer tokens, TLS settings, the listen policy and client identities.
 
 A token file holds one token per line, either `name:token` or a bare token (named "default");
-blank lines and `#` comments are skipped. Tokens are compared in constant time against every entry,
-so neither the match nor its position leaks through timing.
+blank lines and `#` comments are skipped. A client sends the token, or its whole line as the file has
+it (`name:token`, so `Bearer $(cat auth-token)` works for a one-token file whatever its format): a
+token holds no `:`, so the two cannot be confused, and a line's name must be its token's. Tokens are
+compared in constant time against every entry, so neither the match nor its position leaks through
+timing.
 """
 
 from __future__ import annotations
@@ -66,11 +69,15 @@ class TokenTable:
         return cls(entries)
 
     def identify(self, token: str) -> str | None:
-        """The name of the entry `token` matches, or None; compares with every entry in constant time."""
-        offered = token.encode()
+        """The name of the entry `token` (a token, or a file line `name:token`) matches, or None;
+        compares with every entry in constant time."""
+        offered_name, named, secret = token.partition(":")
+        offered = (secret.strip() if named else token).encode()
         found: str | None = None
         for name, expected in self._entries:
-            if hmac.compare_digest(offered, expected):
+            same_token = hmac.compare_digest(offered, expected)
+            same_name = hmac.compare_digest(offered_name.strip().encode(), name.encode())
+            if same_token and (same_name or not named):
                 found = name
         return found
 

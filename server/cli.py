@@ -193,8 +193,8 @@ def serve_parser() -> argparse.ArgumentParser:
 
     limits = p.add_argument_group(
         "sessions and limits",
-        "A request beyond a limit gets RESOURCE_EXHAUSTED naming it; GetInfo reports every limit. Each "
-        "limit's flag comes from its field of rknn_server.limits.Limits (its range and help beside it).",
+        "A request beyond a limit gets RESOURCE_EXHAUSTED naming it; GetInfo reports every limit "
+        "(`rknn-client info` shows them).",
     )
     limits.add_argument(
         "--isolation",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from rknn_server.auth import AccessPolicy, SecurityConfigError, Unauthenticated,
 from rknn_server.connections import Gate, IdleTimeout, Refused, grpc_peer
 from rknn_server.errors import ServiceError
 from rknn_server.limits import DoorLimits
-from rknn_server.listen import ListenAddress
+from rknn_server.listen import ListenAddress, ListenError
 from rknn_server.memory import MemoryBudget
 from rknn_server.peers import anonymous_identity, parse_peer
 
@@ -119,7 +120,20 @@ class HttpEndpoint:
         self.gate = Gate("http", limits, "--http-head-timeout")
 
     async def start(self, address: ListenAddress) -> tuple[asyncio.Server, int]:
-        server = await asyncio.start_server(self._serve, address.host, address.port, limit=MAX_LINE_BYTES)
+        """Bind `address`; a failure names the flag, the port and what to do (not a bare errno)."""
+        try:
+            server = await asyncio.start_server(self._serve, address.host, address.port, limit=MAX_LINE_BYTES)
+        except OSError as exc:
+            why = (
+                f"port {address.port} is already in use (another rknn_server, or another program: "
+                f"`ss -ltnp 'sport = :{address.port}'` names it)"
+                if exc.errno == errno.EADDRINUSE
+                else exc.strerror or str(exc)
+            )
+            raise ListenError(
+                f"cannot listen on --metrics-listen {address.display()}: {why}; give --metrics-listen a "
+                "free port (port 0 picks one), or stop what holds it"
+            ) from None
         port = int(server.sockets[0].getsockname()[1])
         self.access.listeners.append((address.host, port))
         return server, port

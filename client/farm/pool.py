@@ -35,6 +35,9 @@ from rknn_client.transport.base import TransportError
 
 # How long a Reserve call queues when the caller gives no timeout.
 WAIT_FOREVER_S = 7 * 24 * 3600.0
+# After cancel(), how long the leases' holders get to stop at their next step, closing their sessions
+# themselves, before their leases are released under them (which leaves those sessions to time out).
+CANCEL_GRACE_S = 10.0
 
 
 class NoMatchingDevice(RknnError):
@@ -148,6 +151,7 @@ class Farm:
         self.probe_timeout_s = probe_timeout_s
         self.reprobe_s = reprobe_s
         self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)
         self._leases: set[Lease] = set()
         self._wakeups: set[queue.Queue[str]] = set()
         self._cancelled = threading.Event()
@@ -156,14 +160,18 @@ class Farm:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def cancel(self) -> None:
-        """End every acquire in progress (they raise Cancelled) and release every lease held."""
+    def cancel(self, grace_s: float = CANCEL_GRACE_S) -> None:
+        """End every acquire in progress (they raise Cancelled) and every lease held: their holders
+        get `grace_s` to give them back (a run stops between two calls and closes its session first),
+        then the rest are released under them."""
         with self._lock:
             self._cancelled.set()
-            leases = list(self._leases)
             wakeups = list(self._wakeups)
         for done in wakeups:
             done.put("")
+        with self._released:
+            self._released.wait_for(lambda: not self._leases, grace_s)
+            leases = list(self._leases)
         for lease in leases:
             lease.release()
 
@@ -178,8 +186,9 @@ class Farm:
         raise Cancelled(f"cancelled: the reservation of {entry.name} was given back")
 
     def _forget(self, lease: Lease) -> None:
-        with self._lock:
+        with self._released:
             self._leases.discard(lease)
+            self._released.notify_all()
 
     @classmethod
     def from_sources(

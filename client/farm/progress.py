@@ -53,7 +53,7 @@ class FanoutProgress:
             return
         if stage == "done":
             bar.update(self.total - bar.n)
-        elif stage == "failed":
+        elif stage in ("failed", "cancelled"):
             bar.colour = "red"
         elif stage != STAGES[0]:
             bar.update(1)

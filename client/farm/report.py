@@ -46,6 +46,8 @@ def write_json(report: FanoutReport, path: Path) -> None:
 
 
 def status(result: DeviceResult) -> str:
+    if result.cancelled:
+        return f"CANCELLED (at {result.failed_stage})"
     if not result.ok:
         return f"FAILED ({result.failed_stage})"
     if result.agrees is None:
@@ -77,9 +79,19 @@ def summary(report: FanoutReport) -> str:
     """The verdict in one line: how many boards ran, failed and disagreed."""
     total = len(report.devices)
     ok = sum(r.ok for r in report.devices)
+    cancelled = sum(r.cancelled for r in report.devices)
     disagree = sum(r.ok and r.agrees is False for r in report.devices)
-    text = f"{ok} of {total} device(s) ran, {total - ok} failed, {disagree} disagree with the reference"
+    text = (
+        f"{ok} of {total} device(s) ran, {total - ok - cancelled} failed"
+        + (f", {cancelled} cancelled" if cancelled else "")
+        + f", {disagree} disagree with the reference"
+    )
     return ("CANCELLED (Ctrl-C), partial report: " if report.cancelled else "") + text
+
+
+def _runs_done(result: DeviceResult) -> str:
+    """For a device stopped while timing: how many timed runs its latency columns are made of."""
+    return f" after {result.latency.runs} timed run(s)" if result.latency and not result.ok else ""
 
 
 def table_text(report: FanoutReport) -> str:
@@ -96,7 +108,7 @@ def table_text(report: FanoutReport) -> str:
         + (" (* marks it)" if any(r.is_reference for r in report.devices) else ""),
         f"agreement: every output's cosine similarity >= {report.threshold:g}",
     ]
-    notes += [f"{r.name}: {r.error}" for r in report.devices if r.error]
+    notes += [f"{r.name}: {r.error}{_runs_done(r)}" for r in report.devices if r.error]
     return "\n".join([*lines, "", *notes]) + "\n"
 
 

@@ -26,7 +26,7 @@ from rknn_client.transport.private import start_private_daemon
 from rknn_proto.messages import EvalPerfResponse
 
 # Called with (device name, stage) as each device moves on: each of STAGES in order ("time" once
-# per timed run), then "done" or "failed".
+# per timed run), then "done", "failed" or "cancelled".
 Observer = Callable[[str, str], None]
 STAGES = ("reserve", "load", "run", "warm-up", "time", "perf", "memory")
 HOST_REFERENCE = "host"
@@ -66,6 +66,7 @@ class DeviceResult:
     is_reference: bool = False
     error: str = ""
     failed_stage: str = ""
+    cancelled: bool = False  # stopped by Ctrl-C (at failed_stage), not failed; `latency` has the runs done
     soc: str = ""
     daemon_version: str = ""
     runtime: str = ""
@@ -125,46 +126,54 @@ def run_on_device(
     observer: Observer = _quiet,
     timing: Timing = Timing(),
 ) -> DeviceOutcome:
-    """Reserve one device, run, time and measure the model there; failures become the result."""
+    """Reserve one device, run, time and measure the model there; failures become the result.
+    After `farm.cancel()` it stops at the next step, closing its session and giving its lease back
+    itself, and keeps the timed runs done."""
     result = DeviceResult(entry.name, entry.address, dict(entry.labels))
     stage = "reserve"
-    try:
+    times: list[float] = []
+
+    def go_on() -> None:
         if farm.cancelled:
-            raise Cancelled("cancelled before it started")
-        observer(entry.name, stage)
+            raise Cancelled(f"cancelled during {stage}")
+
+    def step(name: str) -> None:
+        nonlocal stage
+        go_on()
+        stage = name
+        observer(entry.name, name)
+
+    try:
+        step("reserve")
         with farm.acquire(name=entry.name, timeout=reserve_timeout_s) as device:
-            stage = "load"
-            observer(entry.name, stage)
+            step("load")
             _describe(result, entry, device)
             with device.load(model, perf_debug=True, eval_mem=True) as session:
-                stage = "run"
-                observer(entry.name, stage)
+                step("run")
                 outputs = session.run(list(inputs))
-                stage = "warm-up"
-                observer(entry.name, stage)
+                step("warm-up")
                 for _ in range(timing.warmup):
+                    go_on()
                     session.run(list(inputs))
-                stage = "time"
-                times = []
                 for _ in range(timing.runs):
-                    observer(entry.name, stage)
+                    step("time")
                     session.run(list(inputs))
                     times.append(float(session.last_run_time_us))
-                result.latency = LatencyStats.of(times) if times else None
-                stage = "perf"
-                observer(entry.name, stage)
+                step("perf")
                 perf = session.perf(fix_freq=True)
                 result.perf_total_us = perf.total_time_us
                 result.layers = layer_times(perf)
-                stage = "memory"
-                observer(entry.name, stage)
+                step("memory")
                 result.memory_bytes = session.memory().total_memory
     except Exception as exc:  # a failing device is a result, not the end of the run
         cancelled = farm.cancelled and not isinstance(exc, (NoReachableDevice, NoMatchingDevice))
+        result.cancelled = cancelled
         result.error = "cancelled (Ctrl-C)" if cancelled else f"{type(exc).__name__}: {exc}"
         result.failed_stage = stage
-        observer(entry.name, "failed")
+        result.latency = LatencyStats.of(times) if times else None
+        observer(entry.name, "cancelled" if cancelled else "failed")
         return DeviceOutcome(result, None)
+    result.latency = LatencyStats.of(times) if times else None
     result.ok = True
     observer(entry.name, "done")
     return DeviceOutcome(result, outputs)

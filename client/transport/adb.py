@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import adbutils
 
 from rknn_client.errors import ErrorWithFix
-from rknn_client.transport.base import Endpoint, TransportError
+from rknn_client.transport.base import Endpoint, TransportError, android_serial
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
 
 DEFAULT_ADB_SERVER_PORT = 5037
@@ -83,16 +83,20 @@ def adb_server_running(host: str, port: int) -> bool:
         return False
 
 
+def no_server_fix(port: int) -> str:
+    """How to get an adb server on `port` (the one this process is configured to use)."""
+    return (
+        f"start one with `adb -P {port} start-server`, or set ANDROID_ADB_SERVER_PORT to the port "
+        "your adb server uses"
+    )
+
+
 def connect_adb_server(start: bool = True) -> adbutils.AdbClient:
     """A client for the configured adb server, starting a local one when none answers and `start`."""
     host, port = adb_server_address()
     if not adb_server_running(host, port):
         if not start or host not in _LOCAL_HOSTS:
-            raise AdbServerUnavailable(
-                f"no adb server answers on {host}:{port}",
-                f"start one with `adb -P {port} start-server`, or set ANDROID_ADB_SERVER_PORT to the port "
-                "your adb server uses",
-            )
+            raise AdbServerUnavailable(f"no adb server answers on {host}:{port}", no_server_fix(port))
         _start_adb_server(port)
     return adbutils.AdbClient(host=host, port=port)
 
@@ -144,12 +148,14 @@ def _network_serial(device_id: str) -> str:
 
 
 def find_device(client: adbutils.AdbClient, device_id: str | None) -> AdbDeviceInfo:
-    """The board `device_id` names (a serial, IP or IP:PORT), or the only attached one when None.
+    """The board `device_id` names (a serial, IP or IP:PORT); when None, the one ANDROID_SERIAL names,
+    else the only attached one (adb's own order).
 
     A network address that is not attached yet is attached with `adb connect`, as RKNN-Toolkit2's
     user guide asks users to do by hand.
     """
     devices = attached_devices(client)
+    device_id = device_id or android_serial()
     if device_id is None:
         if not devices:
             raise AdbDeviceNotFound(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# adb's own variable for the board to use when no serial is given (`adb -s` overrides it).
+ENV_ANDROID_SERIAL = "ANDROID_SERIAL"
 
 
 def _nothing() -> None:
@@ -31,3 +35,8 @@ class Endpoint:
 
 class TransportError(Exception):
     """A daemon could not be reached by the chosen transport; the message says why and what to do."""
+
+
+def android_serial() -> str | None:
+    """The board ANDROID_SERIAL names, as adb itself picks it when no serial is given; None when unset."""
+    return os.environ.get(ENV_ANDROID_SERIAL, "").strip() or None

@@ -2,8 +2,9 @@
 
 1. `device_id` given: that device (`tcp://HOST:PORT` directly; an adb serial or `IP:PORT` over adb);
 2. else `RKNN_SERVER` from the environment;
-3. else, with `target` set: the single attached adb board;
-4. else (no target, no device): a private host-runtime daemon, the toolkit's simulator.
+3. else `ANDROID_SERIAL` (adb's own choice of board when no serial is given): that adb board;
+4. else, with `target` set: the single attached adb board;
+5. else (no target, no device): a private host-runtime daemon, the toolkit's simulator.
 
 The adb server is never started or changed here (no `start-server`, no `adb connect`): a board is
 reached over adb only when a running adb server already lists it. A bare `HOST:PORT` that no adb
@@ -16,7 +17,7 @@ import os
 
 import grpc
 
-from rknn_client.transport.base import Endpoint, TransportError
+from rknn_client.transport.base import Endpoint, TransportError, android_serial
 from rknn_client.transport.health import health_status
 from rknn_client.transport.private import start_private_daemon
 from rknn_client.transport.security import Credentials, open_channel
@@ -105,9 +106,10 @@ def resolve_device_id(device_id: str) -> Endpoint:
     if _grpc_answers(endpoint):
         return endpoint
     raise TransportError(
-        f"{device_id} is not an attached adb device and no daemon answers at {endpoint.description}: "
-        f"did you mean {endpoint.description}? (a network adb board must be attached first with "
-        f"`adb connect {device_id}`)"
+        f"{device_id} is neither an adb device a running adb server lists nor a daemon: both were tried, "
+        f"and nothing answers at {endpoint.description}. A network adb board must be attached first "
+        f"(`adb connect {device_id}`); a daemon must run and listen there (`rknn-client doctor --device "
+        f"{endpoint.description}` walks the chain)"
     )
 
 
@@ -117,6 +119,9 @@ def resolve(device_id: str | None, target: str | None) -> Endpoint:
     env = os.environ.get(ENV_SERVER, "").strip()
     if env:
         return tcp_endpoint(env)
+    serial = android_serial()
+    if serial:
+        return resolve_device_id(serial)
     if target:
         return _adb(None)
     return start_private_daemon()

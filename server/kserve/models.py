@@ -37,6 +37,7 @@ from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
 from rknn_server.frames import Declared, take_arrays, wire_outputs
 from rknn_server.kserve.datatypes import checked_shape, datatype_of, dtype_of
 from rknn_server.kserve.repository import ModelConfig, ModelRepository, TensorConfig
+from rknn_server.runtime.base import ModelFormatError
 from rknn_server.sessions import Session
 
 log = structlog.get_logger("rknn_server.kserve")
@@ -65,6 +66,8 @@ class InputTensor:
     shape: tuple[int, ...]
     raw: bytes | None = None
     values: Sequence[object] | np.ndarray | None = None
+    # Where this transport's client puts an input's elements, for a message that names them.
+    carriers: str = "contents or raw_input_contents"
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,8 @@ class V2Models:
         self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
         # (digest, owner) -> that owner's view of an uploaded model, bounded
         self._uploaded: OrderedDict[tuple[str, str], Model] = OrderedDict()
+        # uploaded model -> why the runtime could not load it (as Triton keeps a failed load's reason)
+        self._unloadable: OrderedDict[str, str] = OrderedDict()
 
     # -- Lookup --------------------------------------------------------------------------------
 
@@ -281,6 +286,9 @@ class V2Models:
                 f"unknown model {name[:80]!r}; the repository's ready models are: {known}, and a model uploaded "
                 "through rknn.v1 is addressed by its digest (64 hex characters)"
             )
+        why = self._not_a_model(name, owner)
+        if why:
+            raise ModelUnavailable(f"model {name[:80]!r} is not ready: {why}")
         key = (name, owner)
         model = self._uploaded.get(key)
         if model is None:
@@ -291,6 +299,15 @@ class V2Models:
                 self._uploaded.popitem(last=False)
         self._uploaded.move_to_end(key)
         return model
+
+    def _not_a_model(self, digest: str, owner: str) -> str:
+        """Why the uploaded file `digest` is no model this runtime loads ('' when it may be one): its
+        suffix, else a load that failed."""
+        file_name = self.plane.cache.main_file(digest, owner).name
+        suffixes = self.plane.backend.model_suffixes
+        if not file_name.lower().endswith(tuple(suffixes)):
+            return f"{file_name} is not a model this daemon's runtime loads (it loads {', '.join(suffixes)} files)"
+        return self._unloadable.get(digest, "")
 
     def ready(self, name: str, version: str, owner: str) -> bool:
         try:
@@ -311,11 +328,10 @@ class V2Models:
             else IndexEntry(name, VERSION, "UNAVAILABLE", self._unavailable.get(name, "not loaded"))
             for name in sorted(names)
         ]
-        entries += [
-            IndexEntry(digest, VERSION, "READY")
-            for digest in self.plane.cache.cached_digests()
-            if self.plane.cache.may_use(digest, owner)
-        ]
+        for digest in self.plane.cache.cached_digests():
+            if self.plane.cache.may_use(digest, owner):
+                why = self._not_a_model(digest, owner)
+                entries.append(IndexEntry(digest, VERSION, "UNAVAILABLE" if why else "READY", why))
         return [e for e in entries if e.state == "READY" or not ready_only]
 
     # -- Load and unload -------------------------------------------------------------------------
@@ -385,7 +401,14 @@ class V2Models:
     async def _session(self, model: Model, owner: str) -> Session:
         if not self.plane.cache.has(model.digest) and model.name in self._loaded:
             await self.load(model.name, owner)  # evicted from the cache: bring it in again
-        session, opened = await self.sessions.get(model.digest, owner, model.shared)
+        try:
+            session, opened = await self.sessions.get(model.digest, owner, model.shared)
+        except ModelFormatError as exc:
+            if not model.shared:  # an upload the runtime cannot load: UNAVAILABLE from now on
+                self._unloadable[model.digest] = str(exc)
+                while len(self._unloadable) > 256:
+                    self._unloadable.popitem(last=False)
+            raise
         if opened or not model.inputs:
             model.learn(session)
         return session
@@ -512,7 +535,7 @@ def to_array(tensor: InputTensor, limits: codec.TensorLimits) -> np.ndarray:
     if len(values) != count:
         raise InvalidInput(
             f"{what}: {len(values)} elements for shape {list(shape)}; expected {count} "
-            "(no contents at all: send them in contents or raw_input_contents)"
+            f"(no contents at all: send them in {tensor.carriers})"
         )
     try:
         given = np.asarray(values)

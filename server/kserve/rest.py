@@ -63,6 +63,8 @@ _HTTP_STATUS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 JSON_SLICE = 1 << 16  # elements written as JSON at a time: one slice's text is in memory, not a tensor's
+# Where a REST client puts an input's elements (messages name these, not the gRPC fields).
+REST_CARRIERS = "data, or binary data after the JSON (the binary extension: parameters.binary_data_size)"
 BINARY_ADVICE = (
     'ask for the outputs as binary data ("parameters": {"binary_data": true} on an output, or '
     '{"binary_data_output": true} on the request), for fewer outputs, or use gRPC'
@@ -214,9 +216,8 @@ def decode_inputs(header: Mapping[str, Any], binary: memoryview) -> list[InputTe
             offset += size
             tensors.append(InputTensor(name, datatype, tuple(shape), raw=raw))
         elif "data" in item:
-            tensors.append(
-                InputTensor(name, datatype, tuple(shape), values=_flat(item["data"], f"input {name!r}"))
-            )
+            values = _flat(item["data"], f"input {name!r}")
+            tensors.append(InputTensor(name, datatype, tuple(shape), values=values, carriers=REST_CARRIERS))
         else:
             raise InvalidInput(f"input {name!r} has neither data nor parameters.binary_data_size")
     if offset != len(binary):

@@ -238,9 +238,14 @@ def with_env_token(monkeypatch: pytest.MonkeyPatch, url: str) -> list[Check]:
     return diagnose(url)
 
 
-def test_refused_tcp_fix_names_the_token_file() -> None:
-    failed = broken(diagnose(f"tcp://127.0.0.1:{free_port()}"))
-    assert "--listen tcp://0.0.0.0:" in failed.fix and "--auth-token-file" in failed.fix
+def test_unreachable_board_fix_names_the_token_file() -> None:
+    """A board on the network (192.0.2.1 is TEST-NET-1: nothing answers) needs a non-loopback listener,
+    which the daemon serves only with a token; a loopback port gets a loopback daemon instead."""
+    failed = broken(diagnose("tcp://192.0.2.1:50515", timeout=0.5))
+    assert "--listen tcp://0.0.0.0:50515" in failed.fix and "--auth-token-file" in failed.fix
+    port = free_port()
+    local = broken(diagnose(f"tcp://127.0.0.1:{port}"))
+    assert f"--listen tcp://127.0.0.1:{port}" in local.fix and "0.0.0.0" not in local.fix
 
 
 def test_python_daemon_is_found_by_its_command_line(make_board: MakeBoard, tmp_path: Path) -> None:

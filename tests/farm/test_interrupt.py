@@ -63,9 +63,9 @@ def test_first_ctrl_c_releases_every_reservation_and_writes_the_partial_report(
     parsed = parse_report((tmp_path / "r.html").read_text())
     assert parsed.data == data
     assert {row[0]: row[2] for row in parsed.tables["devices"][1:]} == {
-        "b0": "FAILED (time)",
-        "b1": "FAILED (time)",
-        "b2": "FAILED (reserve)",
+        "b0": "CANCELLED (at time)",
+        "b1": "CANCELLED (at time)",
+        "b2": "CANCELLED (at reserve)",
     }
 
 

@@ -15,6 +15,8 @@
 - int8 fidelity (bench/fidelity.py): our host-side int8 emulation against RKNN-Toolkit2's simulator
   (cosine of the outputs, top-1 agreement) for trained models from PyPI packages and each
   quantized_algorithm; skipped, saying why, without a toolkit (`rknn-client toolkit install`).
+- the toolkit protocol (bench/legacy_round_trip.py): the unmodified toolkit's `inference()` through
+  an emulated adb board against rknn.v1's `Run` of the same model on the same daemon (p50 ratio).
 The machine is shared and noisy: each figure is the median of several runs, and only the ratios
 of figures taken side by side in this one run mean anything.
 `python -m bench.run --only NAME` (repeatable) measures only those rows, into
@@ -48,6 +50,7 @@ from bench import ort_server, throughput
 from bench.adb_forward import measure_adb
 from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import NoOpServer, measure_ceiling
+from bench.legacy_round_trip import measure_legacy
 from bench.raw_socket import transfer_seconds
 from bench.shared_memory import bench_shared_memory, shared_memory_on
 from bench.side_by_side import side_by_side
@@ -325,6 +328,7 @@ def _standalone(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("adb_forward", lambda: _adb_forward(work)),
         *[(name, functools.partial(bench, work, RESULTS)) for name, bench in throughput.BENCHMARKS],
         ("int8_fidelity", lambda: measure_fidelity(work / "fidelity")),
+        ("legacy_round_trip", lambda: measure_legacy(work / "legacy")),
     ]
 
 

@@ -73,11 +73,11 @@ _REQUESTS = frozenset(_ACKS) | {Command.IOCTL, Command.MULTI_INPUT, Command.RUN}
 # rknn_set_core_mask, rknn_set_input_shapes and rknn_destroy wait on only after they sent the request,
 # waiting before they look whether the answer already came: one that arrives in between is lost and
 # the toolkit fails with "Run timeout" minutes later. That gap is a few instructions, unless the
-# client's thread is preempted right after its send; so no answer its reader thread takes leaves
-# sooner than this after its request. Measured with the real toolkit beside two busy loops on two
-# loaded cores: answers sent at once lost about 1 in 500 runs, 1 ms after 1 in 1200, 2 ms and 3 ms
-# after none in 7000 and 4000.
-MIN_TURNAROUND_S = 0.003
+# client's thread is preempted right after its send (then it is as long as the CPU is taken); so no
+# answer its reader thread takes leaves sooner than this after its request. Measured with the real
+# toolkit on two cores loaded about fivefold (two busy loops beside other work), misses per
+# inference: at once 1/475, 1 ms 1/1190, 2 ms 1/6470, 3 ms 1/3020, 5 ms 0/8000, 10 ms 0/4000.
+MIN_TURNAROUND_S = 0.005
 
 
 def _reader_thread_takes(header: Header, message: memoryview) -> bool:

@@ -44,6 +44,23 @@ def toolkit() -> Toolkit:
     return found
 
 
+# The toolkit releases whose client the listener serves; behaviour tests run with each one installed.
+TOOLKIT_VERSIONS = ("2.5.0", "2.3.2")
+
+
+@pytest.fixture(params=TOOLKIT_VERSIONS)
+def each_toolkit(request: pytest.FixtureRequest) -> Toolkit:
+    """Each release in turn, unmodified (their bundled adb is the same binary, so one adb server
+    serves both); a release that is not installed skips, saying how to install it."""
+    version = request.param
+    found = find_toolkit(version)
+    if found is None:
+        pytest.skip(
+            f"no RKNN-Toolkit2 {version} venv (rknn-client toolkit install --version {version} --torch-stub)"
+        )
+    return found
+
+
 @pytest.fixture(scope="session")
 def real_rknn(toolkit: Toolkit, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_tiny_rknn(toolkit, tmp_path_factory.mktemp("real-rknn"))

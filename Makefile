@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: wheel install demo test lint typecheck proto proto-check unit bench clean toolkit tritonclient
+.PHONY: wheel install demo test lint typecheck proto proto-check unit bench clean toolkit tritonclient board-test
 
 $(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,11 +51,16 @@ lint: $(DEV_STAMP)
 typecheck: $(DEV_STAMP)
 	cd src && ../$(VENV)/bin/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p rknn_proto -p rknn_server -p rknn_client
 
-# The real RKNN-Toolkit2 that tests/toolkit drive through the bridge: installed once into
-# ~/.cache/rknn_client (kept between runs and clones), with the stand-in for torch (docs/toolkit-bridge.md).
+# The real RKNN-Toolkit2 that tests/toolkit drive through the bridge and tests/legacy through adb:
+# installed once into ~/.cache/rknn_client (kept between runs and clones), with the stand-in for torch
+# (docs/toolkit-bridge.md). 2.3.2 beside it (about a minute, a 40 MB wheel) for the legacy tests that
+# run with each release; `install` returns at once for a release already there.
+TOOLKIT_RELEASES := 2.5.0 2.3.2
 toolkit: $(DEV_STAMP)
-	@$(VENV)/bin/rknn-client toolkit status >/dev/null 2>&1 || $(VENV)/bin/rknn-client toolkit install --torch-stub \
-		|| echo "RKNN-Toolkit2 could not be installed; tests/toolkit will skip"
+	@for version in $(TOOLKIT_RELEASES); do \
+		$(VENV)/bin/rknn-client toolkit install --version $$version --torch-stub \
+			|| echo "RKNN-Toolkit2 $$version could not be installed; the tests that need it will skip"; \
+	done
 
 # The real tritonclient and perf_analyzer that tests/kserve drive the daemon with (KServe v2): venvs of
 # their own in ~/.cache/rknn_client, as tritonclient pins its own protobuf and grpcio; made once, then
@@ -65,14 +70,31 @@ tritonclient: $(DEV_STAMP)
 		|| echo "libb64-0d could not be installed; the perf_analyzer test will skip"
 	@$(PY) -m tests.kserve.tritonclient_venv
 
+# pytest on two workers (xdist), each test file on one worker so that the daemons a module or the session
+# shares start once per worker. `make test ARGS="-k doctor -x"` passes ARGS on to pytest;
+# PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= 2
 unit: install toolkit tritonclient
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 
 test: lint typecheck proto-check unit
 
 bench: $(DEV_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.run
+
+# Emulated boards (tests/board, docs/deploy.md): Debian images of other architectures under qemu-user-static,
+# cached in ~/.cache/rknn_client/board; the wheel, the daemon, adb and deploy tested inside them. Root
+# installs the tools with apt-get; elsewhere it skips with the reason. BOARDS="arm64 armhf bullseye" adds the others.
+BOARDS ?= arm64
+BOARD_PACKAGES := qemu-user-static debootstrap gcc-aarch64-linux-gnu libc6-dev-arm64-cross gcc-arm-linux-gnueabihf libc6-dev-armhf-cross
+
+board-test: $(DEV_STAMP) wheel
+	@missing=$$(for p in $(BOARD_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || printf ' %s' $$p; done); \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+		echo "make: running as root, so installing$$missing with apt-get (for the emulated boards)"; \
+		$(APT_INSTALL) $$missing || echo "apt-get could not install$$missing; board-test says what it lacks"; fi
+	$(PY) -m tests.board $(BOARDS)
 
 # The project's wheel for a board (docs/deploy.md: installing without PyPI), into dist/.
 wheel:

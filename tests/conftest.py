@@ -28,6 +28,30 @@ DaemonFactory = Callable[..., DaemonProcess]
 # must not change what they test. Set here so `rknn-client exec` subprocesses inherit it too.
 os.environ[ENV_TOOLKIT] = "host"
 
+# Test files that run the real toolkit against an emulated board through adb: its `adb forward` binds
+# the host's abstract socket @transfer_proxy, one per network namespace, so two of them at once on two
+# xdist workers would collide ("cannot bind listener: Address already in use"). They share one scope.
+TOOLKIT_OVER_ADB = (
+    "tests/legacy/test_toolkit.py",
+    "tests/legacy/test_dynamic_shapes.py",
+    "tests/legacy/test_places.py",
+)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With `--dist loadfile` (make unit), each test file is one unit of work as usual, except that the
+    files in TOOLKIT_OVER_ADB are one unit together, so one worker runs them one after another."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ToolkitTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "toolkit-over-adb" if scope in TOOLKIT_OVER_ADB else scope
+
+    return ToolkitTogether(config, log)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _client_digest_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:

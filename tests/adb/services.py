@@ -8,10 +8,12 @@ import os
 import re
 import shlex
 import struct
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.adb import board_processes
 from tests.adb.stream import Stream, StreamBytes, relay
 
 # Board paths that live in the fake device root rather than on this machine.
@@ -37,6 +39,8 @@ DEFAULT_BOARD_PATHS = (
 # adb's SYNC_DATA_MAX: the largest DATA frame either side sends.
 SYNC_DATA_MAX = 64 * 1024
 _ABS_PATH = re.compile(r"(?<![\w./-])/[\w.@+/-]*")
+# A path into one process's /proc entry, or `/proc/` before a glob or a variable (`/proc/[0-9]*`, `/proc/$p`).
+_PROCESS_PATH = re.compile(r"/proc/(\d+(/.*)?)?")
 
 
 @dataclass
@@ -54,6 +58,8 @@ class DeviceProfile:
     commands: dict[str, str] = field(default_factory=dict)
     # Extra environment for shell commands.
     env: dict[str, str] = field(default_factory=dict)
+    # What marks a host process as one of this board's (tests/adb/board_processes.py).
+    board_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def all_props(self) -> dict[str, str]:
         base = {
@@ -77,16 +83,23 @@ class DeviceProfile:
     def is_board_path(self, path: str) -> bool:
         return any(path == prefix or path.startswith(prefix + "/") for prefix in self.board_paths)
 
+    def process_env(self) -> dict[str, str]:
+        """The environment of a process on this board: its shells', or one a test starts there."""
+        return board_processes.environment(self.board_id) | self.env
+
     def shell_script(self, command: str) -> str:
-        """The command with board paths moved into the root, behind a getprop answering from props."""
-        rewritten = _ABS_PATH.sub(
-            lambda match: (
-                str(self.local_path(match.group(0))) if self.is_board_path(match.group(0)) else match.group(0)
-            ),
-            command,
-        )
+        """The command with board paths moved into the root, behind a getprop answering from props and
+        ps/pidof/killall over the board's own processes."""
+        rewritten = _ABS_PATH.sub(lambda match: self._board_side(match.group(0)), command)
         overrides = "".join(f"{name}() {{ {body}\n}}\n" for name, body in self.commands.items())
-        return self._getprop_function() + overrides + rewritten
+        shims = board_processes.shims(self.local_path("/proc"))
+        return self._getprop_function() + shims + overrides + rewritten
+
+    def _board_side(self, path: str) -> str:
+        """Where the shell finds `path`: in the root for board paths and process entries, else as is."""
+        if not (self.is_board_path(path) or _PROCESS_PATH.fullmatch(path)):
+            return path
+        return str(self.local_path(path)) + ("/" if path.endswith("/") else "")
 
     def abstract_socket(self, board_name: str) -> str:
         """The local abstract socket that serves the board's `board_name`."""
@@ -146,12 +159,13 @@ async def _open_socket(connecting: Connecting) -> Handler | None:
 
 
 async def _open_shell(command: str, profile: DeviceProfile) -> Handler:
+    board_processes.sync_view(profile.local_path("/proc"), profile.board_id)
     process = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
         profile.shell_script(command or "exec /bin/sh -i"),
         cwd=profile.root,
-        env=os.environ | profile.env,
+        env=profile.process_env(),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,

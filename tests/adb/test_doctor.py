@@ -148,6 +148,18 @@ def test_daemon_not_running(make_board: MakeBoard) -> None:
     assert "rknn_server serve" in failed.fix
 
 
+def test_this_machines_rknn_server_is_not_the_boards(make_board: MakeBoard, tmp_path: Path) -> None:
+    """The emulated board's shell sees its own processes only: a vendor-like rknn_server running on
+    this machine (another test run's, a developer's) is not on the board."""
+    board = npu_board(make_board)
+    host_binary = tmp_path / "usr" / "bin" / "rknn_server"
+    host_binary.parent.mkdir(parents=True)
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", host_binary)
+    _, failed = _diagnosed_beside(board, [str(host_binary), "600"], on_board=False)
+    assert failed.name == "daemon process"
+    assert failed.detail == "no rknn_server daemon runs on the board"
+
+
 def test_wrong_protocol_version(make_board: MakeBoard, fake_daemon: Callable[[int], FakeDaemon]) -> None:
     board = npu_board(make_board)
     daemon = fake_daemon(999)
@@ -162,9 +174,12 @@ def test_missing_npu_node(make_board: MakeBoard, fake_daemon: Callable[[int], Fa
     assert broken(diagnose(board.serial, socket_name=daemon.socket_name)).name == "NPU device node"
 
 
-def _diagnosed_beside(board: EmulatedBoard, argv: list[str]) -> tuple[subprocess.Popen[bytes], Check]:
-    """The first failed check while `argv` runs as a process that does not serve the daemon's socket."""
-    process = subprocess.Popen(argv)
+def _diagnosed_beside(
+    board: EmulatedBoard, argv: list[str], on_board: bool = True
+) -> tuple[subprocess.Popen[bytes], Check]:
+    """The first failed check while `argv` runs, on the board or only on this machine, as a process
+    that does not serve the daemon's socket."""
+    process = subprocess.Popen(argv, env=board.profile.process_env() if on_board else None)
     try:
         return process, broken(diagnose(board.serial, socket_name=f"nobody-{uuid.uuid4().hex[:12]}"))
     finally:

@@ -52,6 +52,33 @@ def test_getprop_and_device_tree_come_from_the_profile(
     assert "rockchip,rk3588" in adb_env.adb(*run, "cat /proc/device-tree/compatible").stdout
 
 
+def test_the_shell_sees_the_boards_processes_only(
+    adb_env: PrivateAdbServer, make_board: MakeBoard, tmp_path: Path
+) -> None:
+    """ps, pidof, killall and /proc/PID see what runs on the board, never this machine's other processes."""
+    board = make_board()
+    binary = tmp_path / "rknn_server"
+    binary.write_bytes(Path("/bin/sleep").read_bytes())
+    binary.chmod(0o755)
+    on_board = subprocess.Popen([str(binary), "600"], env=board.profile.process_env())
+    on_host = subprocess.Popen([str(binary), "600"])
+    run = ["-s", board.serial, "shell"]
+    try:
+        listed = [line.split() for line in adb_env.adb(*run, "ps -A").stdout.splitlines()[1:]]
+        assert [pid for pid, *_, name in listed if name == "rknn_server"] == [str(on_board.pid)]
+        assert adb_env.adb(*run, "pidof rknn_server").stdout.split() == [str(on_board.pid)]
+        assert adb_env.adb(*run, "readlink /proc/[0-9]*/exe").stdout.splitlines() == [str(binary)]
+        assert "No such file" in adb_env.adb(*run, f"ls /proc/{on_host.pid}/").stdout
+        assert adb_env.adb(*run, "killall rknn_server && echo killed").stdout == "killed\n"
+        assert on_board.wait(timeout=30) == -15 and on_host.poll() is None
+        missing = adb_env.adb(*run, "killall rknn_server; pidof rknn_server || echo none", check=False)
+        assert "rknn_server: no process found" in missing.stdout and missing.stdout.endswith("none\n")
+    finally:
+        for process in (on_board, on_host):
+            process.kill()
+            process.wait()
+
+
 def test_push_writes_the_file_under_the_device_root(
     adb_env: PrivateAdbServer, make_board: MakeBoard, tmp_path: Path
 ) -> None:

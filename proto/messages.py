@@ -59,6 +59,7 @@ class TensorAttr:
     # not passed through (librknnrt quantizes float/uint8 data and takes NCHW or NHWC).
     convertible_dtypes: tuple[np.dtype, ...] = ()
     convertible_layouts: tuple[str, ...] = ()
+    w_stride: int = 0  # librknnrt's row stride in elements (0: none given); the toolkit protocol reports it
 
     @property
     def is_dynamic(self) -> bool:

@@ -292,8 +292,9 @@ class LegacyConnection:
         if command == Command.VERSION:
             return self._version(header)
         if command == Command.LOAD:
+            context = next(self.contexts)  # a refused load uses up its id too, as Rockchip's server's does
             await self._load(header, message)
-            self.context = next(self.contexts)
+            self.context = context
             return self._ack(Command.LOAD_ACK, header)
         if command == Command.IOCTL:
             (subcommand,) = struct.unpack_from("<I", message, wire.HEADER_BYTES)

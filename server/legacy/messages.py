@@ -67,9 +67,9 @@ def _pack_record(message: bytearray, at: int, spec: TensorAttr) -> None:
     message[at + layouts.QUANT_AT] = QuantType[spec.quant_type.name]  # the ABI's names are the contract's
     struct.pack_into("<b", message, at + layouts.FL_AT, spec.fl)
     struct.pack_into("<if", message, at + layouts.ZERO_POINT_AT, spec.zero_point, spec.scale)
-    # w_stride 0 as the real server sends; size_with_stride: the runtime interface has the tensor's
-    # size only (the toolkit does not read either).
-    struct.pack_into("<II", message, at + layouts.W_STRIDE_AT, 0, spec.size_bytes)
+    # w_stride as the runtime gives it, as the real server sends it; size_with_stride: the runtime
+    # interface has the tensor's size only (the toolkit reads neither).
+    struct.pack_into("<II", message, at + layouts.W_STRIDE_AT, spec.w_stride, spec.size_bytes)
 
 
 def pack_model_info(

@@ -107,8 +107,9 @@ def test_a_whole_session_over_the_wire(daemon: LegacyDaemon, tmp_path: Path) -> 
     assert info.data[0x80 + 0x100] == 4
     assert struct.unpack_from("<4I", info.data, 0x80 + 0x101) == SHAPE
     assert tuple(info.data[0x80 + 0x141 : 0x80 + 0x143]) == (1, 0)  # NHWC, FP32
-    # w_stride 0 and size_with_stride (12 float32) at +0x14d and +0x151.
-    assert struct.unpack_from("<II", info.data, 0x80 + 0x14D) == (0, 48)
+    # w_stride as the runtime gives it (the stand-in: the width) and size_with_stride (12 float32) at
+    # +0x14d and +0x151, as Rockchip's server fills them.
+    assert struct.unpack_from("<II", info.data, 0x80 + 0x14D) == (SHAPE[2], 48)
     assert struct.unpack_from("<I", info.data, 0xAD91)[0] == 1
     assert info.data[0xAD95:0xAD9B] == b"score\0"
     dynamic_range = client.ioctl(7)
@@ -230,7 +231,9 @@ def test_a_model_over_the_limit_gets_the_load_ack_fail_before_its_body_is_read(
     assert (load.command, len(load.data), load.ack, load.context) == (LOAD_ACK, 0x170, ACK_FAIL, -1)
     client.sock.sendall(body[4:])
     client.sequence = 1
-    assert client.load(stub_model(tmp_path / "m.rknn")).ack == 0
+    loaded = client.load(stub_model(tmp_path / "m.rknn"))
+    # The refused load used up context id 1, as Rockchip's server's refused loads do.
+    assert (loaded.ack, loaded.context) == (0, 2)
     np.testing.assert_array_equal(run_once(client, np.zeros(SHAPE, np.float32)), np.ones(SHAPE, np.float32))
 
 

@@ -94,6 +94,7 @@ def tensor_attr(
         fl=int(attr.fl),
         convertible_dtypes=CONVERTIBLE_INPUT_DTYPES if is_input else (),
         convertible_layouts=CONVERTIBLE_INPUT_LAYOUTS if is_input and len(shape) == 4 else (),
+        w_stride=int(attr.w_stride),
     )
 
 

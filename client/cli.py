@@ -339,7 +339,8 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
         _emit_json(accuracy_json(result))
     else:
         print(worst_layers_text(result, args.worst), end="")
-    print(f"layer dumps and the full table ({REPORT_FILE}) are in {args.output_dir}", file=sys.stderr)
+    written = result.written.text(Path(args.output_dir))
+    print(f"{written}: the layer dumps and the full table ({REPORT_FILE})", file=sys.stderr)
     return 0
 
 

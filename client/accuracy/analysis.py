@@ -36,6 +36,7 @@ from rknn_client.accuracy.report import (
     write_text_atomically,
 )
 from rknn_client.accuracy.single import SingleLayerRunner
+from rknn_client.accuracy.steps import Advance, Steps, Written
 
 REPORT_FILE = "error_analysis.txt"
 MAP_FILE = "map_name_to_file.txt"
@@ -71,6 +72,7 @@ class AnalysisResult:
     has_runtime: bool
     only_runtime: tuple[str, ...]
     report: str
+    written: Written  # what went into output_dir
 
     def row(self, name: str) -> LayerRow:
         """The row of the layer with this tensor name."""
@@ -147,7 +149,7 @@ def _pair(reference: np.ndarray | None, other: np.ndarray | None) -> ErrorPair |
     return None if reference is None or other is None else compare(reference, other)
 
 
-def _rows(layers: Sequence[ModelLayer], sides: _Sides) -> tuple[LayerRow, ...]:
+def _rows(layers: Sequence[ModelLayer], sides: _Sides, advance: Advance) -> tuple[LayerRow, ...]:
     """One row per layer: golden's layers in order, then the simulator's that golden lacks."""
     rows = []
     for position, layer in enumerate(layers):
@@ -166,6 +168,7 @@ def _rows(layers: Sequence[ModelLayer], sides: _Sides) -> tuple[LayerRow, ...]:
                 single_sim=_pair(sides.single_runtime.get(name), runtime),
             )
         )
+        advance(1)
     return tuple(rows)
 
 
@@ -175,21 +178,27 @@ def analyse(
     inputs: Sequence[InputSource] | Mapping[str, np.ndarray],
     output_dir: str | Path,
     runtime_layers: Iterable[tuple[LayerLike, np.ndarray]] | None = None,
+    steps: Steps | None = None,
 ) -> AnalysisResult:
-    """Compare the float and quantized models (and a runtime's dumps) layer by layer; write output_dir."""
+    """Compare the float and quantized models (and a runtime's dumps) layer by layer; write output_dir.
+    `steps` shows each step's progress (default: none)."""
+    steps = steps or Steps.quiet()
     golden_model, sim_model = load_model(float_model), load_model(quant_model)
     out = Path(output_dir)
     feeds = _feeds(golden_model, inputs)
     prepare_output_dir(out)
 
     golden_layers, sim_layers = model_layers(golden_model), model_layers(sim_model)
-    golden = {info.tensor_name: array for info, array in run_capture(golden_model, feeds)}
-    simulator = {info.tensor_name: array for info, array in run_capture(sim_model, feeds)}
+    with steps.step("golden: the float model", 1, "run") as advance:
+        golden = {info.tensor_name: array for info, array in run_capture(golden_model, feeds)}
+        advance(1)
+    with steps.step("simulator: the quantized model", 1, "run") as advance:
+        simulator = {info.tensor_name: array for info, array in run_capture(sim_model, feeds)}
+        advance(1)
     delivered = None if runtime_layers is None else list(runtime_layers)
 
     golden_by_name = {layer.info.tensor_name: golden[layer.value] for layer in golden_layers}
     sim_by_name = {layer.info.tensor_name: simulator[layer.value] for layer in sim_layers}
-    runner = SingleLayerRunner(sim_model, sim_layers)
     runtime: dict[str, np.ndarray] = {}
     only_runtime: dict[str, np.ndarray] = {}
     if delivered is not None:
@@ -197,27 +206,40 @@ def analyse(
         runtime = _runtime_values(sim_layers, simulator, golden_by_name, by_name)
         known = {*golden, *simulator, *(name for node in sim_model.graph.node for name in node.output)}
         only_runtime = {name: array for name, array in by_name.items() if name not in known}
+    references = [golden_by_name] if delivered is None else [golden_by_name, runtime]
+    with steps.step("single-layer runs", len(references), "run") as advance:
+        runner = SingleLayerRunner(sim_model, sim_layers)
+        singles = []
+        for reference in references:
+            singles.append(runner.run(reference).values)
+            advance(1)
     sides = _Sides(
         golden=golden_by_name,
         simulator=sim_by_name,
-        single=runner.run(golden_by_name).values,
+        single=singles[0],
         runtime=runtime,
-        single_runtime=runner.run(runtime).values if delivered is not None else {},
+        single_runtime=singles[1] if delivered is not None else {},
     )
     sim_only = [layer for layer in sim_layers if layer.info.tensor_name not in golden_by_name]
-    rows = _rows([*golden_layers, *sim_only], sides)
+    layers = [*golden_layers, *sim_only]
+    with steps.step("comparing layers", len(layers)) as advance:
+        rows = _rows(layers, sides, advance)
 
     files = tensor_file_names([*(row.name for row in rows), *only_runtime])
-    write_side(out / "golden", golden_by_name, files)
-    write_side(out / "simulator", sim_by_name, files)
+    written = Written()
+    written_sides = [("golden", golden_by_name), ("simulator", sim_by_name)]
     if delivered is None:
         remove_side(out / "runtime")
     else:
-        write_side(out / "runtime", {**runtime, **only_runtime}, files)
+        written_sides.append(("runtime", {**runtime, **only_runtime}))
+    for side, tensors in written_sides:
+        with steps.step(f"writing {side}/", len(tensors), "tensor") as advance:
+            written += write_side(out / side, tensors, files, advance)
     write_name_map(out / MAP_FILE, files)
     table_rows = [
         TableRow(row.label, row.entire, row.single, row.runtime_entire, row.single_sim) for row in rows
     ]
     report = format_table(table_rows, with_runtime=delivered is not None)
     write_text_atomically(out / REPORT_FILE, report)
-    return AnalysisResult(out, rows, delivered is not None, tuple(only_runtime), report)
+    written += Written.of(out / MAP_FILE, out / REPORT_FILE)
+    return AnalysisResult(out, rows, delivered is not None, tuple(only_runtime), report, written)

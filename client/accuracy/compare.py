@@ -11,6 +11,7 @@ C == H == W, is taken as NCHW), or the same values with extra axes of size 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,19 +25,35 @@ class ErrorPair:
     euc: float
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of the flattened tensors, in float64."""
-    x = np.asarray(a, np.float64).ravel()
-    y = np.asarray(b, np.float64).ravel()
-    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+def _flat64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float64).ravel()
+
+
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """sum(x_i * y_i), one pass and no BLAS threads (which contend on a busy machine)."""
+    return float(np.einsum("i,i->", x, y))
+
+
+def _cosine(x: np.ndarray, y: np.ndarray) -> float:
+    norm = math.sqrt(_dot(x, x) * _dot(y, y))
     if norm == 0.0:
         return 1.0 if not x.any() and not y.any() else 0.0
-    return float(np.dot(x, y) / norm)
+    return _dot(x, y) / norm
+
+
+def _euclidean(x: np.ndarray, y: np.ndarray) -> float:
+    difference = x - y
+    return math.sqrt(_dot(difference, difference))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of the flattened tensors, in float64."""
+    return _cosine(_flat64(a), _flat64(b))
 
 
 def euclidean(a: np.ndarray, b: np.ndarray) -> float:
     """Euclidean distance of the flattened tensors, in float64."""
-    return float(np.linalg.norm(np.asarray(a, np.float64).ravel() - np.asarray(b, np.float64).ravel()))
+    return _euclidean(_flat64(a), _flat64(b))
 
 
 def align(reference: np.ndarray, other: np.ndarray) -> np.ndarray | None:
@@ -55,4 +72,5 @@ def compare(reference: np.ndarray, other: np.ndarray) -> ErrorPair | None:
     aligned = align(reference, other)
     if aligned is None:
         return None
-    return ErrorPair(cosine(reference, aligned), euclidean(reference, aligned))
+    x, y = _flat64(reference), _flat64(aligned)  # each converted once for both measures
+    return ErrorPair(_cosine(x, y), _euclidean(x, y))

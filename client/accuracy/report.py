@@ -27,6 +27,8 @@ import numpy as np
 
 from rknn_client.accuracy.compare import ErrorPair
 from rknn_client.accuracy.errors import AccuracyError
+from rknn_client.accuracy.steps import Advance, Written
+from rknn_client.accuracy.text_dump import write_lines
 
 MAX_NAME = 96
 PAIR_WIDTH = 20
@@ -138,32 +140,32 @@ def remove_side(directory: Path) -> None:
         raise AccuracyError(f"cannot remove earlier tensors from {directory}: {exc}") from exc
 
 
-def write_side(directory: Path, tensors: Mapping[str, np.ndarray], files: Mapping[str, str]) -> None:
-    """Create `directory` (emptied of an earlier run) with `<file>.txt` and `npy/<file>.npy` per tensor."""
+def write_side(
+    directory: Path, tensors: Mapping[str, np.ndarray], files: Mapping[str, str], advance: Advance
+) -> Written:
+    """Create `directory` (emptied of an earlier run) with `<file>.txt` and `npy/<file>.npy` per tensor;
+    `advance(1)` after each tensor."""
     remove_side(directory)
+    written = Written()
     try:
         (directory / "npy").mkdir(parents=True, exist_ok=True)
         for name, array in tensors.items():
             value = np.asarray(array)
             stem = files[name].removesuffix(".txt")
-            write_values(directory / f"{stem}.txt", value)
-            np.save(directory / "npy" / f"{stem}.npy", value, allow_pickle=False)
+            text, binary = directory / f"{stem}.txt", directory / "npy" / f"{stem}.npy"
+            write_values(text, value)
+            np.save(binary, value, allow_pickle=False)
+            written += Written.of(text, binary)
+            advance(1)
     except OSError as exc:
         raise AccuracyError(f"cannot write tensors to {directory}: {exc}") from exc
+    return written
 
 
 def write_values(path: Path, value: np.ndarray) -> None:
-    """One value per line, as np.savetxt of the flattened array writes it, ~4x faster (no Python loop
-    per line: the layer tensors of a 224x224 model are millions of values)."""
-    with path.open("w") as text:
-        value.reshape(-1).tofile(text, sep="\n", format=_text_format(value))
-        if value.size:
-            text.write("\n")
-
-
-def _text_format(value: np.ndarray) -> str:
-    """Enough digits that a float32 reads back exactly; integers as integers."""
-    return "%.9g" if np.issubdtype(value.dtype, np.floating) else "%d"
+    """One value per line, in the toolkit's text format (text_dump)."""
+    with path.open("wb") as text:
+        write_lines(text, value)
 
 
 NAME_MAP_COLUMN = 56  # 2.5.0 pads both columns to 56 characters and rules the header off with dashes

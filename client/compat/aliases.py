@@ -2,7 +2,11 @@
 
 A meta-path finder answers only the names in ALIASES, with fresh module objects that forward attribute
 look-ups to the project's module, and each alias is a package so that its submodules import too.
-Nothing named `rknn` is installed: the finder exists while `rknn-client exec` runs a script.
+Nothing named `rknn` is installed: the finder exists while `rknn-client exec` runs a script, first on
+sys.meta_path. Importing `rknn_client.compat.rknn` (what `from rknn_client import RKNN` does) adds a
+fallback finder last, which answers only where nothing else does: a script that changed its one
+import line still finds `rknn.utils.onnx_edit` and `rknn.api.custom_op`, and a real toolkit installed
+in the same interpreter keeps its own names.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ ALIASES: dict[str, str | None] = {
     "rknn.api": "rknn_client.compat.rknn",
     "rknn.api.custom_op": "rknn_client.compat.custom_op",
     "rknn.utils": "rknn_client.compat.onnx_edit",
+    "rknn.utils._onnx_edit": "rknn_client.compat.onnx_edit",
     "rknnlite": None,
     "rknnlite.api": "rknn_client.compat.lite",
 }
@@ -64,6 +69,16 @@ def install() -> ToolkitFinder:
     finder = ToolkitFinder()
     sys.meta_path.insert(0, finder)
     return finder
+
+
+class FallbackFinder(ToolkitFinder):
+    """The same names, asked last: only what no installed package provides."""
+
+
+def install_fallback() -> None:
+    """Add the fallback finder at the end of sys.meta_path, once per process."""
+    if not any(isinstance(finder, FallbackFinder) for finder in sys.meta_path):
+        sys.meta_path.append(FallbackFinder())
 
 
 def uninstall(finder: ToolkitFinder) -> None:

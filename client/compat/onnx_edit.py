@@ -8,7 +8,8 @@ every left letter appears exactly once on the right; `1` on the right adds a dim
 For an input, the edited model takes the right-hand shape and turns it back into the original with
 Reshape -> Transpose -> Reshape at its front; for an output, the same ops at its end produce the
 right-hand shape. With `dataset`, every .npy listed for a transformed input is transformed the same
-way and a new dataset file is written beside `export_path` (`<export stem>_dataset.txt`).
+way and, as the toolkit does, a new dataset file is written beside `export_path`:
+`dataset_for_<export stem>.txt`, listing the transformed files in `dataset_for_<export stem>/`.
 Dynamic dimensions are not supported here (the toolkit supports some; this says so and returns -1).
 """
 
@@ -209,10 +210,13 @@ def edit_model(
 
 
 def _edit_dataset(dataset: Path, export_path: Path, order: list[str], applied: dict[str, Transform]) -> Path:
-    """A copy of dataset.txt beside export_path, with each transformed input's .npy transformed too."""
+    """A copy of dataset.txt beside export_path, with each transformed input's .npy transformed too
+    (kept under its own name, as the toolkit keeps it, unless another row's file took that name)."""
     lines = [line.split() for line in dataset.read_text().splitlines() if line.strip()]
-    folder = export_path.parent / f"{export_path.stem}_dataset"
+    stem = f"dataset_for_{export_path.stem}"
+    folder = export_path.parent / stem
     folder.mkdir(parents=True, exist_ok=True)
+    taken: set[str] = set()
     written = []
     for row, paths in enumerate(lines):
         if len(paths) != len(order):
@@ -225,11 +229,12 @@ def _edit_dataset(dataset: Path, export_path: Path, order: list[str], applied: d
                 continue
             if source.suffix.lower() != ".npy":
                 raise EditError(f"{source}: only .npy data can be transformed for input {name!r}")
-            target = folder / f"{row}_{column}.npy"
-            np.save(target, applied[name].apply(np.load(source, allow_pickle=False)))
-            out.append(str(target.resolve()))
+            file_name = source.name if source.name not in taken else f"{row}_{column}_{source.name}"
+            taken.add(file_name)
+            np.save(folder / file_name, applied[name].apply(np.load(source, allow_pickle=False)))
+            out.append(f"{stem}/{file_name}")
         written.append(" ".join(out))
-    listing = export_path.parent / f"{export_path.stem}_dataset.txt"
+    listing = export_path.parent / f"{stem}.txt"
     listing.write_text("\n".join(written) + "\n")
     return listing
 
@@ -257,7 +262,7 @@ def onnx_edit(
                 i.name for i in edited.graph.input if i.name not in {t.name for t in edited.graph.initializer}
             ]
             listing = _edit_dataset(Path(dataset), Path(export_path), order, applied)
-            log.i("onnx_edit", f"transformed dataset written to {listing}")
+            log.say("onnx_edit", f"New dataset has been saved to {str(listing)!r}.")
     except Exception as exc:  # a toolkit function answers -1, never raises (protobuf's DecodeError too)
         log.e("onnx_edit", str(exc))
         return -1

@@ -30,7 +30,9 @@ from rknn_client.accuracy.build import BuiltModels, QuantConfig, build_models
 from rknn_client.accuracy.capture import load_model
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
+from rknn_client.accuracy.steps import Steps
 from rknn_client.api import Device, Session, connect
+from rknn_client.compat import aliases
 from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
@@ -47,6 +49,8 @@ from rknn_client.toolkit import Missing
 from rknn_client.transport.base import TransportError
 from rknn_proto import model_container
 from rknn_proto.messages import EvalPerfResponse, LayerDump
+
+aliases.install_fallback()  # `from rknn.utils import onnx_edit` beside `from rknn_client import RKNN`
 
 R = TypeVar("R")
 TARGETS = (
@@ -173,6 +177,49 @@ def _simulator_side(self: RKNN, given: Given) -> bool:
     return self._toolkit_model and given.get("target") is None and given.get("device_id") is None
 
 
+PLATFORMS = (*TARGETS, "rk2118")  # what config(target_platform=...) accepts
+NO_PLATFORM = (
+    "The 'target_platform' has not been set yet: RKNN-Toolkit2 2.x compiles for one SoC and refuses "
+    f"config() without it; set it to the board's, one of {', '.join(PLATFORMS)} "
+    "(e.g. config(target_platform='rk3588'))"
+)
+
+
+def _platform_required(fn: Callable[..., R]) -> Callable[..., R]:
+    """RKNN-Toolkit2 2.x raises ValueError from config() without target_platform, which ends the script
+    there. Auto and bridge mode do the same before any toolkit is asked, so a script stops at the same
+    line, with one message, whether or not a toolkit is installed; `toolkit='host'` (never the
+    toolkit, virtual boards only) runs without it."""
+    bind = signature(fn).bind
+
+    @functools.wraps(fn)
+    def wrapper(self: RKNN, *args: Any, **kwargs: Any) -> R:
+        if self._route.mode != "host":
+            try:
+                given = bind(self, *args, **kwargs).arguments
+            except TypeError:  # Python's own error for a wrong call, as the host path gives it
+                return fn(self, *args, **kwargs)
+            if given.get("target_platform") is None:
+                self.log.e("config", NO_PLATFORM)
+                raise ValueError(NO_PLATFORM)
+        return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _check_op_target(op_target: dict[str, Any], model: onnx.ModelProto) -> None:
+    """config(op_target=...) keys name tensors that nodes of the model write, as in the toolkit, which
+    refuses any other key at build()."""
+    written = {name for node in model.graph.node for name in node.output if name}
+    for key in op_target:
+        if key not in written:
+            example = next(iter(sorted(written)), "")
+            raise BuildError(
+                f"Invalid key of {key!r} in 'op_target'! A key is the output tensor name of a node of "
+                f"the model (e.g. {example!r}), not a node name"
+            )
+
+
 class RKNN(NpuCoreMasks):
     def __init__(
         self, verbose: bool | str = False, verbose_file: str | None = None, toolkit: str | None = None
@@ -201,6 +248,7 @@ class RKNN(NpuCoreMasks):
         self._built: Path | None = None
         self._build_settings: dict[str, Any] = {}
         self._dynamic_input: Any = None
+        self._op_target: dict[str, Any] = {}
         self._dynamic_sets: list[list[tuple[int, ...]]] | None = None
         self._quant = QuantConfig()
         self._models: BuiltModels | None = None
@@ -216,6 +264,7 @@ class RKNN(NpuCoreMasks):
 
     # -- model preparation -------------------------------------------------------------------
 
+    @_platform_required
     @_bridged("config", -1)
     @_toolkit_call("config", -1)
     def config(
@@ -246,9 +295,10 @@ class RKNN(NpuCoreMasks):
         auto_hybrid_euc_thresh: float | None = None,
         **kwargs: Any,
     ) -> int:
-        if target_platform is not None and str(target_platform).lower() not in (*TARGETS, "rk2118"):
+        if target_platform is not None and str(target_platform).lower() not in PLATFORMS:
             self.log.e(
-                "config", f"target_platform {target_platform!r} is not supported; expected one of {TARGETS}"
+                "config",
+                f"target_platform {target_platform!r} is not supported; expected one of {', '.join(PLATFORMS)}",
             )
             return -1
         means, stds = normalization(mean_values, std_values)
@@ -256,6 +306,7 @@ class RKNN(NpuCoreMasks):
             first = dynamic_input[0] if isinstance(dynamic_input, Sequence) and dynamic_input else None
             dynamic_sets(dynamic_input, len(first) if isinstance(first, Sequence) else 0)
         self._dynamic_input = dynamic_input
+        self._op_target = dict(op_target or {})
         self._quant = QuantConfig(
             mean_values=means,
             std_values=stds,
@@ -297,7 +348,9 @@ class RKNN(NpuCoreMasks):
 
     def _unsupported_loader(self, api: str) -> int:
         self.log.e(
-            api, f"{api} is not supported by rknn_client; export the model to ONNX and use load_onnx()"
+            api,
+            f"{api}() on the host path (ONNX Runtime) takes ONNX models only: export the model to ONNX "
+            f"and use load_onnx(); {api}() itself {TOOLKIT_ONLY}",
         )
         return -1
 
@@ -370,6 +423,7 @@ class RKNN(NpuCoreMasks):
             input_size_list=self._onnx["input_size_list"],
             outputs=self._onnx["outputs"],
         )
+        _check_op_target(self._op_target, prepared)
         sets = None
         if self._dynamic_input is not None:
             if batch > 1:
@@ -493,7 +547,7 @@ class RKNN(NpuCoreMasks):
         replay = self._host_replay
         if self._route.mode != "auto" or not replay or not any(c[0].__name__ == "load_onnx" for c in replay):
             return False
-        self.log.i(
+        self.log.say(
             "init_runtime",
             f"the daemon at {where} is a virtual board (it runs ONNX models, not what RKNN-Toolkit2 "
             "compiled): building the model with ONNX Runtime for it",
@@ -607,6 +661,13 @@ class RKNN(NpuCoreMasks):
         else:
             return
         header, virtual = kind.rknn, kind.virtual
+        if virtual is not None and soc:
+            built_for = str(virtual.header.get("target_platform") or "").lower()
+            if built_for and built_for != soc.lower():
+                raise RknnError(
+                    f"{name} was built for {built_for}, but the board at {where} is {soc}: "
+                    f"convert the model again with target_platform='{soc}'"
+                )
         if header is not None and ".rknn" not in formats:
             raise RknnError(
                 f"{name} is a real RKNN model ({header.summary()}); the daemon at {where} "
@@ -737,18 +798,19 @@ class RKNN(NpuCoreMasks):
                 "so accuracy analysis is not possible; load the original with load_onnx() and build()",
             )
             return -1
-        if self._toolkit_model:
+        if not self._known_target("accuracy_analysis", target):
+            return -1
+        if self._toolkit_model and not self._host_twin_for(target, device_id):
             self.log.e(
                 "accuracy_analysis",
-                "the runtime side (target/device_id) of a model RKNN-Toolkit2 built is not supported by "
-                "rknn_client yet; call accuracy_analysis() without target for golden vs the toolkit's "
-                "simulator, or RKNN(toolkit='host') for our runtime side",
+                "the runtime side (target/device_id) of a model RKNN-Toolkit2 built needs the model built "
+                "on the host path too, which only auto mode (RKNN(toolkit='auto')) after load_onnx() does, "
+                "for a daemon that runs ONNX models; call accuracy_analysis() without target for golden "
+                "vs the toolkit's simulator, or use RKNN(toolkit='host') throughout",
             )
             return -1
         if self._models is None:
             self.log.e("accuracy_analysis", "no built model: call load_onnx() and build() first")
-            return -1
-        if not self._known_target("accuracy_analysis", target):
             return -1
         models = self._models
         specs = input_specs(load_model(models.float_model))
@@ -760,10 +822,20 @@ class RKNN(NpuCoreMasks):
             runtime_layers = self._runtime_layers(
                 models.quant_model, feeds, (target or "").lower(), device_id
             )
-        result = analyse(models.float_model, models.quant_model, feeds, out, runtime_layers)
+        result = analyse(models.float_model, models.quant_model, feeds, out, runtime_layers, Steps())
         print(result.report, end="")
+        self.log.say("accuracy_analysis", result.written.text(out))
         self.last_accuracy = result
         return 0
+
+    def _host_twin_for(self, target: str | None, device_id: str | None) -> bool:
+        """The toolkit built the model: in auto mode, and when the daemon that target/device_id select
+        runs ONNX models (a virtual board), build it on the host path too, as init_runtime does."""
+        if self._route.mode != "auto" or not self._host_replay:
+            return False
+        with connect(device_id, (target or "").lower() or None) as device:
+            formats, where = device.info().model_formats, device.endpoint.description
+        return ".onnx" in formats and self._build_on_host(where)
 
     def _runtime_layers(
         self, model: Path, feeds: dict[str, np.ndarray], target: str, device_id: str | None

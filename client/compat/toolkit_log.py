@@ -1,7 +1,7 @@
 """The toolkit's log lines: `<L> <api>: <message>` with L in I/W/E/D.
 
 Errors and warnings always print (scripts rely on seeing why a call returned -1); info and debug
-print when `verbose` is set. With `verbose_file`, every line also goes to that file.
+print when `verbose` is set, except the few info lines every user must see (`say`). With `verbose_file`, every line also goes to that file.
 
 During a toolkit call (`captured`), what libraries underneath say lands here too, at its own level:
 Python logging records (ONNX Runtime's quantizer logs `WARNING:root:...` through the root logger) and
@@ -43,6 +43,11 @@ class ToolkitLog:
 
     def i(self, api: str, message: str) -> None:
         self._emit("I", api, message, self.verbose)
+
+    def say(self, api: str, message: str) -> None:
+        """An info line shown whatever `verbose` says: what a script's user must see (where results
+        went, which model actually runs), as the toolkit's own unconditional `I` lines."""
+        self._emit("I", api, message, True)
 
     def d(self, api: str, message: str) -> None:
         self._emit("D", api, message, self.debug)

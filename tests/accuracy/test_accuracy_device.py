@@ -212,8 +212,12 @@ def test_cli_accuracy_against_a_daemon(
     assert len(rows) == 1 and float(rows[0][0]) < 1.0 and float(rows[0][2]) < 1.0
     assert (out / "runtime").is_dir()
     # The terminal gets the worst layers first, not the whole table; --json has every layer.
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "# simulator_error:" not in printed and str(out / REPORT_FILE) in printed
+    # ... and is told what was written, and how much.
+    files_written = sum(1 for path in out.rglob("*") if path.is_file())
+    assert re.search(rf"wrote {files_written} files \([\d.]+ MB\) under {re.escape(str(out))}", captured.err)
     summary = printed.splitlines()[2:-1]
     worst = [min(float(c) for c in line.split()[-4:] if c != "-") for line in summary]
     assert worst == sorted(worst) and 0 < len(summary) <= 10

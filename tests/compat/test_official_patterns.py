@@ -362,7 +362,7 @@ def test_onnx_edit(path: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     try:
         assert rknn.config(target_platform="rk3588") == 0
         assert rknn.load_onnx("./concat_block_edited.onnx") == 0
-        assert rknn.build(do_quantization=True, dataset="./concat_block_edited_dataset.txt") == 0
+        assert rknn.build(do_quantization=True, dataset="./dataset_for_concat_block_edited.txt") == 0
         assert rknn.export_rknn("./concat_block_edited.rknn") == 0
     finally:
         rknn.release()

@@ -81,8 +81,9 @@ def test_onnx_edit_reshapes_and_transposes_inputs_outputs_and_dataset(tmp_path: 
     assert session.get_inputs()[0].shape == [1, 32, 48, 1]
     got = session.run(None, {"k_cache.1": x_new})[0]
     np.testing.assert_array_equal(got, original.reshape(1, 32, 48, 1))
-    listing = (edited.parent / "kv_edited_dataset.txt").read_text().split()
-    np.testing.assert_array_equal(np.load(listing[0]), x_new)
+    listing = (edited.parent / "dataset_for_kv_edited.txt").read_text().split()  # the toolkit's names
+    assert listing == ["dataset_for_kv_edited/x.npy"]
+    np.testing.assert_array_equal(np.load(edited.parent / listing[0]), x_new)
 
 
 def test_onnx_edit_splits_a_dimension_by_assignment(tmp_path: Path) -> None:

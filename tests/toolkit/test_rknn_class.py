@@ -252,7 +252,7 @@ def test_forced_bridge_without_a_toolkit_is_minus_one_naming_the_install(
     monkeypatch.setenv(ENV_PYTHON, "/nowhere/python")
     monkeypatch.setenv(ENV_TOOLKIT, "bridge")
     rknn = RKNN()
-    assert rknn.config(mean_values=MEAN, std_values=STD) == -1
+    assert rknn.config(mean_values=MEAN, std_values=STD, target_platform="rk3588") == -1
     assert rknn.hybrid_quantization_step1(dataset="dataset.txt") == -1
     err = capfd.readouterr().err
     assert "E config: RKNN-Toolkit2 is not available" in err and "/nowhere/python" in err and INSTALL in err

@@ -1,5 +1,5 @@
-"""`rknn-client` as a background subprocess whose stderr lines a test reads as they come (progress,
-windows), for tests that act mid-run (Ctrl-C, a daemon stopped)."""
+"""`rknn-client` as a subprocess: run to its end (`cli`), or in the background with its stderr lines read
+as they come (progress, windows), for tests that act mid-run (Ctrl-C, a daemon stopped)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ AS_FROM_A_TERMINAL = (
     "sys.argv[0] = 'rknn-client'; runpy.run_module('rknn_client.cli', run_name='__main__')"
 )
 DUMP_WAIT_S = 10.0
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`rknn-client ARGS` to its end, its output captured; `env` adds to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "rknn_client.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 class CliRun:

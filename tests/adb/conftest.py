@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.adb import fixtures as adb_fixtures
 from tests.adb.fake_daemon import FakeDaemon, start_fake_daemon
-from tests.adb.fixtures import AbstractEchoServer, EmulatedBoard, PrivateAdbServer, find_adb
+from tests.adb.fixtures import (
+    AbstractEchoServer,
+    EmulatedBoard,
+    PrivateAdbServer,
+)
 from tests.adb.host_board import point_adb_at
 from tests.adb.services import DeviceProfile
 
@@ -16,15 +21,7 @@ MakeBoard = Callable[..., EmulatedBoard]
 FakeDaemonFactory = Callable[..., FakeDaemon]
 
 
-@pytest.fixture(scope="session")
-def adb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateAdbServer]:
-    binary = find_adb()
-    if binary is None:
-        pytest.skip("no adb binary: pip install adbutils or apt-get install adb")
-    server = PrivateAdbServer(binary, tmp_path_factory.mktemp("adb-home"))
-    server.start()
-    yield server
-    server.stop()
+adb_server = adb_fixtures.adb_server  # the run's private adb server (a session fixture)
 
 
 @pytest.fixture

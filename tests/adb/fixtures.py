@@ -13,10 +13,12 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import adbutils
+import pytest
 
 from tests.adb.emulator import EmulatorThread
 from tests.adb.services import DeviceProfile
@@ -167,3 +169,15 @@ class AbstractEchoServer:
         self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._thread.join()
+
+
+@pytest.fixture(scope="session")
+def adb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateAdbServer]:
+    """A private adb server of this run (conftests of the suites that use adb import this fixture)."""
+    binary = find_adb()
+    if binary is None:
+        pytest.skip("no adb binary: pip install adbutils or apt-get install adb")
+    server = PrivateAdbServer(binary, tmp_path_factory.mktemp("adb-home"))
+    server.start()
+    yield server
+    server.stop()

@@ -19,7 +19,11 @@ import pytest
 
 from rknn_proto.ready import wait_tcp_address
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET
-from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer, find_adb
+from tests.adb import fixtures as adb_fixtures
+from tests.adb.fixtures import (
+    EmulatedBoard,
+    PrivateAdbServer,
+)
 from tests.adb.host_board import point_adb_at
 from tests.board.machine import Board
 from tests.board.profile import board_profile
@@ -183,15 +187,7 @@ def board_daemon(ready_board: ReadyBoard, tmp_path_factory: pytest.TempPathFacto
     daemon.stop()
 
 
-@pytest.fixture(scope="session")
-def adb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateAdbServer]:
-    binary = find_adb()
-    if binary is None:
-        pytest.skip("no adb binary: pip install adbutils or apt-get install adb")
-    server = PrivateAdbServer(binary, tmp_path_factory.mktemp("adb-home"))
-    server.start()
-    yield server
-    server.stop()
+adb_server = adb_fixtures.adb_server  # the run's private adb server (a session fixture)
 
 
 @pytest.fixture

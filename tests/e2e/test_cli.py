@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,17 +23,8 @@ from rknn_client.transport.adb import adb_server_running
 from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.adb.fixtures import find_adb, free_port
+from tests.cli_run import cli
 from tests.conftest import DaemonFactory
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rknn_client.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_info_describes_the_daemon(host_daemon: DaemonProcess) -> None:

@@ -20,20 +20,10 @@ import pytest
 from rknn_server.testing import DaemonProcess
 from tests import models
 from tests.adb.fixtures import free_port
-from tests.cli_run import CliRun
+from tests.cli_run import CliRun, cli
 from tests.metrics.conftest import get, start_metrics_daemon
 
 TOKEN = "k" * 20 + "Q1w2E3r4"
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rknn_client.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def _no_board_env(adb_port: int) -> dict[str, str]:

@@ -214,3 +214,113 @@ def test_the_compat_layer_uses_only_the_public_client_api() -> None:
         if found := [*private_imports, *_foreign_privates(tree)]:
             bad[module] = found
     assert bad == {}
+
+
+# The daemon's layers, lowest first: a module imports only modules of its own layer or of layers below
+# it (docs/architecture.md). Every module of server/ is placed here, so a new one must be placed too.
+SERVER_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "config",
+        ("__init__", "sizes", "options", "limits", "listen", "daemon_config"),
+    ),  # the option parser reads these
+    ("board", ("platform", "telemetry")),
+    ("runtime", ("runtime", "freq_pin")),  # runtimes import nothing of the daemon above them
+    ("base", ("errors", "peers", "logs", "allocator", "durability", "block_writer", "reservations")),
+    ("store", ("cache_records", "uploads", "model_cache")),
+    ("observe", ("metrics", "calls")),
+    ("core", ("memory", "sessions", "frames", "data_plane", "shm")),
+    ("kit", ("auth", "connections", "guard", "replies")),  # the front-door kit every door uses
+    (
+        "doors",
+        ("service", "pipeline", "upload_wire", "doorbell", "shm_run", "http_endpoint", "kserve", "legacy"),
+    ),
+    ("composition", ("daemon", "cli", "__main__", "testing")),
+]
+# Known exceptions, each with its reason.
+LAYER_EXCEPTIONS = {
+    # The toolkit releases the listener speaks are data (a name and offsets); the option parser offers them.
+    ("daemon_config", "legacy"),
+}
+
+
+def _top_imports(path: Path) -> set[str]:
+    """The rknn_server modules `path` imports (their first component under rknn_server), leaving out
+    imports only a type checker runs (`if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skipped.update(id(inner) for inner in ast.walk(node))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        modules = (
+            [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            else []
+        )
+        for module in modules:
+            if module == "rknn_server":
+                found.add("__init__")
+            elif module.startswith("rknn_server."):
+                found.add(module.split(".")[1])
+    return found
+
+
+def _server_units() -> dict[str, list[Path]]:
+    """server/'s modules and subpackages, by the name SERVER_LAYERS places them under."""
+    units: dict[str, list[Path]] = {}
+    for path in sorted((ROOT / "server").glob("*.py")):
+        units[path.stem] = [path]
+    for folder in sorted(p for p in (ROOT / "server").iterdir() if (p / "__init__.py").exists()):
+        units[folder.name] = sorted(folder.rglob("*.py"))
+    return units
+
+
+def _misplaced(units: list[str]) -> list[str]:
+    placed = [name for _, names in SERVER_LAYERS for name in names]
+    twice = sorted({name for name in placed if placed.count(name) > 1})
+    return (
+        [f"{n} is placed twice" for n in twice]
+        + [f"{n} is in no layer of SERVER_LAYERS" for n in sorted(set(units) - set(placed))]
+        + [f"{n} is placed but does not exist" for n in sorted(set(placed) - set(units))]
+    )
+
+
+def _reaching_up(imports: dict[str, list[tuple[str, set[str]]]]) -> list[str]:
+    """Each import of a module of a layer above the importer's (unit -> [(file, its imports)])."""
+    rank = {name: index for index, (_, names) in enumerate(SERVER_LAYERS) for name in names}
+    layer = {name: layer for layer, names in SERVER_LAYERS for name in names}
+    return [
+        f"{path} ({layer[unit]}) imports rknn_server.{imported} ({layer[imported]})"
+        for unit, files in imports.items()
+        for path, names in files
+        for imported in sorted(names)
+        if imported in rank and rank[imported] > rank[unit] and (unit, imported) not in LAYER_EXCEPTIONS
+    ]
+
+
+def _tree_imports() -> dict[str, list[tuple[str, set[str]]]]:
+    return {
+        unit: [(str(path.relative_to(ROOT)), _top_imports(path)) for path in paths]
+        for unit, paths in _server_units().items()
+    }
+
+
+def test_every_server_module_is_placed_in_one_layer() -> None:
+    assert _misplaced(list(_server_units())) == []
+
+
+def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
+    assert _reaching_up(_tree_imports()) == []
+
+
+def test_the_layer_rules_catch_a_new_module_and_one_that_reaches_up() -> None:
+    """The rules can fail: a module placed nowhere, and the store importing a door, are reported."""
+    assert _misplaced([*_server_units(), "scheduler"]) == ["scheduler is in no layer of SERVER_LAYERS"]
+    imports = _tree_imports()
+    imports["model_cache"] = [("server/model_cache.py", {"service", "errors"})]
+    assert _reaching_up(imports) == ["server/model_cache.py (store) imports rknn_server.service (doors)"]

@@ -98,6 +98,26 @@ def ranking_table(report: EvalPerfResponse) -> str:
     return "\n".join(["Operator Time Consuming Ranking Table", *table_lines(rows)])
 
 
+def _totals_note(report: EvalPerfResponse, latency: Latency | None) -> str:
+    """How Total Time relates to the per-layer table printed above it, so the two are never read as
+    one measurement when they are not, and the gap between them is stated when they are."""
+    if latency is not None:
+        return (
+            "(Total Time: the median of the timed runs below; the per-layer times: the runtime's "
+            "profiled run(s), adding up to Total Operator Elapsed Per Frame Time)"
+        )
+    gap = report.total_time_us - report.total_operator_time_us
+    between = (
+        f"{_us(gap)} us of it outside the layers (the runtime's own work between them)"
+        if gap >= 0
+        else f"the layers overlap: they add up to {_us(-gap)} us more"
+    )
+    return (
+        "(Total Time: the same profiled run(s) as the per-layer times, which add up to Total Operator "
+        f"Elapsed Per Frame Time; {between}; without perf_debug, runs are timed without the profiler)"
+    )
+
+
 def perf_text(report: EvalPerfResponse, latency: Latency | None = None, measured_on: str = "") -> str:
     """The eval_perf report: frequencies, then the per-layer tables or the total alone. With `latency`
     (many timed runs), Total Time is their median and the spread follows; `measured_on` (where the
@@ -115,11 +135,8 @@ def perf_text(report: EvalPerfResponse, latency: Latency | None = None, measured
         f"Total Time(us): {_us(total)}",
         f"FPS: {fps:.2f}",
     ]
-    if report.layers:  # two measurements: say which is which, as the toolkit's footer names its own
-        block.append(
-            "(Total Time: timed runs without the profiler, the median; the per-layer times: profiled "
-            "runs, which the profiler slows, adding up to Total Operator Elapsed Per Frame Time)"
-        )
+    if report.layers:
+        block.append(_totals_note(report, latency))
     if latency is not None:
         stopped = " (stopped by Ctrl-C)" if latency.interrupted else ""
         block += [

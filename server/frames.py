@@ -62,6 +62,17 @@ def _check_count(specs: Sequence[TensorAttr], count: int) -> None:
         )
 
 
+def _shape_refusal(spec: TensorAttr, shape: tuple[int, ...], layout: str) -> str:
+    """Why data of `shape`, laid out as `layout`, cannot feed `spec`; the expected shape is given in the
+    sender's layout too, so the two shapes read side by side."""
+    wanted = in_layout(spec.shape, spec.layout, layout)
+    as_sent = f", which is {list(wanted)} as {layout}" if wanted != spec.shape else ""
+    return (
+        f"input {spec.index} ({spec.name}) has shape {list(shape)} ({layout}); the model expects "
+        f"{list(spec.shape)} ({spec.layout}){as_sent}"
+    )
+
+
 def plan_inputs(specs: Sequence[TensorAttr], declared: Sequence[Declared]) -> list[InputPlan]:
     """Check declared inputs against the model (count, dtype, shape in the model's layout) and plan
     how each reaches the runtime. Every protocol's intake goes through here, once per frame.
@@ -76,10 +87,7 @@ def plan_inputs(specs: Sequence[TensorAttr], declared: Sequence[Declared]) -> li
         if not spec.accepts(dtype, item.pass_through):
             raise InvalidInput(f"input {spec.index} ({spec.name}) is {dtype}; the model expects {spec.dtype}")
         if not spec.fits(in_layout(shape, layout, spec.layout)):
-            raise InvalidInput(
-                f"input {spec.index} ({spec.name}) has shape {list(shape)} ({item.layout}); the model expects "
-                f"{list(spec.shape)} ({spec.layout})"
-            )
+            raise InvalidInput(_shape_refusal(spec, shape, layout))
         order = (
             None
             if spec.takes_layout(layout, item.pass_through)

@@ -64,6 +64,19 @@ def _ask(python: Path, code: str) -> str:
     ).stdout.strip()
 
 
+# What the stand-in leaves out, from the toolkit's own modules: in 2.5.0 only the PyTorch converter
+# (rknn.base.convertor.torch2onnx, where its torch.arange is) and load_checker's PyTorch check name torch;
+# build, quantization, rknn.utils.onnx_edit, export and the simulator run without it (tests/toolkit/
+# test_torch_stub.py runs the official onnx_edit flow). 2.3.2 also calls torch in gdq_quant, graph_optimizer
+# and its extend ops (LSTM, RoiAlign, RFFT, Proposal, LayerNorm, ConvStreaming).
+TORCH_STUB_LIMITS = (
+    "with the stand-in for torch, load_pytorch (PyTorch models) needs real PyTorch: reinstall without "
+    "--torch-stub for it; load_onnx/load_tflite/load_caffe/load_darknet/load_tensorflow, build (with "
+    "quantization), rknn.utils.onnx_edit, export_rknn and the simulator work (toolkit 2.5.0; 2.3.2 also "
+    "calls torch for quantized_algorithm='gdq' and in its LSTM, RoiAlign, RFFT, Proposal and LayerNorm ops)"
+)
+
+
 def install(
     version: str = DEFAULT_VERSION,
     *,
@@ -77,6 +90,8 @@ def install(
     target = managed_dir(version, torch_stub)
     if (target / STAMP).is_file() and not force:
         say(f"rknn-toolkit2 {version} is already installed in {target} (--force reinstalls it)")
+        if torch_stub:
+            say(TORCH_STUB_LIMITS)
         return target
     base = python or sys.executable
     found = _python_version(base)
@@ -136,4 +151,6 @@ def install(
     stamp = {"version": version, "torch": "stub" if torch_stub else "real", "python": str(venv)}
     (target / STAMP).write_text(json.dumps(stamp) + "\n")
     say(f"rknn-toolkit2 {version} is ready in {target} ({time.monotonic() - started:.0f}s)")
+    if torch_stub:
+        say(TORCH_STUB_LIMITS)
     return target

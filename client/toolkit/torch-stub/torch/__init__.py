@@ -4,7 +4,8 @@
 `torch.no_grad()` (as a decorator), and 2.3.2 also `torch.Tensor` (in annotations), until a PyTorch model is loaded. The PyPI torch wheel needs
 gigabytes of CUDA libraries merely to import, so tests may install this instead: ONNX, TFLite, Caffe
 and Darknet conversion, build, export and the simulator work; anything that really needs torch
-(load_pytorch) fails with the message below.
+(load_pytorch: its converter's torch.arange and the like) fails with the message below; see
+rknn_client.toolkit.install.TORCH_STUB_LIMITS for what was checked.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 __version__ = "2.4.0+rknn.client.stub"
 STUB_NOTE = (
     "this environment has rknn-client's stand-in for torch (toolkit installed with --torch-stub), "
-    "not PyTorch; reinstall with `rknn-client toolkit install` (without --torch-stub) to use it"
+    "not PyTorch (load_pytorch needs it); reinstall with `rknn-client toolkit install` (without --torch-stub) to use it"
 )
 
 

@@ -153,7 +153,8 @@ def _pack_attr(message: bytearray, at: int, spec: TensorAttr) -> None:
         spec.zero_point,
         spec.scale,
     )
-    struct.pack_into("<II", message, at + layouts.ATTR_STRIDES_AT, 0, spec.size_bytes)
+    # As in a MODEL_INFO record: the runtime's w_stride at this shape (the toolkit sends it back).
+    struct.pack_into("<II", message, at + layouts.ATTR_STRIDES_AT, spec.w_stride, spec.size_bytes)
 
 
 def pack_attrs(message: bytearray, layout: Layout, count_at: int, specs: Sequence[TensorAttr]) -> None:

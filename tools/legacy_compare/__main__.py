@@ -24,7 +24,7 @@ from rknn_client.user_cache import cache_root
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer
 from tests.adb.services import DeviceProfile
 from tests.legacy.conftest import RESTARTS_LOG, ps_showing, recording
-from tests.legacy.toolkit import Toolkit, export_tiny_rknn, find_toolkit
+from tests.legacy.toolkit import Toolkit, find_toolkit
 from tools.legacy_compare.decode import read_transcript
 from tools.legacy_compare.differ import (
     Difference,
@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     sessions = [s for s in SESSIONS if not args.session or s.name in args.session]
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
-    files = models(export_tiny_rknn(toolkit, work / "export"), work)
+    # The models from the default toolkit's converter: 2.3.2's venv cannot convert (its onnx has no
+    # onnx.mapping), and the .rknn is the same input to both servers whichever toolkit drives them.
+    files = models(find_toolkit() or toolkit, work)
     host_stub = host_stand_in(work / "stub-host")
     aarch64_stub = aarch64_stand_in(work / "stub-aarch64")
     adb = PrivateAdbServer(str(toolkit.adb), work / "adb-home")
@@ -174,6 +176,8 @@ def report(
     print(
         f"\n{len(found)} differences, {len(found) - len(unexplained)} allowed (allow.toml), {len(unexplained)} not:"
     )
+    by_entry = Counter(entry.key for d in found if (entry := allowance_for(d, allowed)) is not None)
+    print("  allowed: " + ", ".join(f"{key} x{count}" for key, count in sorted(by_entry.items())))
     for line, count in Counter(_grouped(d) for d in unexplained).items():
         print(f"  {line}" + (f"  (x{count})" if count > 1 else ""))
     for name, text in restarts.items():

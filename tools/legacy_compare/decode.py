@@ -27,6 +27,9 @@ HEADER_BYTES = 0x6C
 RECORD_BYTES = 0x15A
 INPUTS_AT, N_OUTPUT_AT, OUTPUTS_AT = 0x7C, 0xAD91, 0xAD95
 FINISH_LEN_AT, FINISH_OFFSET_AT, FINISH_DATA_AT = 0x7C, 0x27C, 0x47C
+ATTR_BYTES = 0x169  # a packed rknn_tensor_attr (commands 16 and 17)
+SHAPE_ACK_INPUTS_AT, SHAPE_ACK_OUTPUTS_AT = 0x70, 0xB4F4
+RANGES_AT, RANGE_BYTES = 0xE8, 0x810D  # INPUT_DYNAMIC_RANGE: n_input, is_dynamic, then the records
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,59 @@ def _record(data: bytes, at: int) -> dict[str, Any]:
     }
 
 
+def _attr(data: bytes, at: int) -> dict[str, Any]:
+    """A packed rknn_tensor_attr as commands 16 and 17 carry it."""
+    n_dims = _u32(data, at + 4)
+    return {
+        "index": _u32(data, at),
+        "dims": [_u32(data, at + 8 + 4 * i) for i in range(min(n_dims, 16))],
+        "name": _text(data, at + 0x48, 256),
+        "n_elems": _u32(data, at + 0x148),
+        "size": _u32(data, at + 0x14C),
+        "fmt": data[at + 0x150],
+        "type": data[at + 0x151],
+        "qnt": data[at + 0x152],
+        "fl": data[at + 0x153],
+        "zp": struct.unpack_from("<i", data, at + 0x154)[0],
+        "scale": round(struct.unpack_from("<f", data, at + 0x158)[0], 6),
+        "w_stride": _u32(data, at + 0x15C),
+        "size_with_stride": _u32(data, at + 0x160),
+        "pass_through": data[at + 0x164],
+        "h_stride": _u32(data, at + 0x165),
+    }
+
+
+def _attrs(data: bytes, at: int, prefix: str) -> dict[str, Any]:
+    """`u32 n` at `at`, then n packed attributes."""
+    n = _u32(data, at)
+    fields: dict[str, Any] = {f"n_{prefix}": n}
+    for i in range(min(n, 8)):
+        fields[f"{prefix}{i}"] = _attr(data, at + 4 + i * ATTR_BYTES)
+    return fields
+
+
+def _dynamic_ranges(data: bytes) -> dict[str, Any]:
+    """n_input, is_dynamic, and each input's rknn_input_range (a static model's too: both servers
+    fill in what the runtime's query answers, no shapes)."""
+    n = _u32(data, RANGES_AT)
+    fields: dict[str, Any] = {"n_input": n, "is_dynamic": _u32(data, RANGES_AT + 4)}
+    for i in range(min(n, 8)):
+        at = RANGES_AT + 8 + i * RANGE_BYTES
+        count, n_dims = _u32(data, at + 4), _u32(data, at + 9)
+        shapes = [
+            [_u32(data, at + 0xD + 64 * s + 4 * d) for d in range(min(n_dims, 16))]
+            for s in range(min(count, 512))
+        ]
+        fields[f"input{i}"] = {
+            "index": _u32(data, at),
+            "fmt": data[at + 8],
+            "n_dims": n_dims,
+            "shapes": shapes,
+            "name": _text(data, at + 0x800D, 256),
+        }
+    return fields
+
+
 def _model_info(data: bytes) -> dict[str, Any]:
     n_in, n_out = _u32(data, INPUTS_AT), _u32(data, N_OUTPUT_AT)
     fields: dict[str, Any] = {"n_input": n_in, "n_output": n_out}
@@ -106,7 +162,7 @@ def _ioctl_ack(data: bytes) -> dict[str, Any]:
     elif subcommand == 2:  # perf run: the run's microseconds
         fields["us"] = _u64(data, 0x7C)
     elif subcommand == 7:
-        fields["nonzero_bytes"] = sum(1 for b in data[0x7C:] if b)
+        fields.update(_dynamic_ranges(data))
     return fields
 
 
@@ -134,6 +190,8 @@ def _request_body(command: int, data: bytes) -> dict[str, Any]:
     if command == 10:
         n = _u32(data, 0x6C)
         return {"n": n, "sizes": [_u32(data, 0x70 + 4 * i) for i in range(min(n, 128))]}
+    if command == 16:
+        return _attrs(data, 0x6C, "input")
     return {}
 
 
@@ -157,6 +215,10 @@ def decode(unit: Unit, first: bool) -> dict[str, Any]:
         fields.update(_ioctl_ack(data))
     elif command == 7:
         fields.update(_finish(data))
+    elif command == 17:
+        fields["ack"] = _u32(data, 0x6C)
+        fields.update(_attrs(data, SHAPE_ACK_INPUTS_AT, "input"))
+        fields.update(_attrs(data, SHAPE_ACK_OUTPUTS_AT, "output"))
     elif command in (12, 13):
         fields["ack"] = _u32(data, 0x6C)
         fields["text"] = _text(data, 0x70)

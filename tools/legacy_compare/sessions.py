@@ -1,9 +1,9 @@
 """The toolkit sessions both servers get: the same unmodified toolkit script, models and inputs.
 
-Each session is list_devices, load_rknn, init_runtime, `runs` inferences, eval_perf, eval_memory,
-get_sdk_version and release; the script prints what each step returned (an error as the toolkit's
-`RKNN_ERR_*` code) and the outputs land in an .npz, so the toolkit-visible results are compared
-beside the messages.
+Each session is list_devices, load_rknn, init_runtime, `runs` inferences of each set of inputs (a
+dynamic-shape model gets sets of other sizes), eval_perf, eval_memory, get_sdk_version and release;
+the script prints what each step returned (an error as the toolkit's `RKNN_ERR_*` code) and each
+set's last outputs land in an .npz, so the toolkit-visible results are compared beside the messages.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from tests.adb.fixtures import PrivateAdbServer
-from tests.legacy.toolkit import Toolkit
+from tests.legacy.test_dynamic_shapes import BIG, DYNAMIC_INPUT, SMALL, dynamic_model
+from tests.legacy.toolkit import Toolkit, export_tiny_rknn
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 
 SCRIPT = """
@@ -43,16 +44,20 @@ rknn = RKNN()
 step("list_devices", lambda: rknn.list_devices() and None)
 step("load_rknn", lambda: rknn.load_rknn(spec["model"]))
 if step("init_runtime", lambda: rknn.init_runtime(target="rk3588", device_id=spec["device"], **spec["init"])) == 0:
-    inputs = [np.load(path) for path in spec["inputs"]]
-    seconds, outputs = [], None
-    for _ in range(spec["runs"]):
-        start = time.perf_counter()
-        outputs = step("inference", lambda: rknn.inference(inputs=inputs))
-        seconds.append(time.perf_counter() - start)
+    seconds, saved, outputs = [], [], None
+    for paths in spec["inputs"]:
+        inputs = [np.load(path) for path in paths]
+        for _ in range(spec["runs"]):
+            start = time.perf_counter()
+            outputs = step("inference", lambda: rknn.inference(inputs=inputs))
+            seconds.append(time.perf_counter() - start)
+            if not isinstance(outputs, list):
+                break
         if not isinstance(outputs, list):
             break
+        saved += outputs
     if isinstance(outputs, list):
-        np.savez(spec["outputs"], *outputs)
+        np.savez(spec["outputs"], *saved)
         result["inference"] = "OK"
     result["inference_seconds"] = seconds
     step("eval_perf", lambda: rknn.eval_perf())
@@ -62,15 +67,23 @@ step("release", lambda: rknn.release())
 print("RESULT " + json.dumps(result, default=str))
 """
 SHAPE = (1, 4, 4, 3)
+BIG_SHAPE = (1, 224, 224, 3)  # a 588 KiB float32 input
+BIG_MODEL_BYTES = 9 * 1024 * 1024  # the `big` model's filler, between the real .rknn and the stand-in's text
+Inputs = list[tuple[str, tuple[int, ...]]]  # dtype, shape of each input sent
 
 
 @dataclass(frozen=True)
 class Session:
     name: str
     model: str  # a key of `models`
-    inputs: list[tuple[str, tuple[int, ...]]]  # dtype, shape of each input sent
+    inputs: Inputs
     init: dict[str, Any] = field(default_factory=dict)
     runs: int = 1
+    later: list[Inputs] = field(default_factory=list)  # further sets, `runs` inferences each
+
+    @property
+    def input_sets(self) -> list[Inputs]:
+        return [self.inputs, *self.later]
 
 
 SESSIONS = [
@@ -82,12 +95,17 @@ SESSIONS = [
     Session("bare", "bare", [("float32", SHAPE)]),
     Session("wrongsize", "one", [("float32", (1, 4, 4, 4))]),
     Session("timing", "one", [("float32", SHAPE)], runs=20),
+    # A real dynamic .rknn at two sizes and back: INPUT_DYNAMIC_RANGE, then command 16 before each run.
+    Session("dyn", "dyn", [("float32", SMALL)], later=[[("float32", BIG)], [("float32", SMALL)]]),
+    Session("big", "big", [("float32", BIG_SHAPE)], {"perf_debug": True, "eval_mem": True}),
 ]
 
 
-def models(real_rknn: Path, folder: Path) -> dict[str, Path]:
-    """The stand-in models (the toolkit's real .rknn carrying what the stand-in runtime runs) and the
-    real .rknn alone, which the stand-in refuses."""
+def models(toolkit: Toolkit, folder: Path) -> dict[str, Path]:
+    """The stand-in models (the toolkit's real .rknn, static or dynamic, carrying what the stand-in
+    runtime runs; `big` with a filler that makes its LOAD ~9 MB) and the real .rknn alone, which the
+    stand-in refuses."""
+    real_rknn = export_tiny_rknn(toolkit, folder / "export")
     container = real_rknn.read_bytes()
     one = write_stub_model(
         folder / "one.rknn",
@@ -101,7 +119,23 @@ def models(real_rknn: Path, folder: Path) -> dict[str, Path]:
         outputs=[StubTensor("ya", "FP32", "NHWC", SHAPE), StubTensor("yb", "INT8", "NHWC", SHAPE, -5, 0.25)],
         container=container,
     )
-    return {"one": one, "two": two, "bare": real_rknn}
+    dynamic = export_tiny_rknn(toolkit, folder / "export-dynamic", DYNAMIC_INPUT).read_bytes()
+    filler = bytes(range(256)) * (BIG_MODEL_BYTES // 256)  # holds no "\nrknn-stub 1\n"
+    big = write_stub_model(
+        folder / "big.rknn",
+        inputs=[StubTensor("x", "FP32", "NHWC", BIG_SHAPE)],
+        outputs=[StubTensor("y", "INT8", "NCHW", (1, 3, 4, 4), -5, 0.25)],  # the container's output
+        weight=BIG_MODEL_BYTES,
+        dma=BIG_MODEL_BYTES + 4096,  # a runtime's DMA total holds the weights
+        container=container + filler,
+    )
+    return {
+        "one": one,
+        "two": two,
+        "bare": real_rknn,
+        "dyn": dynamic_model(folder / "dyn.rknn", dynamic),
+        "big": big,
+    }
 
 
 def run_session(
@@ -110,11 +144,13 @@ def run_session(
     """The session's toolkit-visible results (its outputs under `outputs`) and the toolkit's stdout."""
     work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(len(session.name))
-    paths = []
-    for i, (dtype, shape) in enumerate(session.inputs):
-        data = rng.uniform(-20, 20, shape) if dtype == "float32" else rng.integers(0, 256, shape)
-        paths.append(str(work / f"in{i}.npy"))
-        np.save(paths[-1], data.astype(dtype))
+    paths: list[list[str]] = []
+    for n, inputs in enumerate(session.input_sets):
+        paths.append([])
+        for i, (dtype, shape) in enumerate(inputs):
+            data = rng.uniform(-20, 20, shape) if dtype == "float32" else rng.integers(0, 256, shape)
+            paths[-1].append(str(work / f"in{n}-{i}.npy"))
+            np.save(paths[-1][-1], data.astype(dtype))
     spec = {"model": str(model), "device": serial, "init": session.init, "inputs": paths,
             "runs": session.runs, "outputs": str(work / "outputs.npz")}  # fmt: skip
     (work / "session.py").write_text(SCRIPT)

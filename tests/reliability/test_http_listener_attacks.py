@@ -87,4 +87,9 @@ def refusal(host: str, port: int) -> bytes | None:
             answer = sock.recv(65536)
         except TimeoutError:
             return None
-    return answer if answer.startswith(b"HTTP/1.1 429 ") else None
+        if not answer.startswith(b"HTTP/1.1 429 "):
+            return None
+        sock.settimeout(10)  # the refusal closes the connection: read its body to the end (it may come apart)
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer

@@ -87,7 +87,7 @@ bench: $(DEV_STAMP)
 # cached in ~/.cache/rknn_client/board; the wheel, the daemon, adb and deploy tested inside them. Root
 # installs the tools with apt-get; elsewhere it skips with the reason. BOARDS="arm64 armhf bullseye" adds the others.
 BOARDS ?= arm64
-BOARD_PACKAGES := qemu-user-static debootstrap gcc-aarch64-linux-gnu libc6-dev-arm64-cross gcc-arm-linux-gnueabihf libc6-dev-armhf-cross
+BOARD_PACKAGES := qemu-user-static mmdebstrap gcc-aarch64-linux-gnu libc6-dev-arm64-cross gcc-arm-linux-gnueabihf libc6-dev-armhf-cross
 
 board-test: $(DEV_STAMP) wheel
 	@missing=$$(for p in $(BOARD_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || printf ' %s' $$p; done); \

@@ -26,8 +26,8 @@ from tests.board.rootfs import BOARDS
 from tests.board.stub_case import an_image, expected, stub_model
 
 CLI = Path(sys.executable).with_name("rknn-client")
-# The bundle downloads from PyPI and the board installs it under emulation.
-DEPLOY_SECONDS = 1500
+# The bundle downloads from PyPI and the board installs it under emulation (about a minute idle).
+DEPLOY_SECONDS = 600
 
 
 def deploy(serial: str, socket_name: str) -> subprocess.CompletedProcess[str]:
@@ -52,7 +52,7 @@ def test_deploy_installs_and_starts_the_daemon_on_a_board_without_it(
     spec = BOARDS[name]
     socket_name = f"rknn-deploy-{uuid.uuid4().hex[:12]}"
     with Board(rootfs_of(name)) as board:
-        assert board.run(f"rm -rf {INSTALL_DIR}").returncode == 0  # the image as debootstrap made it
+        assert board.run(f"rm -rf {INSTALL_DIR}").returncode == 0  # the image as mmdebstrap made it
         equip(board, cross_stub(spec))
         emulated = EmulatedBoard(adb_env, board_profile(board, f"deploy-{name}", board_env=DAEMON_ENV))
         attach.append(emulated)

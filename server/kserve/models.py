@@ -286,11 +286,12 @@ class V2Models:
                 f"unknown model {name[:80]!r}; the repository's ready models are: {known}, and a model uploaded "
                 "through rknn.v1 is addressed by its digest (64 hex characters)"
             )
-        why = self._not_a_model(name, owner)
-        if why:
-            raise ModelUnavailable(f"model {name[:80]!r} is not ready: {why}")
         key = (name, owner)
         model = self._uploaded.get(key)
+        # Its main file is looked at once per (model, caller), not on every request.
+        why = self._not_a_model(name, owner) if model is None else self._unloadable.get(name, "")
+        if why:
+            raise ModelUnavailable(f"model {name[:80]!r} is not ready: {why}")
         if model is None:
             suffix = "." + self.plane.cache.main_file(name, owner).name.rpartition(".")[2]
             model = Model(name, name, _PLATFORMS.get(suffix, self.plane.backend.name))

@@ -27,13 +27,10 @@ from typing import cast
 import numpy as np
 
 from rknn_client import __version__
-from rknn_client.accuracy.analysis import REPORT_FILE
-from rknn_client.accuracy.summary import accuracy_json, worst_layers_text
 from rknn_client.api import Device, Session, connect
 from rknn_client.board_commands import add_board_commands, add_token_option
 from rknn_client.cli_parser import Parser, add_json_option, parse
 from rknn_client.compat.inputs import PreparedInputs, prepare
-from rknn_client.compat.rknn import RKNN
 from rknn_client.errors import RknnError, advice
 from rknn_client.farm.cli import add_farm_commands
 from rknn_client.input_files import InputFileError, check_input_files, image_size, read_input_files
@@ -300,7 +297,12 @@ def _channels(text: str) -> list[float]:
 def cmd_accuracy(args: argparse.Namespace) -> int:
     """config + load_onnx + build + accuracy_analysis, the toolkit's flow; the runtime side is the daemon
     that --device/--target select (neither: golden vs simulator only). The full table goes to
-    error_analysis.txt; the terminal gets the worst layers first."""
+    error_analysis.txt; the terminal gets the worst layers first. The analysis (onnx, the toolkit layer)
+    is imported here, not by every command."""
+    from rknn_client.accuracy.analysis import REPORT_FILE
+    from rknn_client.accuracy.summary import accuracy_json, worst_layers_text
+    from rknn_client.compat.rknn import RKNN
+
     if not args.no_quantization and not args.dataset:
         _report_error(args, ValueError("accuracy needs --dataset (or --no-quantization)"))
         return 2

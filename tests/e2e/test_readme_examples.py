@@ -1,14 +1,16 @@
-"""The README's examples run as written (issue #29), once with the real RKNN-Toolkit2 visible and once
-with it hidden: a user copies them whether or not the toolkit is installed.
+"""The README's and docs/'s examples run as written (issue #29), once with the real RKNN-Toolkit2 visible
+and once with it hidden: a user copies them whether or not the toolkit is installed.
 
-Each ```python block and each command line of a ```sh block is read out of README.md and run in a
-folder of its own, as a user would run it, against a host-runtime daemon this module starts. The test
-changes one thing in a block: the board's address (`tcp://HOST:PORT`, or the `SERIAL_OR_tcp://...`
-placeholder) becomes the daemon's. The folder holds the user's files the examples name (model.onnx,
-x.npy, photo.jpg, img.jpg, dataset.txt, farm.toml). A line that serves until stopped (`rknn_server`
-with options) must print its `listening on` line, then stop cleanly on SIGTERM. What cannot run here
-is in SKIPPED, each with its reason; a README defect still open is in DEFECTS (strict xfail: it fails
-once the README is fixed, so the entry goes).
+Each ```python block and each command line of a ```sh block is read out of README.md and docs/*.md
+and run in a folder of its own, as a user would run it, against a host-runtime daemon this module
+starts. The test changes two things in a block: the board's address (`tcp://HOST:PORT`, the
+`SERIAL_OR_tcp://...` placeholder, the docs' `tcp://board:50515`) becomes the daemon's, and, as that
+board is the host runtime, `model.rknn` (a board's converted model) becomes `model.onnx`. The folder
+holds the user's files the examples name (model.onnx, x.npy, photo.jpg, img.jpg, dataset.txt,
+farm.toml). A line that serves until stopped (`rknn_server` with options) must print its `listening
+on` line, then stop cleanly on SIGTERM. What cannot run here is in SKIPPED (a line or block) or
+SKIPPED_BLOCKS (every line of a block), each with its reason; a defect still open is in DEFECTS
+(strict xfail: it fails once the document is fixed, so the entry goes).
 
 The toolkit is found in the user's cache folder (client/toolkit/locate.py): hidden by pointing
 XDG_CACHE_HOME at an empty folder, and checked either way with `rknn-client toolkit status`.
@@ -36,7 +38,8 @@ from rknn_server.testing import DaemonProcess, start_daemon
 from tests import models
 from tests.adb.fixtures import free_port
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 _FENCE = re.compile(r"^```(python|sh)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _ADDRESS = re.compile(r"SERIAL_OR_tcp://\.\.\.|tcp://[\w.-]+:(?!0\b)\d+")
 # A block or line (by its first line, stripped) that cannot run in CI, and why.
@@ -49,8 +52,28 @@ SKIPPED = {
     "rknn-client deploy --device SERIAL": "installs onto a real board over adb (tests/adb/test_deploy.py)",
     "rknn-client perf model.onnx --concurrency-range 1:8": "eight steps of measurement windows: minutes "
     "(tests/throughput runs the load test)",
+    "rknn-client perf model.rknn --device tcp://board:50515 --concurrency-range 1:8": "eight steps of "
+    "measurement windows: minutes (tests/throughput runs the load test)",
+    "rknn-client perf model.rknn --device tcp://board:50515 --request-rate-range 10:50:10 --csv": "five "
+    "steps of measurement windows: minutes (tests/throughput runs request-rate sweeps and their CSV)",
 }
-# README defects reported and not yet fixed: the block's first line -> what is wrong.
+# Blocks none of whose lines can run here (by document and the block's first line), and why.
+SKIPPED_BLOCKS = {
+    "deploy.md: make wheel                                   # on the PC, in the clone: "
+    "dist/rknn_server_oss-VERSION-py3-none-any.whl": "installs onto a board; make board-test does exactly "
+    "these steps in emulated arm64/armhf Debian images (tests/board)",
+    "load-testing.md: perf_analyzer -m <model> -u <board>:50515 -i grpc --concurrency-range 1:4 -f report.csv": (
+        "the reader's model and board; tests/kserve/test_perf_analyzer.py runs both forms against the daemon"
+    ),
+    "farm.md: import pytest": "a test module for the farm's pytest plugin (tests/farm/test_pytest_plugin.py "
+    "runs such a suite across three boards under xdist)",
+    "metrics-and-inference-protocol.md: import numpy as np": "the token and the `resnet` model are the "
+    "reader's; tritonclient lives in a venv of its own (make tritonclient) and tests/kserve/test_tritonclient.py "
+    "makes these calls against the daemon",
+    "toolkit-bridge.md: from rknn_client.toolkit import INSTALL_HINT, Missing, Reply, Toolkit, ToolkitBridge, "
+    "locate": "an API summary with `...` for the arguments (tests/toolkit drives the bridge)",
+}
+# Documentation defects reported and not yet fixed: the block's first line -> what is wrong.
 DEFECTS: dict[str, str] = {}
 SERVE_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 300
@@ -58,8 +81,10 @@ RUN_TIMEOUT_S = 300
 
 @dataclass(frozen=True)
 class Example:
+    document: str
     language: str
     code: str
+    block: str  # the first line of the block it is in
 
     @property
     def key(self) -> str:
@@ -70,14 +95,18 @@ class Example:
         return self.code.strip().splitlines()[0].strip()
 
 
-def readme_examples() -> list[Example]:
-    """Each python block whole, each sh block line by line (a line is one command a user types)."""
+def documented_examples() -> list[Example]:
+    """Each python block whole, each sh block line by line (a line is one command a user types); a line
+    that is only a comment is not a command."""
     examples = []
-    for language, body in _FENCE.findall(README.read_text()):
-        if language == "python":
-            examples.append(Example(language, body))
-        else:
-            examples += [Example(language, line) for line in body.splitlines() if line.strip()]
+    for document in DOCUMENTS:
+        for language, body in _FENCE.findall(document.read_text()):
+            name, first = document.name, body.strip().splitlines()[0]
+            if language == "python":
+                examples.append(Example(name, language, body, first))
+                continue
+            lines = [line for line in body.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            examples += [Example(name, language, line, first) for line in lines]
     return examples
 
 
@@ -85,9 +114,11 @@ def _marked(example: Example) -> object:
     marks = []
     if example.key in SKIPPED:
         marks.append(pytest.mark.skip(reason=SKIPPED[example.key]))
+    elif f"{example.document}: {example.block}" in SKIPPED_BLOCKS:
+        marks.append(pytest.mark.skip(reason=SKIPPED_BLOCKS[f"{example.document}: {example.block}"]))
     if example.head in DEFECTS:
         marks.append(pytest.mark.xfail(reason=DEFECTS[example.head], strict=True))
-    return pytest.param(example, id=example.head[:60], marks=marks)
+    return pytest.param(example, id=f"{example.document}:{example.head[:60]}", marks=marks)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +140,9 @@ def user_files(tmp_path_factory: pytest.TempPathFactory, readme_daemon: DaemonPr
     for name in ("photo.jpg", "img.jpg"):
         Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / name)
     (folder / "dataset.txt").write_text("img.jpg\n")
-    (folder / "farm.toml").write_text(f'[[device]]\nname = "b0"\naddress = "{readme_daemon.url}"\n')
+    (folder / "farm.toml").write_text(
+        f'[[device]]\nname = "b0"\naddress = "{readme_daemon.url}"\nlabels = {{ rack = "r1" }}\n'
+    )
     return folder
 
 
@@ -160,11 +193,11 @@ def _serve_until_stopped(line: str, cwd: Path, env: dict[str, str]) -> None:
     assert code == 0, process.stderr.read() if process.stderr else ""
 
 
-@pytest.mark.parametrize("example", [_marked(example) for example in readme_examples()])
+@pytest.mark.parametrize("example", [_marked(example) for example in documented_examples()])
 def test_readme_example_runs_as_written(
     example: Example, readme_daemon: DaemonProcess, user_files: Path, user_env: dict[str, str], tmp_path: Path
 ) -> None:
-    code = _ADDRESS.sub(readme_daemon.url, example.code)
+    code = _ADDRESS.sub(readme_daemon.url, example.code).replace("model.rknn", "model.onnx")
     cwd = _copy_of(user_files, tmp_path)
     if example.language == "sh" and example.key.startswith("rknn_server") and " health " not in code:
         _serve_until_stopped(code, cwd, user_env)
@@ -172,3 +205,12 @@ def test_readme_example_runs_as_written(
     argv = [sys.executable, "-c", code] if example.language == "python" else ["sh", "-c", code]
     run = subprocess.run(argv, cwd=cwd, env=user_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert run.returncode == 0, f"{code}\nstdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+
+
+def test_every_skip_names_an_example_the_documents_still_have() -> None:
+    """A skip whose example was reworded or removed would silently skip nothing."""
+    examples = documented_examples()
+    keys = {example.key for example in examples} | {example.head for example in examples}
+    blocks = {f"{example.document}: {example.block}" for example in examples}
+    assert sorted(set(SKIPPED) - keys) == []
+    assert sorted(set(SKIPPED_BLOCKS) - blocks) == []

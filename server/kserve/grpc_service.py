@@ -22,7 +22,7 @@ from rknn_proto.version import MAX_MESSAGE_BYTES
 from rknn_server.errors import InvalidInput
 from rknn_server.guard import client_identity, current_call
 from rknn_server.kserve.datatypes import reply_sizes
-from rknn_server.kserve.models import VERSION, InputTensor, Model, ModelMetadata, TensorMetadata, V2Models
+from rknn_server.kserve.models import InputTensor, Model, ModelMetadata, TensorMetadata, V2Models
 from rknn_server.replies import ReplyRule
 
 # The InferTensorContents field that carries each datatype's elements.
@@ -86,8 +86,9 @@ def metadata_response(meta: ModelMetadata) -> pb.ModelMetadataResponse:
 
 
 def config_response(meta: ModelMetadata) -> pb.ModelConfigResponse:
-    """Triton's model configuration from the metadata: no batching (max_batch_size 0), so each
-    tensor's dims are its whole shape, as clients send it."""
+    """Triton's model configuration from the metadata: with max_batch_size 0 each tensor's dims are its
+    whole shape, as clients send it; above 0, the shape after the batch dimension."""
+    skip = 1 if meta.max_batch_size else 0
 
     def data_type(datatype: str) -> config_pb.DataType.ValueType:
         return config_pb.DataType.Value(f"TYPE_{datatype}")
@@ -96,13 +97,13 @@ def config_response(meta: ModelMetadata) -> pb.ModelConfigResponse:
         config=config_pb.ModelConfig(
             name=meta.name,
             platform=meta.platform,
-            max_batch_size=0,
+            max_batch_size=meta.max_batch_size,
             input=[
-                config_pb.ModelInput(name=t.name, data_type=data_type(t.datatype), dims=t.shape)
+                config_pb.ModelInput(name=t.name, data_type=data_type(t.datatype), dims=t.shape[skip:])
                 for t in meta.inputs
             ],
             output=[
-                config_pb.ModelOutput(name=t.name, data_type=data_type(t.datatype), dims=t.shape)
+                config_pb.ModelOutput(name=t.name, data_type=data_type(t.datatype), dims=t.shape[skip:])
                 for t in meta.outputs
             ],
         )
@@ -117,7 +118,7 @@ def statistics_response(models: Sequence[Model]) -> pb.ModelStatisticsResponse:
         model_stats=[
             pb.ModelStatistics(
                 name=m.name,
-                version=VERSION,
+                version=m.version,
                 last_inference=m.stats.last_inference_ms,
                 inference_count=m.stats.success_count,
                 execution_count=m.stats.success_count,
@@ -205,7 +206,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         raw = [o.array.tobytes() for o in outputs]
         return pb.ModelInferResponse(
             model_name=model.name,
-            model_version=request.model_version or "1",
+            model_version=model.version,
             id=request.id,
             outputs=[
                 pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.shape)

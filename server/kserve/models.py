@@ -1,8 +1,9 @@
 """The protocol-neutral half of KServe v2: models by name and version, their sessions, the tensor intake.
 
 Both transports (grpc_service.py, rest.py) decode their messages into `InputTensor`s and call here.
-A model is a folder of the model repository (its name) or a model uploaded through rknn.v1 (its
-digest is its name); every model has the one version "1". Runs go through the data plane like
+A model is a folder of the model repository (its name; the versions its layout serves, "1" for the
+project's own layout) or a model uploaded through rknn.v1 (its digest is its name; the one version
+"1"). A request without a version gets the highest served. Runs go through the data plane like
 rknn.v1's: each caller gets a session per model, opened on first use and kept in a small LRU cache
 (bounded; the data plane's idle reaper may still close one, which is then opened again), closed when
 its model is unloaded. Inputs are checked once (names, datatypes, shapes, byte counts, the tensor
@@ -36,13 +37,14 @@ from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
 from rknn_server.frames import Declared, take_arrays, wire_outputs
 from rknn_server.kserve.datatypes import checked_shape, datatype_of, dtype_of
-from rknn_server.kserve.repository import ModelConfig, ModelRepository, TensorConfig
+from rknn_server.kserve.pbtxt import CONFIG_PBTXT, DeclaredTensor
+from rknn_server.kserve.repository import ModelConfig, ModelFolder, ModelRepository, TensorConfig
 from rknn_server.runtime.base import ModelFormatError
 from rknn_server.sessions import Session
 
 log = structlog.get_logger("rknn_server.kserve")
 
-VERSION = "1"  # every model has this one version
+VERSION = "1"  # the version of an uploaded model, and of a repository model in the project's layout
 SERVER_NAME = "rknn_server"
 # Not "statistics": perf_analyzer then reads the server's statistics and, unless given a version
 # (-x 1), stops on "failed to find the requested model version"; without it, it measures as it is.
@@ -92,6 +94,7 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorMetadata, ...]
     outputs: tuple[TensorMetadata, ...]
+    max_batch_size: int = 0  # Triton's model configuration: > 0 when the first dimension is the batch
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,12 @@ class Model:
     outputs: tuple[TensorAttr, ...] = ()
     stats: InferenceStats = field(default_factory=InferenceStats)
     shared: bool = False  # a repository model, for every caller (else one owner's view of an upload)
+    version: str = VERSION
+
+    @property
+    def max_batch_size(self) -> int:
+        """Triton's: 0 unless the model's config.pbtxt says it batches (its first dimension)."""
+        return self.config.triton.max_batch_size if self.config.triton else 0
 
     def input_names(self) -> list[str]:
         return _names(self.inputs, self.config.inputs)
@@ -159,7 +168,51 @@ class Model:
                     f"model {self.name!r}: config.toml describes {len(configured)} {key}, the model has "
                     f"{len(specs)} ({', '.join(s.name for s in specs)})"
                 )
+        if self.config.triton:
+            for declared, specs, dtype_of_spec in (
+                (self.config.triton.inputs, inputs, lambda s: s.dtype),
+                (self.config.triton.outputs, outputs, _output_dtype),
+            ):
+                for tensor in declared:
+                    self._check_declared(tensor, specs, dtype_of_spec)
         self.inputs, self.outputs = inputs, outputs
+
+    def _check_declared(
+        self,
+        tensor: DeclaredTensor,
+        specs: Sequence[TensorAttr],
+        dtype_of_spec: Callable[[TensorAttr], np.dtype],
+    ) -> None:
+        """A tensor config.pbtxt declares must be the model's, as Triton checks: name, datatype, dims
+        (after the batch dimension when the model batches; -1 matches any size)."""
+        where = f"model {self.name!r}: {CONFIG_PBTXT}"
+        spec = next((s for s in specs if s.name == tensor.name), None)
+        if spec is None:
+            raise ModelUnavailable(
+                f"{where} declares {tensor.name[:80]!r}, which the model does not have "
+                f"(it has {', '.join(s.name for s in specs)})"
+            )
+        datatype = datatype_of(dtype_of_spec(spec))
+        if tensor.datatype and tensor.datatype != datatype:
+            raise ModelUnavailable(
+                f"{where}: {tensor.name!r} is declared TYPE_{tensor.datatype}; the model's is {datatype}"
+            )
+        shape = _client_shape(spec, spec.layout)
+        if self.max_batch_size:
+            if not shape or 0 < shape[0] < self.max_batch_size:
+                raise ModelUnavailable(
+                    f"{where}: max_batch_size {self.max_batch_size}, but {tensor.name!r} has shape "
+                    f"{list(shape)}, whose first dimension takes at most {shape[0] if shape else 0}"
+                )
+            shape = shape[1:]
+        if len(shape) != len(tensor.dims) or any(
+            -1 not in (d, m) and d != m for d, m in zip(tensor.dims, shape, strict=True)
+        ):
+            batch = " after the batch dimension (max_batch_size > 0)" if self.max_batch_size else ""
+            raise ModelUnavailable(
+                f"{where}: {tensor.name!r} is declared with dims {list(tensor.dims)}; the model's are "
+                f"{list(shape)}{batch}"
+            )
 
 
 def _names(specs: Sequence[TensorAttr], configured: Sequence[TensorConfig]) -> list[str]:
@@ -256,7 +309,7 @@ class V2Models:
         self.plane = plane
         self.repository = repository
         self.sessions = SessionCache(plane, max_cached_sessions)
-        self._loaded: dict[str, Model] = {}  # repository models that are ready
+        self._loaded: dict[str, dict[str, Model]] = {}  # repository models that are ready, by version
         self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
         # (digest, owner) -> that owner's view of an uploaded model, bounded
         self._uploaded: OrderedDict[tuple[str, str], Model] = OrderedDict()
@@ -266,16 +319,19 @@ class V2Models:
     # -- Lookup --------------------------------------------------------------------------------
 
     def resolve(self, name: str, version: str, owner: str) -> Model:
-        """The model `name` (and `version`, "" or "1") as `owner` may use it; NOT_FOUND or UNAVAILABLE
-        with the reason."""
-        model = self._loaded.get(name)
-        if model is None:
+        """The model `name` at `version` ("": the highest served) as `owner` may use it; NOT_FOUND or
+        UNAVAILABLE with the reason."""
+        versions = self._loaded.get(name)
+        if versions is None:
             if name in self._unavailable:
                 raise ModelUnavailable(f"model {name!r} is not ready: {self._unavailable[name]}")
-            model = self._uploaded_model(name, owner)
-        if version not in ("", VERSION):
-            raise NotFound(f"model {name!r} has no version {version[:32]!r}; its only version is {VERSION!r}")
-        return model
+            versions = {VERSION: self._uploaded_model(name, owner)}
+        if not version:
+            return versions[max(versions, key=int)]
+        if version not in versions:
+            served = ", ".join(sorted(versions, key=int))
+            raise NotFound(f"model {name!r} has no version {version[:32]!r}; its version(s) served: {served}")
+        return versions[version]
 
     def _uploaded_model(self, name: str, owner: str) -> Model:
         """`owner`'s view of the uploaded model `name`; NOT_FOUND, the same for a model that is not
@@ -324,10 +380,13 @@ class V2Models:
         if self.repository is not None:
             names |= set(self.repository.names())
         entries = [
-            IndexEntry(name, VERSION, "READY")
-            if name in self._loaded
-            else IndexEntry(name, VERSION, "UNAVAILABLE", self._unavailable.get(name, "not loaded"))
+            entry
             for name in sorted(names)
+            for entry in (
+                [IndexEntry(name, v, "READY") for v in sorted(self._loaded[name], key=int)]
+                if name in self._loaded
+                else [IndexEntry(name, VERSION, "UNAVAILABLE", self._unavailable.get(name, "not loaded"))]
+            )
         ]
         for digest in self.plane.cache.cached_digests():
             if self.plane.cache.may_use(digest, owner):
@@ -344,19 +403,8 @@ class V2Models:
             if valid_digest(name):
                 return self.resolve(name, "", owner)
             raise NotFound("this daemon has no model repository (--model-repository)")
-        repository = self.repository
         try:
-            folder = repository.read(name)
-            digest = await self.plane.blocking(repository.import_into, folder, self.plane.cache)
-            suffix = "." + folder.files[0].rpartition(".")[2]
-            model = Model(
-                name, digest, _PLATFORMS.get(suffix, self.plane.backend.name), folder.config, shared=True
-            )
-            probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER, shared=True))
-            try:
-                model.learn(probe)
-            finally:
-                await self.plane.close(probe.id, REPOSITORY_OWNER)
+            versions = {folder.version: await self._import(folder) for folder in self.repository.read(name)}
         except NotFound:
             raise
         except Exception as exc:
@@ -364,12 +412,35 @@ class V2Models:
             await self._drop_old(name)
             log.warning("model_load_failed", model=name, error=f"{type(exc).__name__}: {exc}")
             raise
-        old = self._loaded.get(name)
+        old = self._loaded.get(name, {})
         self._unavailable.pop(name, None)
-        self._loaded[name] = model
-        if old is not None and old.digest != digest:
-            await self.sessions.drop(old.digest)
-        log.info("model_loaded", model=name, digest=digest[:12])
+        self._loaded[name] = versions
+        kept = {m.digest for m in versions.values()}
+        for gone in {m.digest for m in old.values()} - kept:
+            await self.sessions.drop(gone)
+        model = versions[max(versions, key=int)]
+        triton = model.config.triton
+        log.info(
+            "model_loaded",
+            model=name,
+            versions=sorted(versions, key=int),
+            digest=model.digest[:12],
+            **({"passed_over": list(triton.passed_over)} if triton and triton.passed_over else {}),
+        )
+        return model
+
+    async def _import(self, folder: ModelFolder) -> Model:
+        """One version of a repository model: into the cache, then opened once to check it."""
+        assert self.repository is not None
+        digest = await self.plane.blocking(self.repository.import_into, folder, self.plane.cache)
+        suffix = "." + folder.files[0].rpartition(".")[2]
+        platform = _PLATFORMS.get(suffix, self.plane.backend.name)
+        model = Model(folder.name, digest, platform, folder.config, shared=True, version=folder.version)
+        probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER, shared=True))
+        try:
+            model.learn(probe)
+        finally:
+            await self.plane.close(probe.id, REPOSITORY_OWNER)
         return model
 
     async def load_all(self) -> None:
@@ -389,8 +460,7 @@ class V2Models:
         self._unload(name, "unloaded")
 
     async def _drop_old(self, name: str) -> None:
-        old = self._loaded.get(name)
-        if old is not None:
+        for old in self._loaded.get(name, {}).values():
             await self.sessions.drop(old.digest)
 
     def _unload(self, name: str, reason: str) -> None:
@@ -422,7 +492,10 @@ class V2Models:
             TensorMetadata(n, datatype_of(s.dtype), _client_shape(s, model.input_layout(i)))
             for i, (n, s) in enumerate(zip(model.input_names(), model.inputs, strict=True))
         )
-        return ModelMetadata(model.name, (VERSION,), model.platform, inputs, _output_metadata(model))
+        versions = tuple(sorted(self._loaded[name], key=int)) if model.shared else (VERSION,)
+        return ModelMetadata(
+            model.name, versions, model.platform, inputs, _output_metadata(model), model.max_batch_size
+        )
 
     async def infer(
         self,
@@ -493,12 +566,20 @@ class V2Models:
         for index, name in enumerate(names):
             tensor = by_name[name]
             array = to_array(tensor, limits)
+            if model.max_batch_size and (not array.ndim or array.shape[0] > model.max_batch_size):
+                raise InvalidInput(
+                    f"input {name!r} has shape {list(array.shape)}: its first dimension is the batch, at most "
+                    f"{model.max_batch_size} (max_batch_size in the model's {CONFIG_PBTXT})"
+                )
             arrays.append(array)
             declared.append(Declared(array.dtype, tuple(array.shape), model.input_layout(index)))
         return arrays, declared
 
     def statistics(self, name: str, version: str, owner: str) -> list[Model]:
-        """The model `name` for its statistics, or every ready model `owner` may use when `name` is empty."""
+        """The model `name` for its statistics (each version served when `version` is empty, as Triton
+        answers), or every ready model `owner` may use when `name` is empty."""
+        if name and not version and name in self._loaded:
+            return [self._loaded[name][v] for v in sorted(self._loaded[name], key=int)]
         if name:
             return [self.resolve(name, version, owner)]
         mine = [
@@ -506,7 +587,7 @@ class V2Models:
             for (digest, o), m in self._uploaded.items()
             if o == owner and self.plane.cache.may_use(digest, o)
         ]
-        return [*self._loaded.values(), *mine]
+        return [*(m for versions in self._loaded.values() for m in versions.values()), *mine]
 
     def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
         return SERVER_NAME, __version__, EXTENSIONS

@@ -1,7 +1,12 @@
 """The model repository (--model-repository DIR): one folder per model, read as hostile content.
 
-A folder's name is the model's v2 name; it holds the model's file(s) (the main file has a suffix the
-backend loads: .onnx for the host runtime, .rknn for rknnrt) and an optional `config.toml`:
+A folder's name is the model's v2 name. It is laid out one of two ways. Triton's: numeric version
+folders (`NAME/1/model.onnx`, `NAME/2/...`) and an optional `config.pbtxt` (rknn_server.kserve.pbtxt:
+its version_policy picks the versions served, by default the highest; default_model_filename names the
+file in each version folder, else `model.onnx` / `model.rknn` as the runtime loads; its inputs and
+outputs are checked against the model). Or the project's own, one version: the model's file(s) in
+the folder (the main file has a suffix the backend loads: .onnx for the host runtime, .rknn for
+rknnrt) and an optional `config.toml`:
 
     file = "model.onnx"              # the main file, when the folder holds several candidates
     [[inputs]]                       # one table per model input, in the model's order
@@ -10,8 +15,9 @@ backend loads: .onnx for the host runtime, .rknn for rknnrt) and an optional `co
     [[outputs]]
     name = "scores"
 
-Names must be plain folder and file names; symbolic links, subfolders, named pipes and devices are
-refused, the config is read with a bounded read and unknown keys are errors. Whoever can write a
+Names must be plain folder and file names; symbolic links, named pipes and devices are refused, and
+so are subfolders of a model's files (a Triton layout's other plain files and non-numeric folders are
+passed over, as Triton does), the config is read with a bounded read and unknown keys are errors. Whoever can write a
 folder can swap it or anything in it while the daemon reads it, so the root and each model folder are
 opened once (`rknn_server.kserve.folder`) and every file is listed, opened and read through that
 descriptor, never through a path again. A model enters the daemon the way an upload does: its files
@@ -36,10 +42,12 @@ from rknn_proto import rknn_pb2
 from rknn_proto.manifest import FileEntry, manifest_digest, valid_digest, valid_file_name
 from rknn_server.errors import DataLoss, InvalidInput, NotFound
 from rknn_server.kserve.folder import FileChanged, Folder, UnsafeEntry, kind_of
+from rknn_server.kserve.pbtxt import CONFIG_PBTXT, ConfigError, TritonConfig, parse_pbtxt
 from rknn_server.limits import CacheLimits
 from rknn_server.model_cache import ModelCache
 
 CONFIG_FILE = "config.toml"
+VERSION_OF_FLAT = "1"  # the one version of a model in the project's own layout
 MAX_CONFIG_BYTES = 64 << 10
 _TENSOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
 _LAYOUTS = ("NCHW", "NHWC")
@@ -62,13 +70,17 @@ class ModelConfig:
     file: str = ""
     inputs: tuple[TensorConfig, ...] = ()
     outputs: tuple[TensorConfig, ...] = ()
+    triton: TritonConfig | None = None  # a Triton layout's config.pbtxt (then the fields above are unset)
 
 
 @dataclass(frozen=True)
 class ModelFolder:
-    """A model folder as read: its name, main file first, and its config."""
+    """One served version of a model folder as read: its name and version, the folder its files are
+    in ("" for the model's folder itself, else the version folder), main file first, and its config."""
 
     name: str
+    version: str
+    subfolder: str
     files: tuple[str, ...]
     config: ModelConfig
 
@@ -172,49 +184,109 @@ class ModelRepository:
             )
 
     @contextlib.contextmanager
-    def _folder(self, name: str) -> Iterator[Folder]:
-        """The model's folder, opened once (never through a link); UnsafeEntry and OSError raised
-        inside name the model, never a path."""
+    def _folder(self, name: str, subfolder: str = "") -> Iterator[Folder]:
+        """The model's folder (or its version `subfolder`), each opened once (never through a link);
+        UnsafeEntry and OSError raised inside name the model, never a path."""
         try:
             folder = Folder.open(name, self._root.fd)
         except (OSError, UnsafeEntry):
             raise NotFound(
                 f"the model repository has no model {name!r} (a model is a plain folder, not a symbolic link)"
             ) from None
+        where = f"model {name!r}" + (f" version {subfolder}" if subfolder else "")
         try:
             with folder:
-                yield folder
+                if not subfolder:
+                    yield folder
+                    return
+                with Folder.open(subfolder, folder.fd) as version:
+                    yield version
         except UnsafeEntry as exc:
-            raise RepositoryError(f"model {name!r}: {exc}; a model folder holds plain files only") from None
-        except FileChanged as exc:
-            raise RepositoryError(f"model {name!r}: {exc}") from None
+            raise RepositoryError(f"{where}: {exc}; a model's files are plain files only") from None
+        except (FileChanged, ConfigError) as exc:
+            raise RepositoryError(f"{where}: {exc}") from None
         except OSError as exc:
             raise RepositoryError(
-                f"model {name!r}: cannot read its files ({exc.strerror or type(exc).__name__})"
+                f"{where}: cannot read its files ({exc.strerror or type(exc).__name__})"
             ) from None
 
-    def read(self, name: str) -> ModelFolder:
-        """One model's folder, checked: plain files only, bounded sizes, a valid config."""
+    def read(self, name: str) -> tuple[ModelFolder, ...]:
+        """One model's folder, checked (plain files only, bounded sizes, a valid config): each version
+        served, lowest first."""
         if not valid_model_name(name):
             raise NotFound(f"{name[:80]!r} is not a model name of the repository (plain folder names only)")
         with self._folder(name) as folder:
-            entries = folder.entries(self.max_model_files + 2)  # the model's files, its config and one more
-            if len(entries) > self.max_model_files + 1:
+            entries = self._entries(name, folder, extra=2)  # the model's files, its config and one more
+            versions = [int(e) for e, info in entries.items() if _version_folder(e, info)]
+            if CONFIG_PBTXT not in entries and not versions:
+                text = _config_text(folder, CONFIG_FILE) if CONFIG_FILE in entries else ""
+                return (self._flat(name, entries, parse_config(name, text)),)
+            if CONFIG_FILE in entries:
                 raise RepositoryError(
-                    f"model {name!r} holds over {self.max_model_files} files, over the limit "
-                    f"max_model_files={self.max_model_files}"
+                    f"model {name!r} holds both {CONFIG_PBTXT} (Triton's layout) and {CONFIG_FILE}; keep one"
                 )
-            for file, info in entries.items():
-                kind = kind_of(info.st_mode)
-                if kind:
-                    raise UnsafeEntry(f"{file[:80]!r} is {kind}")
-                if not valid_file_name(file):
-                    raise RepositoryError(f"model {name!r}: file name {file[:80]!r} is not allowed")
-            text = _config_text(folder) if CONFIG_FILE in entries else ""
-        config = parse_config(name, text)
+            text = _config_text(folder, CONFIG_PBTXT) if CONFIG_PBTXT in entries else ""
+            triton = parse_pbtxt(name, text)
+        if not versions:
+            raise RepositoryError(
+                f"model {name!r} has {CONFIG_PBTXT} but no version folder: Triton's layout keeps the model "
+                f"file in {name}/1/ (a folder per version, numbered from 1)"
+            )
+        missing = sorted(set(triton.policy.versions) - set(versions))
+        if missing:
+            raise RepositoryError(
+                f"model {name!r}: {CONFIG_PBTXT}'s version_policy names version(s) {missing}, which have "
+                f"no folder (found {', '.join(map(str, sorted(versions)))})"
+            )
+        config = ModelConfig(triton=triton)
+        return tuple(self._version(name, str(v), config) for v in triton.policy.served(versions))
+
+    def _entries(self, name: str, folder: Folder, extra: int) -> dict[str, os.stat_result]:
+        """The folder's entries, bounded; links, pipes and devices refused (anywhere in a model)."""
+        entries = folder.entries(self.max_model_files + extra)
+        if len(entries) > self.max_model_files + extra - 1:
+            raise RepositoryError(
+                f"model {name!r} holds over {self.max_model_files} files, over the limit "
+                f"max_model_files={self.max_model_files}"
+            )
+        for file, info in entries.items():
+            kind = kind_of(info.st_mode)
+            if kind and kind != "a subfolder":
+                raise UnsafeEntry(f"{file[:80]!r} is {kind}")
+            if not valid_file_name(file):
+                raise RepositoryError(f"model {name!r}: file name {file[:80]!r} is not allowed")
+        return entries
+
+    def _flat(self, name: str, entries: dict[str, os.stat_result], config: ModelConfig) -> ModelFolder:
+        """The project's layout: the model's files in its folder, no subfolder."""
+        for file, info in entries.items():
+            if kind_of(info.st_mode):
+                raise UnsafeEntry(f"{file[:80]!r} is {kind_of(info.st_mode)}")
         files = [file for file in entries if file != CONFIG_FILE]
         self._check_total(name, sum(entries[file].st_size for file in files))
-        return ModelFolder(name, self._ordered(name, config, files), config)
+        return ModelFolder(name, VERSION_OF_FLAT, "", self._ordered(name, config, files), config)
+
+    def _version(self, name: str, version: str, config: ModelConfig) -> ModelFolder:
+        """A Triton version folder: plain files only, the model file by default_model_filename or as
+        the runtime loads (model.onnx, model.rknn)."""
+        assert config.triton is not None
+        with self._folder(name, version) as folder:
+            entries = self._entries(name, folder, extra=1)
+            for file, info in entries.items():
+                if kind_of(info.st_mode):
+                    raise UnsafeEntry(f"{file[:80]!r} is {kind_of(info.st_mode)}")
+        files = list(entries)
+        self._check_total(name, sum(info.st_size for info in entries.values()))
+        wanted = [config.triton.default_model_filename] if config.triton.default_model_filename else []
+        wanted = wanted or [f"model{suffix}" for suffix in self.suffixes]
+        main = next((file for file in wanted if file in files), "")
+        if not main:
+            raise RepositoryError(
+                f"model {name!r} version {version} has no {' or '.join(wanted)} (it holds "
+                f"{', '.join(files[:5]) or 'nothing'}); name the file so, or set default_model_filename "
+                f"in {CONFIG_PBTXT}"
+            )
+        return ModelFolder(name, version, version, (main, *sorted(f for f in files if f != main)), config)
 
     def _check_total(self, name: str, total: int) -> None:
         if total > self.max_model_bytes:
@@ -247,7 +319,7 @@ class ModelRepository:
         copied into an upload from that same file (same inode, size and time, else refused), which
         hashes what it writes and commits only bytes that match: the cache holds exactly the bytes
         hashed, from the files checked. Blocking: run it in the executor."""
-        with self._folder(model.name) as folder:
+        with self._folder(model.name, model.subfolder) as folder:
             hashed: list[tuple[FileEntry, os.stat_result]] = []
             for name in model.files:
                 with folder.open_file(name) as file:
@@ -267,9 +339,15 @@ class ModelRepository:
         return manifest.digest
 
 
-def _config_text(folder: Folder) -> str:
-    """config.toml, read through the folder with a bounded read."""
-    with folder.open_file(CONFIG_FILE) as file:
+def _version_folder(name: str, info: os.stat_result) -> bool:
+    """A Triton version folder: a subfolder named by a number from 1, without a leading 0 (Triton
+    passes over any other subfolder)."""
+    return kind_of(info.st_mode) == "a subfolder" and name.isdigit() and not name.startswith("0")
+
+
+def _config_text(folder: Folder, name: str) -> str:
+    """The config file `name`, read through the folder with a bounded read."""
+    with folder.open_file(name) as file:
         return file.read_at_most(MAX_CONFIG_BYTES).decode("utf-8", errors="replace")
 
 
@@ -295,6 +373,7 @@ def _copy(
 
 __all__ = [
     "CONFIG_FILE",
+    "VERSION_OF_FLAT",
     "ModelConfig",
     "ModelFolder",
     "ModelRepository",

@@ -37,7 +37,6 @@ from rknn_server.errors import InvalidInput, status_of
 from rknn_server.http_endpoint import Reply, Request
 from rknn_server.kserve.datatypes import reply_sizes
 from rknn_server.kserve.models import (
-    VERSION,
     InputTensor,
     Model,
     ModelMetadata,
@@ -108,15 +107,19 @@ def metadata_json(meta: ModelMetadata) -> dict[str, object]:
 
 
 def config_json(meta: ModelMetadata) -> dict[str, object]:
-    """Triton's model configuration as its HTTP API writes it: no batching, dims the whole shape."""
+    """Triton's model configuration as its HTTP API writes it (dims after the batch dimension when
+    max_batch_size > 0, as config_response)."""
+    skip = 1 if meta.max_batch_size else 0
 
     def tensors(items: Sequence[TensorMetadata]) -> list[dict[str, object]]:
-        return [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape)} for t in items]
+        return [
+            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape[skip:])} for t in items
+        ]
 
     return {
         "name": meta.name,
         "platform": meta.platform,
-        "max_batch_size": 0,
+        "max_batch_size": meta.max_batch_size,
         "input": tensors(meta.inputs),
         "output": tensors(meta.outputs),
     }
@@ -134,7 +137,7 @@ def stats_json(models: Sequence[Model]) -> dict[str, object]:
         "model_stats": [
             {
                 "name": m.name,
-                "version": VERSION,
+                "version": m.version,
                 "last_inference": m.stats.last_inference_ms,
                 "inference_count": m.stats.success_count,
                 "execution_count": m.stats.success_count,
@@ -273,7 +276,7 @@ def infer_reply(
 ) -> Reply:
     """The reply's body, written once: the JSON header (with the `data` of JSON outputs), then the
     binary data of the others straight from their arrays; `budget` counts it while it exists."""
-    head = [_dumps({"model_name": name, "model_version": version or "1"})[:-1], b',"outputs":[']
+    head = [_dumps({"model_name": name, "model_version": version})[:-1], b',"outputs":[']
     blobs = []
     for index, output in enumerate(outputs):
         entry = _dumps({"name": output.name, "datatype": output.datatype, "shape": list(output.shape)})
@@ -427,7 +430,7 @@ class RestV2:
             lambda declared: self._check_reply(reply_sizes(declared, requested, as_json), echoed),
         )
         self._check_reply(reply_sizes(outputs, (), as_json), echoed)
-        return infer_reply(model.name, version, header.get("id"), outputs, binary_out, self.budget)
+        return infer_reply(model.name, model.version, header.get("id"), outputs, binary_out, self.budget)
 
     def _check_reply(self, outputs: Sequence[Sized], echoed: int) -> None:
         rule = self.json_reply if any(o.encoded for o in outputs) else self.binary_reply

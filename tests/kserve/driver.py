@@ -53,7 +53,13 @@ def infer(clients: dict[str, object], step: dict[str, object]) -> object:
             outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in step["outputs"]]
         else:
             outputs = [grpcclient.InferRequestedOutput(n) for n in step["outputs"]]
-    result = clients[protocol].infer(str(step["model"]), inputs, outputs=outputs, **headers_of(step))
+    result = clients[protocol].infer(
+        str(step["model"]),
+        inputs,
+        model_version=str(step.get("version", "")),
+        outputs=outputs,
+        **headers_of(step),
+    )
     reply = result.get_response()
     names = (
         [o["name"] for o in reply["outputs"]] if isinstance(reply, dict) else [o.name for o in reply.outputs]

@@ -175,10 +175,10 @@ def test_model_folders_hold_plain_files_only(tmp_path: Path) -> None:
     os.symlink(root / "good", root / "alias")  # a linked folder is no model
     found = repository(root)
     assert found.names() == ["big", "good", "linked", "nested", "two"]
-    assert found.read("good").files == ("model.onnx",)
+    assert [(f.version, f.files) for f in found.read("good")] == [("1", ("model.onnx",))]
     for name, message in {
         "linked": "'model.onnx' is a symbolic link",
-        "nested": "'1' is a subfolder",
+        "nested": "version 1 has no model.onnx \\(it holds nothing\\)",  # Triton's layout, empty
         "two": "found 2 \\(a.onnx, b.onnx\\)",
         "big": "1001 bytes, over the limit max_model_bytes=1000",
     }.items():

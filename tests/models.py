@@ -110,6 +110,20 @@ def big_identity(path: Path, elements: int) -> Path:
     return save_graph(graph, path)
 
 
+def expand(path: Path, elements: int) -> Path:
+    """y = Expand(x, [elements]): a 4-byte input, a static float32 output of `elements` values (a large
+    reply whose size the model declares, for a small request)."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [elements])
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["y"])],
+        "expand",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])],
+        [shape],
+    )
+    return save_graph(graph, path)
+
+
 def constant_of_shape_bomb(path: Path, elements: int) -> Path:
     """A model of a few hundred bytes whose constant folding makes `elements` float32 values at load:
     y = ConstantOfShape([elements]) + x."""

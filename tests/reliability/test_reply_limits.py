@@ -17,12 +17,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
 from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
-from tests.models import big_identity, save_graph, shape_input_bomb
+from tests.models import big_identity, expand, shape_input_bomb
 
 MIB = 1 << 20
 MAX_MESSAGE = 80 * MIB
@@ -31,19 +30,6 @@ HUGE = 96 * MIB // 4  # over --max-message-bytes even as binary
 ROUND_TRIP = 64 * MIB // 4  # over the old 8 MiB cap of v2 gRPC replies, within --max-message-bytes
 # A refused reply must not cost the daemon anything near the output's size (JSON cost it ~14x).
 REFUSED_GROWTH = 16 * MIB
-
-
-def expand(path: Path, elements: int) -> Path:
-    """y = Expand(x, [elements]): a 4-byte input, a static float32 output of `elements` values."""
-    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [elements])
-    graph = helper.make_graph(
-        [helper.make_node("Expand", ["x", "shape"], ["y"])],
-        "expand",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])],
-        [shape],
-    )
-    return save_graph(graph, path)
 
 
 def repository(folder: Path) -> Path:

@@ -22,7 +22,8 @@ import onnxruntime as ort
 
 from bench.grpc_ceiling import GRPC_OPTIONS
 from bench.side_by_side import side_by_side
-from rknn_server.runtime.host import default_threads, session_options
+from rknn_server.runtime.host import default_threads
+from rknn_server.runtime.host_model import session_options
 
 
 def _session(model: Path) -> tuple[ort.InferenceSession, str]:

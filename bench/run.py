@@ -61,7 +61,8 @@ from rknn_client.model_files import model_files
 from rknn_client.upload_stream import upload_chunk_bytes
 from rknn_proto import codec
 from rknn_proto.manifest import describe_files
-from rknn_server.runtime.host import default_threads, session_options
+from rknn_server.runtime.host import default_threads
+from rknn_server.runtime.host_model import session_options
 from rknn_server.testing import DaemonProcess, start_daemon
 from tests.models import big_identity
 

@@ -19,7 +19,8 @@ import onnxruntime as ort
 
 from bench.link_sim import USB2, start_link
 from rknn_client import connect
-from rknn_server.runtime.host import concurrent_runs, default_threads, session_options
+from rknn_server.runtime.host import concurrent_runs, default_threads
+from rknn_server.runtime.host_model import session_options
 from rknn_server.testing import DaemonProcess, start_daemon
 from tests.models import big_identity
 from tests.throughput.models import camera_cnn, detector, quantized, random_images

@@ -31,11 +31,9 @@ from rknn_server.daemon_config import DaemonConfig
 from rknn_server.data_plane import DataPlane
 from rknn_server.doorbell import Doorbells
 from rknn_server.guard import Guard
-from rknn_server.http_endpoint import HttpEndpoint, Routes, check_exposure
 from rknn_server.kserve import grpc_service as v2
 from rknn_server.kserve.models import V2Models
 from rknn_server.kserve.repository import ModelRepository
-from rknn_server.kserve.rest import RestV2
 from rknn_server.legacy import startup as legacy
 from rknn_server.legacy.connection import LegacyLimits
 from rknn_server.legacy.layouts import RELEASES
@@ -168,6 +166,8 @@ class _Security:
                 "users) may call without a token or certificate"
             )
         if config.metrics_listen is not None:
+            from rknn_server.http_endpoint import check_exposure
+
             warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
         return cls(tokens, access, credentials, bool(exposure), tuple(warnings))
 
@@ -346,6 +346,10 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
 
     http_server, metrics_url, gates = None, "", []
     if config.metrics_listen is not None:
+        # The HTTP door (and KServe v2 over REST) is imported only where --metrics-listen opens it.
+        from rknn_server.http_endpoint import HttpEndpoint, Routes
+        from rknn_server.kserve.rest import RestV2
+
         routes = Routes(
             metrics.exposition,
             serving.is_set,

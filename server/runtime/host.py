@@ -1,146 +1,29 @@
 """The `host` backend: ONNX Runtime on the CPU, a virtual board for people without hardware.
 
-It stands in for any SoC. Per-layer timings come from ONNX Runtime's own profiler (real per-node
-durations of warmed-up runs; with perf_debug the total is those same runs', as the toolkit's is), memory from the model's weights, a liveness pass over intermediates and the process's
-measured memory growth while loading.
+It stands in for any SoC. Its models (host_model.py) import onnx and onnxruntime, a tenth of a second
+on a small board: they are imported when the first model opens, so a daemon starts without them
+(select.host_backend checks that they are installed).
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import json
-import logging
 import os
-import statistics
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-import onnxruntime as ort
-import psutil
-
 from rknn_proto import model_container
-from rknn_proto.buffers import BufferPool
-from rknn_proto.messages import (
-    EvalMemoryResponse,
-    EvalPerfResponse,
-    FrequencyList,
-    LayerDump,
-    LayerPerf,
-    QuantType,
-    TensorAttr,
-)
+from rknn_proto.messages import FrequencyList
 from rknn_server.platform import read_frequencies
-from rknn_server.runtime import onnx_graph
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
-    ExecutionError,
-    InputFormat,
     ModelFormatError,
     ModelRuntime,
-    OverBudget,
     RuntimeOptions,
     VersionInfo,
 )
-from rknn_server.runtime.external_data import check_external_data
-from rknn_server.runtime.qdq_outputs import Affine, expose_quantized_outputs
-from rknn_server.runtime.redact import without_paths
-
-log = logging.getLogger(__name__)
-
-# ONNX Runtime's type strings for the element types that travel on the wire.
-_ORT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(int16)": np.int16,
-    "tensor(uint16)": np.uint16,
-    "tensor(int32)": np.int32,
-    "tensor(uint32)": np.uint32,
-    "tensor(int64)": np.int64,
-    "tensor(bool)": np.bool_,
-}
-# Profiler element-type names -> the toolkit's DataType column.
-_PROFILE_TYPES = {
-    "float": "FLOAT32",
-    "float16": "FLOAT16",
-    "double": "FLOAT64",
-    "int8": "INT8",
-    "uint8": "UINT8",
-    "int16": "INT16",
-    "int32": "INT32",
-    "int64": "INT64",
-    "bool": "BOOL",
-}
-PERF_RUNS = 5
-PROFILE_RUNS = 3
-# Most bytes of layer outputs one dump run exposes: the daemon never holds more than this many at once.
-DUMP_BATCH_BYTES = 32 << 20
-# ONNX element types whose tensors a dump can send (the wire's dtypes).
-_DUMP_ELEM_TYPES = frozenset(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in _ORT_TYPES.values())
-
-
-def session_options(threads: int, model_dir: Path | None = None) -> ort.SessionOptions:
-    """The options every host session uses; benchmarks build their baseline with the same.
-
-    With `model_dir`, external data resolves there even when the model is loaded from bytes (a
-    rewritten graph), never against the working directory."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    # Idle worker threads must not spin: on a small board (or a 2-core PC) spinning threads of one
-    # session steal the cores another session, or the daemon's own I/O, needs.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if model_dir is not None:
-        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
-    # No memory arena: a run's peak goes back to the system when the run ends, instead of staying
-    # held by the session for its lifetime (measured on the demo model: no latency cost).
-    opts.enable_cpu_mem_arena = False
-    return opts
-
-
-def dump_session_options(threads: int, model_dir: Path) -> ort.SessionOptions:
-    """Options for the runs behind a per-layer dump.
-
-    No graph optimisation: every exposed tensor is its own node's output computed as the graph says,
-    the same in every batch (fusions would change with the set of exposed outputs). No memory arena:
-    what a batch allocated goes back when its session ends. External weights are found beside the model.
-    """
-    opts = session_options(threads, model_dir)
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.enable_cpu_mem_arena = False
-    return opts
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim where the C library has it (not on musl or macOS)."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim.argtypes = [ctypes.c_size_t]
-        trim.restype = ctypes.c_int
-    return trim
-
-
-_MALLOC_TRIM = _malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Hand freed heap pages back to the OS. glibc keeps large freed blocks in its per-thread arenas,
-    so without this each dump batch (run from whichever executor thread) would add to the RSS."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def default_threads() -> int:
@@ -162,335 +45,6 @@ def run_gate(threads: int) -> AbstractContextManager[Any]:
     given back in C; a Semaphore's Python-level condition costs tens of microseconds a frame)."""
     runs = concurrent_runs(threads)
     return threading.Lock() if runs == 1 else threading.Semaphore(runs)
-
-
-def runtime_failure(what: str, exc: Exception) -> str:
-    """`what` with ONNX Runtime's reason, for the client: the raw text (which names server paths) goes
-    to the log only."""
-    log.warning("%s: %s", what, exc)
-    return f"{what}: {without_paths(str(exc))}"
-
-
-def _spec(index: int, arg: ort.NodeArg, affine: Affine | None = None) -> TensorAttr:
-    dtype = _ORT_TYPES.get(arg.type)
-    if dtype is None:
-        raise ModelFormatError(f"tensor {arg.name!r} has type {arg.type}, which the wire cannot carry")
-    shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
-    layout = "NCHW" if len(shape) == 4 else "UNDEFINED"
-    attr = TensorAttr(index, arg.name, shape, np.dtype(dtype), layout)
-    if affine is None:
-        return attr
-    zero_point, scale = affine
-    return replace(attr, quant_type=QuantType.AFFINE_ASYMMETRIC, zero_point=zero_point, scale=scale)
-
-
-def _runnable(path: Path | None, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, Affine]]:
-    """What ONNX Runtime loads: the file itself (its bytes when `path` is None: the graph came from a
-    virtual-board container), or, for a QDQ model whose outputs end in DequantizeLinear, the rewritten
-    graph that returns them quantized (see qdq_outputs).
-    Models with external data are loaded as they are (their bytes cannot move without the data)."""
-    if path is not None and any(
-        t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer
-    ):
-        return str(path), {}
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(graph)
-    exposed = expose_quantized_outputs(rewritten)
-    if exposed or path is None:
-        return rewritten.SerializeToString(), exposed
-    return str(path), {}
-
-
-def _load_graph(path: Path) -> tuple[onnx.ModelProto, bool]:
-    """The model's graph, and whether it came out of a virtual-board container (export_rknn's file)."""
-    if model_container.file_is_virtual(path):
-        return onnx.load_from_string(model_container.read(path).onnx), True
-    return onnx.load(str(path), load_external_data=False), False
-
-
-def _shape_text(shape: Sequence[int]) -> str:
-    return "(" + ",".join(str(d) for d in shape) + ")"
-
-
-def _type_shapes(entries: list[dict[str, list[int]]]) -> list[tuple[str, list[int]]]:
-    return [(k, v) for entry in entries for k, v in entry.items()]
-
-
-def parse_profile(events: list[dict], runs: int) -> list[LayerPerf]:
-    """Per-node rows from ONNX Runtime profiler events: order of first run, mean time over `runs`."""
-    order: list[str] = []
-    durations: dict[str, list[float]] = {}
-    first: dict[str, dict] = {}
-    for event in events:
-        if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
-            continue
-        node = event["name"][: -len("_kernel_time")]
-        if node not in durations:
-            order.append(node)
-            durations[node] = []
-            first[node] = event["args"]
-        durations[node].append(float(event["dur"]))
-    rows = []
-    for index, node in enumerate(order, start=1):
-        args = first[node]
-        inputs = _type_shapes(args.get("input_type_shape", []))
-        outputs = _type_shapes(args.get("output_type_shape", []))
-        elem = outputs[0][0] if outputs else (inputs[0][0] if inputs else "float")
-        samples = durations[node][-runs:]
-        rows.append(
-            LayerPerf(
-                index=index,
-                op_type=str(args.get("op_name", "")),
-                data_type=_PROFILE_TYPES.get(elem, elem.upper()),
-                target="CPU",
-                input_shapes=tuple(_shape_text(s) for _, s in inputs),
-                output_shape=_shape_text(outputs[0][1]) if outputs else "\\",
-                time_us=statistics.fmean(samples),
-                name=f"{args.get('op_name', '')}:{node}",
-                extra={"Provider": str(args.get("provider", "")).removesuffix("ExecutionProvider")},
-            )
-        )
-    return rows
-
-
-def profiled_run_us(events: list[dict], runs: int) -> float:
-    """Mean duration of the last `runs` whole runs in ONNX Runtime profiler events (its `model_run`
-    spans, which hold the node spans parse_profile reads)."""
-    spans = [float(e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    return statistics.fmean(spans[-runs:]) if spans else 0.0
-
-
-def _check_budget(name: str, graph: onnx.ModelProto, budget: int) -> None:
-    """Refuse, before ONNX Runtime allocates anything, a model that needs more than the session's budget."""
-    need = onnx_graph.materialized_bytes(graph, onnx_graph.inferred_tensors(graph)) if budget else 0
-    if need > budget:
-        raise OverBudget(
-            f"{name} needs at least {need} bytes to load and run (weights, constants computed at load, "
-            f"live intermediates), over the session budget max_session_memory={budget} (--max-session-memory)"
-        )
-
-
-class HostModel(ModelRuntime):
-    def __init__(
-        self,
-        path: Path,
-        options: RuntimeOptions,
-        threads: int,
-        gate: AbstractContextManager[Any] | None = None,
-    ) -> None:
-        self._path = path
-        self._options = options
-        self._threads = threads
-        self._gate = gate or run_gate(threads)
-        try:
-            self._graph, virtual = _load_graph(path)
-        except Exception as exc:
-            raise ModelFormatError(runtime_failure(f"{path.name} is not a loadable ONNX model", exc)) from exc
-        check_external_data(self._graph, path.parent)
-        _check_budget(path.name, self._graph, options.max_memory_bytes)
-        process = psutil.Process()
-        rss_before = process.memory_info().rss
-        self._source, quantized = _runnable(None if virtual else path, self._graph)
-        try:
-            self._session = ort.InferenceSession(
-                self._source, session_options(threads, path.parent), providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise ModelFormatError(runtime_failure(f"ONNX Runtime cannot load {path.name}", exc)) from exc
-        self._load_growth = max(0, process.memory_info().rss - rss_before)
-        self.inputs = [_spec(i, a) for i, a in enumerate(self._session.get_inputs())]
-        self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self._session.get_outputs())]
-        self._input_names = [s.name for s in self.inputs]
-        # Outputs of static shapes are written into arrays allocated here (see run); off for good once
-        # ONNX Runtime refuses one (a model whose declared shape is not what it computes).
-        self._outputs_in_place = not any(s.is_dynamic for s in self.outputs)
-        self._output_buffers = BufferPool()
-
-    def run(
-        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
-    ) -> list[np.ndarray]:
-        """The service hands inputs over in the model's layout and dtype already, so formats change nothing.
-
-        Static outputs go into buffers of the model's own (rknn_proto.buffers), used again once the
-        arrays of an earlier run are freed: ONNX Runtime's own, with no memory arena, are fresh pages
-        every run, faulted in 4 KiB at a time (measured here on a 64 MiB identity: 40 ms of CPU a
-        run, 14 ms into np.empty, 6.5 ms into memory used before)."""
-        if not self._outputs_in_place:
-            return self._run(self._session, inputs)
-        targets = [
-            self._output_buffers.take(spec.size_bytes).view(spec.dtype).reshape(spec.shape)
-            for spec in self.outputs
-        ]
-        outputs = self.run_into(inputs, targets, formats)
-        self._outputs_in_place = all(o is t for o, t in zip(outputs, targets, strict=True))
-        return outputs
-
-    def run_into(
-        self,
-        inputs: Sequence[np.ndarray],
-        outputs: Sequence[np.ndarray],
-        formats: Sequence[InputFormat] | None = None,
-    ) -> list[np.ndarray]:
-        """ONNX Runtime reads the inputs and writes the outputs where they are (IOBinding over
-        OrtValues that wrap the arrays' memory): no copy either way, no output allocated."""
-        return self.bind(inputs, outputs, formats)()
-
-    def bind(
-        self,
-        inputs: Sequence[np.ndarray],
-        outputs: Sequence[np.ndarray],
-        formats: Sequence[InputFormat] | None = None,
-    ) -> Callable[[], list[np.ndarray]]:
-        """One IOBinding over the arrays, run on each call: building it costs more than a small
-        model's run takes from Python (~60 us here), so a doorbell's frames build it once."""
-        arrays = [np.ascontiguousarray(a) for a in inputs]
-        targets = list(outputs)
-        try:
-            binding = self._session.io_binding()
-            # Each OrtValue only points at its array's memory; `arrays` and `targets` outlive it.
-            for name, array in zip(self._input_names, arrays, strict=True):
-                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
-            for spec, target in zip(self.outputs, targets, strict=True):
-                binding.bind_ortvalue_output(spec.name, ort.OrtValue.ortvalue_from_numpy(target))
-        except Exception as exc:
-            log.debug("outputs not written in place: %s", exc)
-            return functools.partial(self._run, self._session, arrays)
-
-        refused = False  # once ONNX Runtime refuses the binding, every later call runs as `run` does
-
-        def run() -> list[np.ndarray]:
-            nonlocal refused
-            if not refused:
-                try:
-                    with self._gate:
-                        self._session.run_with_iobinding(binding)
-                    return list(targets)
-                except Exception as exc:
-                    # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
-                    # refuses the given array before writing it. Run as `run` does (a real failure fails again).
-                    log.debug("outputs not written in place: %s", exc)
-                    refused = True
-            return self._run(self._session, arrays)
-
-        return run
-
-    def _run(self, session: ort.InferenceSession, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        try:
-            with self._gate:
-                return list(session.run(None, dict(zip(self._input_names, inputs, strict=True))))
-        except Exception as exc:
-            raise ExecutionError(runtime_failure("ONNX Runtime failed to run the model", exc)) from exc
-
-    def sample_inputs(self) -> list[np.ndarray]:
-        """Zeros of each input's shape (dynamic dimensions as 1), for timing without user data."""
-        return [np.zeros([max(d, 1) for d in s.shape], dtype=s.dtype) for s in self.inputs]
-
-    def perf(self, inputs: Sequence[np.ndarray] | None) -> EvalPerfResponse:
-        """Without perf_debug, the median of timed runs; with it, the per-layer times and the total of
-        the same profiled runs, so the table adds up under the total it is printed with (the rest is
-        ONNX Runtime's own work between nodes), as one perf run gives both on a board."""
-        feed = list(inputs) if inputs is not None else self.sample_inputs()
-        if self._options.perf_debug:
-            layers, total = self._profile(feed)
-            return EvalPerfResponse(layers=tuple(layers), total_time_us=total, extra_columns=("Provider",))
-        self._run(self._session, feed)
-        times = []
-        for _ in range(PERF_RUNS):
-            start = time.perf_counter()
-            self._run(self._session, feed)
-            times.append((time.perf_counter() - start) * 1e6)
-        return EvalPerfResponse(layers=(), total_time_us=statistics.median(times))
-
-    def _profile(self, feed: Sequence[np.ndarray]) -> tuple[list[LayerPerf], float]:
-        """Per-layer rows and the mean run time of PROFILE_RUNS profiled runs after one warm-up run."""
-        with tempfile.TemporaryDirectory(prefix="rknn-profile-") as tmp:
-            opts = session_options(self._threads, self._path.parent)
-            opts.enable_profiling = True
-            opts.profile_file_prefix = str(Path(tmp) / "profile")
-            try:
-                session = ort.InferenceSession(self._source, opts, providers=["CPUExecutionProvider"])
-            except Exception as exc:
-                raise ExecutionError(runtime_failure("ONNX Runtime cannot profile the model", exc)) from exc
-            for _ in range(PROFILE_RUNS + 1):
-                self._run(session, feed)
-            profile = Path(session.end_profiling())
-            events = json.loads(profile.read_text())
-        return parse_profile(events, PROFILE_RUNS), profiled_run_us(events, PROFILE_RUNS)
-
-    def memory(self) -> EvalMemoryResponse:
-        tensors = onnx_graph.inferred_tensors(self._graph)
-        weights = onnx_graph.initializer_bytes(self._graph)
-        internal = onnx_graph.peak_intermediate_bytes(self._graph, tensors)
-        model_size = sum(
-            p.stat().st_size for p in self._path.parent.iterdir() if p.is_file() and p.name != ".main"
-        )
-        return EvalMemoryResponse(
-            weight_memory=weights,
-            internal_memory=internal,
-            other_memory=max(0, self._load_growth - weights),
-            model_size=model_size,
-            method="weights: ONNX initializers; internal: peak of live intermediate tensors; "
-            "other: process memory growth while loading, less the weights",
-        )
-
-    def dump_layers(
-        self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
-    ) -> Iterator[LayerDump]:
-        """Every layer's tensor, inputs first, computed in batches of at most DUMP_BATCH_BYTES.
-
-        Each batch is one run of the part of the graph that computes its tensors, exposed as outputs;
-        a batch's tensors are handed out (and dropped) before the next batch is computed.
-        """
-        feeds = dict(zip(self._input_names, inputs, strict=True))
-        graph = onnx_graph.with_input_shapes(self._graph, {n: tuple(a.shape) for n, a in feeds.items()})
-        tensors = onnx_graph.inferred_tensors(graph)
-        layers = [
-            layer
-            for layer in onnx_graph.dump_tensors(graph, tensors)
-            if layer.info.elem_type in _DUMP_ELEM_TYPES
-        ]
-        for layer in layers:
-            if layer.info.name in feeds:
-                yield LayerDump(
-                    layer.index, layer.op_type, layer.node_name, layer.info.name, feeds[layer.info.name]
-                )
-        computed = [layer for layer in layers if layer.info.name not in feeds]
-        for batch in onnx_graph.dump_batches(computed, DUMP_BATCH_BYTES):
-            names = [layer.info.name for layer in batch]
-            release_free_memory()
-            values = dict(zip(names, self._run_batch(graph, names, tensors, feeds), strict=True))
-            release_free_memory()
-            for layer in batch:
-                array = values.pop(layer.info.name).numpy()
-                yield LayerDump(layer.index, layer.op_type, layer.node_name, layer.info.name, array)
-
-    def _run_batch(
-        self,
-        graph: onnx.ModelProto,
-        names: list[str],
-        tensors: dict[str, onnx_graph.ValueInfo],
-        feeds: dict[str, np.ndarray],
-    ) -> list[ort.OrtValue]:
-        """The batch's tensors as ONNX Runtime holds them: each becomes numpy (a copy) only when sent."""
-        model = onnx_graph.model_for_outputs(graph, names, tensors)
-        opts = dump_session_options(self._threads, self._path.parent)
-        try:
-            session = ort.InferenceSession(
-                model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise ExecutionError(
-                runtime_failure("ONNX Runtime cannot expose the model's layers", exc)
-            ) from exc
-        del model
-        try:
-            ort_feeds = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
-            return list(session.run_with_ort_values(names, ort_feeds))
-        except Exception as exc:
-            raise ExecutionError(runtime_failure("ONNX Runtime failed while dumping layers", exc)) from exc
-
-    def close(self) -> None:
-        self.__dict__.pop("_session", None)
 
 
 class HostBackend(Backend):
@@ -517,7 +71,13 @@ class HostBackend(Backend):
         self.gate = run_gate(self.threads)
 
     def version(self) -> VersionInfo:
-        return VersionInfo(api=f"onnxruntime {ort.__version__}", driver=f"host CPU (onnx {onnx.__version__})")
+        from importlib import metadata
+
+        import onnxruntime as ort  # imported by the first model or GetInfo, not at start
+
+        return VersionInfo(
+            api=f"onnxruntime {ort.__version__}", driver=f"host CPU (onnx {metadata.version('onnx')})"
+        )
 
     def soc(self) -> str:
         return self._soc
@@ -527,6 +87,8 @@ class HostBackend(Backend):
         return tuple(reading for reading in read_frequencies(self._sysfs_root) if reading.kind == "CPU")
 
     def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
+        from rknn_server.runtime.host_model import HostModel
+
         if model_container.file_is_virtual(model_path):
             return HostModel(model_path, options, self.threads, self.gate)
         if model_path.suffix.lower() == ".rknn" or _looks_like_rknn(model_path):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 from rknn_server.platform import PlatformInfo
 from rknn_server.runtime.base import Backend, BackendError
 
 HOST_FALLBACK = "serving the host runtime (ONNX Runtime on the CPU)"
+# The host extra, which the host runtime's models import (host_model.py): the backend starts without them.
+HOST_MODULES = ("onnx", "onnxruntime", "psutil")
 
 
 class BackendUnavailable(Exception):
@@ -18,6 +21,10 @@ class BackendUnavailable(Exception):
 def host_backend(soc: str, threads: int | None, sysfs_root: Path = Path("/")) -> Backend:
     try:
         from rknn_server.runtime.host import HostBackend
+
+        for name in HOST_MODULES:
+            if importlib.util.find_spec(name) is None:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
     except ImportError as exc:
         # No PyPI command here: the project is installed from its wheel (docs/deploy.md), and a board's
         # install rarely wants ONNX Runtime (none exists for armv7l).
@@ -47,7 +54,7 @@ def _library_path(probe: PlatformInfo, runtime_lib: Path | None) -> Path:
 
 
 def _rknnrt(probe: PlatformInfo, library: Path, plugin_dir: Path | None) -> Backend:
-    from rknn_server.runtime.rknnrt import RknnrtBackend
+    from rknn_server.runtime.rknnrt.backend import RknnrtBackend
 
     try:
         return RknnrtBackend(library, probe, plugin_dir)

@@ -19,7 +19,7 @@ from rknn_server.runtime.base import (
     RuntimeOptions,
     UnsupportedError,
 )
-from rknn_server.runtime.rknnrt import RknnrtBackend
+from rknn_server.runtime.rknnrt.backend import RknnrtBackend
 from tests.rknnrt.fake_sysfs import rk3588_board
 from tests.rknnrt.stub_build import StubTensor, build_plugin, write_stub_model
 

@@ -10,7 +10,7 @@ import pytest
 
 from rknn_server.runtime.base import Backend, InputError, InputShapes, RuntimeOptions
 from rknn_server.runtime.isolated import IsolatedBackend
-from rknn_server.runtime.rknnrt import RknnrtBackend
+from rknn_server.runtime.rknnrt.backend import RknnrtBackend
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 from tests.rknnrt.test_backend import RK3588
 

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from rknn_server.runtime.base import BackendError
-from rknn_server.runtime.rknnrt import find_runtime_library
-from rknn_server.runtime.rknnrt.library import RuntimeLibrary, embedded_version
+from rknn_server.runtime.rknnrt.library import RuntimeLibrary, embedded_version, find_runtime_library
 
 
 def _place(root: Path, relative: str, source: Path) -> Path:

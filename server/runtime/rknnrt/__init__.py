@@ -1,6 +1,5 @@
-"""The board backend: librknnrt / librknnmrt through ctypes (see backend.RknnrtBackend)."""
+"""The board backend: librknnrt / librknnmrt through ctypes (see backend.RknnrtBackend).
 
-from rknn_server.runtime.rknnrt.backend import RknnrtBackend
-from rknn_server.runtime.rknnrt.library import find_runtime_library
-
-__all__ = ["RknnrtBackend", "find_runtime_library"]
+Nothing is imported here: the legacy protocol uses abi's and tensors' types, and a daemon serving the
+host runtime should not load the backend (its model, plugins and perf parser) for them.
+"""

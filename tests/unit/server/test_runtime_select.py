@@ -41,13 +41,16 @@ def test_a_library_of_another_architecture_is_named_as_such(tmp_path: Path) -> N
     assert "No such file" not in message
 
 
+@pytest.mark.parametrize("missing", ["onnx", "onnxruntime"])
 def test_auto_without_library_node_or_host_extra_names_every_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, "rknn_server.runtime.host", None)  # a [server]-only install
+    # A [server]-only install: host.py imports without the extra, which only its models import.
+    monkeypatch.setitem(sys.modules, missing, None)
     with pytest.raises(BackendUnavailable) as raised:
         select_backend("auto", "", None, probe=PlatformInfo(root=tmp_path))
     message = str(raised.value)
+    assert f"No module named {missing!r}" in message
     assert message.startswith("neither runtime can start (--runtime auto): rknnrt: no RKNN runtime library")
     assert all(str(tmp_path / folder) in message for folder in LIBRARY_DIRS)
     assert f"no NPU device node (/dev/dri/renderD*, /dev/rknpu) under {tmp_path}" in message

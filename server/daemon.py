@@ -34,6 +34,7 @@ from rknn_server.guard import Guard
 from rknn_server.kserve import grpc_service as v2
 from rknn_server.kserve.models import V2Models
 from rknn_server.kserve.repository import ModelRepository
+from rknn_server.kserve.system_shm import SystemRegions
 from rknn_server.legacy import startup as legacy
 from rknn_server.legacy.connection import LegacyLimits
 from rknn_server.legacy.layouts import RELEASES
@@ -334,7 +335,9 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         )
     )
     metrics.watch(BoardTelemetry(config.sysfs_root))
-    models = V2Models(plane, _repository(config, backend, limits), max(1, limits.max_sessions // 2))
+    models = V2Models(
+        plane, _repository(config, backend, limits), max(1, limits.max_sessions // 2), SystemRegions(shared)
+    )
     serving = asyncio.Event()
     server, health, bound = _grpc_server(
         config,

@@ -1029,3 +1029,169 @@ class RepositoryModelUnloadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RepositoryModelUnloadResponse: _TypeAlias = RepositoryModelUnloadResponse  # noqa: Y015
+
+@_typing.final
+class SystemSharedMemoryStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """empty: every region of the caller's"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemSharedMemoryStatusRequest: _TypeAlias = SystemSharedMemoryStatusRequest  # noqa: Y015
+
+@_typing.final
+class SystemSharedMemoryStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RegionStatus(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        NAME_FIELD_NUMBER: _builtins.int
+        KEY_FIELD_NUMBER: _builtins.int
+        OFFSET_FIELD_NUMBER: _builtins.int
+        BYTE_SIZE_FIELD_NUMBER: _builtins.int
+        name: _builtins.str
+        key: _builtins.str
+        offset: _builtins.int
+        byte_size: _builtins.int
+        def __init__(
+            self,
+            *,
+            name: _builtins.str = ...,
+            key: _builtins.str = ...,
+            offset: _builtins.int = ...,
+            byte_size: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["byte_size", b"byte_size", "key", b"key", "name", b"name", "offset", b"offset"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class RegionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___SystemSharedMemoryStatusResponse.RegionStatus: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___SystemSharedMemoryStatusResponse.RegionStatus | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    REGIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def regions(self) -> _containers.MessageMap[_builtins.str, Global___SystemSharedMemoryStatusResponse.RegionStatus]: ...
+    def __init__(
+        self,
+        *,
+        regions: _abc.Mapping[_builtins.str, Global___SystemSharedMemoryStatusResponse.RegionStatus] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["regions", b"regions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemSharedMemoryStatusResponse: _TypeAlias = SystemSharedMemoryStatusResponse  # noqa: Y015
+
+@_typing.final
+class SystemSharedMemoryRegisterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    BYTE_SIZE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    key: _builtins.str
+    """the POSIX shared-memory object, e.g. "/input0" (a file of /dev/shm)"""
+    offset: _builtins.int
+    byte_size: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        key: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        byte_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["byte_size", b"byte_size", "key", b"key", "name", b"name", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemSharedMemoryRegisterRequest: _TypeAlias = SystemSharedMemoryRegisterRequest  # noqa: Y015
+
+@_typing.final
+class SystemSharedMemoryRegisterResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemSharedMemoryRegisterResponse: _TypeAlias = SystemSharedMemoryRegisterResponse  # noqa: Y015
+
+@_typing.final
+class SystemSharedMemoryUnregisterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """empty: every region of the caller's"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemSharedMemoryUnregisterRequest: _TypeAlias = SystemSharedMemoryUnregisterRequest  # noqa: Y015
+
+@_typing.final
+class SystemSharedMemoryUnregisterResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemSharedMemoryUnregisterResponse: _TypeAlias = SystemSharedMemoryUnregisterResponse  # noqa: Y015

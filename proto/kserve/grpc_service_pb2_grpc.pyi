@@ -49,6 +49,10 @@ class GRPCInferenceServiceStub:
     """The model repository extension."""
     RepositoryModelLoad: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryModelLoadRequest, _grpc_service_pb2.RepositoryModelLoadResponse]
     RepositoryModelUnload: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryModelUnloadRequest, _grpc_service_pb2.RepositoryModelUnloadResponse]
+    SystemSharedMemoryStatus: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.SystemSharedMemoryStatusRequest, _grpc_service_pb2.SystemSharedMemoryStatusResponse]
+    """Triton's system shared-memory extension (loopback callers only, as the daemon's own regions)."""
+    SystemSharedMemoryRegister: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.SystemSharedMemoryRegisterRequest, _grpc_service_pb2.SystemSharedMemoryRegisterResponse]
+    SystemSharedMemoryUnregister: _grpc.UnaryUnaryMultiCallable[_grpc_service_pb2.SystemSharedMemoryUnregisterRequest, _grpc_service_pb2.SystemSharedMemoryUnregisterResponse]
 
 @_typing.type_check_only
 class GRPCInferenceServiceAsyncStub(GRPCInferenceServiceStub):
@@ -66,6 +70,10 @@ class GRPCInferenceServiceAsyncStub(GRPCInferenceServiceStub):
     """The model repository extension."""
     RepositoryModelLoad: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryModelLoadRequest, _grpc_service_pb2.RepositoryModelLoadResponse]  # type: ignore[assignment]
     RepositoryModelUnload: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.RepositoryModelUnloadRequest, _grpc_service_pb2.RepositoryModelUnloadResponse]  # type: ignore[assignment]
+    SystemSharedMemoryStatus: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.SystemSharedMemoryStatusRequest, _grpc_service_pb2.SystemSharedMemoryStatusResponse]  # type: ignore[assignment]
+    """Triton's system shared-memory extension (loopback callers only, as the daemon's own regions)."""
+    SystemSharedMemoryRegister: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.SystemSharedMemoryRegisterRequest, _grpc_service_pb2.SystemSharedMemoryRegisterResponse]  # type: ignore[assignment]
+    SystemSharedMemoryUnregister: _aio.UnaryUnaryMultiCallable[_grpc_service_pb2.SystemSharedMemoryUnregisterRequest, _grpc_service_pb2.SystemSharedMemoryUnregisterResponse]  # type: ignore[assignment]
 
 class GRPCInferenceServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -146,5 +154,27 @@ class GRPCInferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _grpc_service_pb2.RepositoryModelUnloadRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_grpc_service_pb2.RepositoryModelUnloadResponse, _abc.Awaitable[_grpc_service_pb2.RepositoryModelUnloadResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SystemSharedMemoryStatus(
+        self,
+        request: _grpc_service_pb2.SystemSharedMemoryStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_grpc_service_pb2.SystemSharedMemoryStatusResponse, _abc.Awaitable[_grpc_service_pb2.SystemSharedMemoryStatusResponse]]:
+        """Triton's system shared-memory extension (loopback callers only, as the daemon's own regions)."""
+
+    @_abc_1.abstractmethod
+    def SystemSharedMemoryRegister(
+        self,
+        request: _grpc_service_pb2.SystemSharedMemoryRegisterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_grpc_service_pb2.SystemSharedMemoryRegisterResponse, _abc.Awaitable[_grpc_service_pb2.SystemSharedMemoryRegisterResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SystemSharedMemoryUnregister(
+        self,
+        request: _grpc_service_pb2.SystemSharedMemoryUnregisterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_grpc_service_pb2.SystemSharedMemoryUnregisterResponse, _abc.Awaitable[_grpc_service_pb2.SystemSharedMemoryUnregisterResponse]]: ...
 
 def add_GRPCInferenceServiceServicer_to_server(servicer: GRPCInferenceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

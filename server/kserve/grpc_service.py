@@ -6,12 +6,14 @@ Errors travel with v2 semantics: INVALID_ARGUMENT for a request that does not fi
 NOT_FOUND for an unknown model or version, UNAVAILABLE for a model that is not ready; each RPC is
 counted and logged by the interceptor like rknn.v1's (method names `v2.<RPC>`). Two of Triton's own
 additions are answered because perf_analyzer calls them before it measures: `ModelConfig` (built
-from the model's metadata) and `ModelStatistics` (the model's request counts).
+from the model's metadata) and `ModelStatistics` (the model's request counts); and Triton's system
+shared-memory extension (kserve/system_shm.py): an input or requested output whose parameters name a
+region travels through it instead of the message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
@@ -23,7 +25,9 @@ from rknn_server.errors import InvalidInput
 from rknn_server.guard import client_identity, current_call
 from rknn_server.kserve.datatypes import reply_sizes
 from rknn_server.kserve.models import InputTensor, Model, ModelMetadata, TensorMetadata, V2Models
+from rknn_server.kserve.system_shm import RegionSlot, SystemRegions, parse_slot
 from rknn_server.replies import ReplyRule
+from rknn_server.runtime.base import UnsupportedError
 
 # The InferTensorContents field that carries each datatype's elements.
 CONTENTS_FIELD = {
@@ -40,23 +44,49 @@ CONTENTS_FIELD = {
 }
 
 
+def parameters_of(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:
+    """A tensor's parameters as plain values (the oneof each sets)."""
+    found: dict[str, object] = {}
+    for key, value in parameters.items():
+        choice = value.WhichOneof("parameter_choice")
+        if choice is not None:
+            found[key] = getattr(value, choice)
+    return found
+
+
+def output_regions(request: pb.ModelInferRequest) -> dict[str, RegionSlot]:
+    """The requested outputs whose parameters name a shared-memory region, by name."""
+    found = {}
+    for output in request.outputs:
+        slot = parse_slot(parameters_of(output.parameters), f"output {output.name!r}")
+        if slot is not None:
+            found[output.name] = slot
+    return found
+
+
 def decode_inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
-    """The request's inputs: every one from raw_input_contents (in order) or every one from contents."""
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    """The request's inputs: each in shared memory (its parameters name a region), the others every
+    one from raw_input_contents (in order) or every one from contents."""
+    slots = [parse_slot(parameters_of(t.parameters), f"input {t.name!r}") for t in request.inputs]
+    raw, carried = request.raw_input_contents, sum(slot is None for slot in slots)
+    if raw and len(raw) != carried:
         raise InvalidInput(
-            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input, in order, "
-            "or none and every input's contents"
+            f"{len(raw)} raw_input_contents for {carried} inputs outside shared memory; send one per such "
+            "input, in order, or none and every input's contents"
         )
-    tensors = []
-    for index, tensor in enumerate(request.inputs):
+    tensors, position = [], 0
+    for tensor, slot in zip(request.inputs, slots, strict=True):
         shape = tuple(tensor.shape)
+        if slot is not None:
+            tensors.append(InputTensor(tensor.name, tensor.datatype, shape, region=slot))
+            continue
         if raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(
                     f"input {tensor.name!r} has both contents and raw_input_contents; send one"
                 )
-            tensors.append(InputTensor(tensor.name, tensor.datatype, shape, raw=raw[index]))
+            tensors.append(InputTensor(tensor.name, tensor.datatype, shape, raw=raw[position]))
+            position += 1
             continue
         field = CONTENTS_FIELD.get(tensor.datatype)
         if field is None and tensor.datatype == "FP16":
@@ -191,19 +221,24 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         call.bytes_in = sum(len(raw) for raw in request.raw_input_contents)
         inputs, owner = decode_inputs(request), client_identity()
         requested = [o.name for o in request.outputs]
+        regions = output_regions(request)
         echoed = len(request.id)
-        # Before compute, from the model's output shapes; then whatever they came to.
+        # Before compute, from the model's output shapes; then whatever they came to. Outputs
+        # written into shared memory are not in the reply.
         model, outputs = await self.models.infer(
             request.model_name,
             request.model_version,
             owner,
             inputs,
             requested,
-            lambda declared: self.reply.check(reply_sizes(declared, requested), echoed),
+            lambda declared: self.reply.check(
+                reply_sizes([d for d in declared if d.name not in regions], requested), echoed
+            ),
+            regions,
         )
-        self.reply.check(reply_sizes(outputs), echoed)
-        call.bytes_out = sum(o.array.nbytes for o in outputs)
-        raw = [o.array.tobytes() for o in outputs]
+        in_reply = [o for o in outputs if o.region is None]
+        self.reply.check(reply_sizes(in_reply), echoed)
+        call.bytes_out = sum(o.array.nbytes for o in in_reply)
         return pb.ModelInferResponse(
             model_name=model.name,
             model_version=model.version,
@@ -212,8 +247,47 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.shape)
                 for o in outputs
             ],
-            raw_output_contents=raw,
+            # one entry per output, in order (an empty one for an output in shared memory), as
+            # tritonclient finds an output's bytes by its position
+            raw_output_contents=[b"" if o.region else o.array.tobytes() for o in outputs],
         )
+
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        found = self._regions().status(client_identity(), request.name)
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={
+                r.name: pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                )
+                for r in found
+            }
+        )
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._regions().register(
+            client_identity(),
+            context.peer() or "",
+            request.name,
+            request.key,
+            request.offset,
+            request.byte_size,
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._regions().unregister(client_identity(), request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def _regions(self) -> SystemRegions:
+        if self.models.regions is None:
+            raise UnsupportedError("this daemon offers no system shared memory")
+        return self.models.regions
 
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -39,6 +40,7 @@ from rknn_server.frames import Declared, take_arrays, wire_outputs
 from rknn_server.kserve.datatypes import checked_shape, datatype_of, dtype_of
 from rknn_server.kserve.pbtxt import CONFIG_PBTXT, DeclaredTensor
 from rknn_server.kserve.repository import ModelConfig, ModelFolder, ModelRepository, TensorConfig
+from rknn_server.kserve.system_shm import RegionSlot, SystemRegions
 from rknn_server.runtime.base import ModelFormatError
 from rknn_server.sessions import Session
 
@@ -66,10 +68,11 @@ class InputTensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    raw: bytes | None = None
+    raw: bytes | memoryview | None = None
     values: Sequence[object] | np.ndarray | None = None
     # Where this transport's client puts an input's elements, for a message that names them.
     carriers: str = "contents or raw_input_contents"
+    region: RegionSlot | None = None  # its bytes are in the caller's system shared memory
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class OutputTensor:
     datatype: str
     shape: tuple[int, ...]
     array: np.ndarray
+    region: RegionSlot | None = None  # written into the caller's system shared memory, not the reply
 
 
 @dataclass(frozen=True)
@@ -304,10 +308,15 @@ class V2Models:
     """The models v2 clients see, and what they can do with them."""
 
     def __init__(
-        self, plane: DataPlane, repository: ModelRepository | None, max_cached_sessions: int
+        self,
+        plane: DataPlane,
+        repository: ModelRepository | None,
+        max_cached_sessions: int,
+        regions: SystemRegions | None = None,
     ) -> None:
         self.plane = plane
         self.repository = repository
+        self.regions = regions  # Triton's system shared memory (None: not offered)
         self.sessions = SessionCache(plane, max_cached_sessions)
         self._loaded: dict[str, dict[str, Model]] = {}  # repository models that are ready, by version
         self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
@@ -505,9 +514,11 @@ class V2Models:
         inputs: Sequence[InputTensor],
         requested: Sequence[str],
         check_reply: Callable[[Sequence[TensorMetadata]], None] | None = None,
+        output_regions: Mapping[str, RegionSlot] | None = None,
     ) -> tuple[Model, list[OutputTensor]]:
-        """Run one request; the outputs named in `requested` (all when empty), in the model's order.
-        `check_reply` weighs the reply by the model's output shapes before compute (the door's reply rule)."""
+        """Run one request; the outputs named in `requested` (all when empty), in the model's order,
+        those in `output_regions` written into the caller's shared memory. `check_reply` weighs the
+        reply by the model's output shapes before compute (the door's reply rule)."""
         model = self.resolve(name, version, owner)
         if check_reply is not None:
             if not model.outputs:
@@ -515,7 +526,7 @@ class V2Models:
             check_reply(_output_metadata(model))
         started = time.perf_counter_ns()
         try:
-            outputs = await self._infer(model, owner, inputs, requested)
+            outputs = await self._infer(model, owner, inputs, requested, output_regions or {})
         except BaseException:
             model.stats.record(False, time.perf_counter_ns() - started)
             raise
@@ -523,9 +534,15 @@ class V2Models:
         return model, outputs
 
     async def _infer(
-        self, model: Model, owner: str, inputs: Sequence[InputTensor], requested: Sequence[str]
+        self,
+        model: Model,
+        owner: str,
+        inputs: Sequence[InputTensor],
+        requested: Sequence[str],
+        output_regions: Mapping[str, RegionSlot],
     ) -> list[OutputTensor]:
         session = await self._session(model, owner)
+        inputs = [await self._from_region(owner, t) if t.region else t for t in inputs]
         arrays, declared = self._intake(model, inputs)
         ready, formats = take_arrays(model.inputs, arrays, declared)
         names = model.output_names()
@@ -536,11 +553,57 @@ class V2Models:
             )
         ran = await self.plane.run(session, ready, formats)
         _, wire = wire_outputs(ran.outputs, model.outputs, native=False)
-        return [
-            OutputTensor(n, datatype_of(a.dtype), tuple(a.shape), a)
+        outputs = [
+            OutputTensor(n, datatype_of(a.dtype), tuple(a.shape), a, output_regions.get(n))
             for n, a in zip(names, wire, strict=True)
             if not requested or n in requested
         ]
+        for output in outputs:
+            if output.region:
+                await self._into_region(owner, output)
+        return outputs
+
+    def _shared(self, what: str) -> SystemRegions:
+        if self.regions is None:
+            raise InvalidInput(f"{what} names a shared-memory region; this daemon offers none")
+        return self.regions
+
+    async def _from_region(self, owner: str, tensor: InputTensor) -> InputTensor:
+        """The input with its bytes read from the caller's region: a slot of exactly the bytes its
+        datatype and shape take, checked against the tensor limits before anything is read."""
+        assert tensor.region is not None
+        what = f"input {tensor.name!r}"
+        regions = self._shared(what)
+        _, _, nbytes = checked_meta(tensor, self.plane.tensor_limits)
+        if tensor.region.byte_size != nbytes:
+            raise InvalidInput(
+                f"{what}: shared_memory_byte_size {tensor.region.byte_size} for shape {list(tensor.shape)} of "
+                f"{tensor.datatype}; expected {nbytes}"
+            )
+        region, offset = regions.slot(owner, tensor.region, what)
+        regions.acquire([region])
+        try:
+            data = await self.plane.blocking(regions.read, region, offset, nbytes, what)
+        finally:
+            regions.release([region])
+        return dataclasses.replace(tensor, raw=data.data, region=None)
+
+    async def _into_region(self, owner: str, output: OutputTensor) -> None:
+        """An output written into the caller's region; it must fit the slot the request named."""
+        assert output.region is not None
+        what = f"output {output.name!r}"
+        regions = self._shared(what)
+        region, offset = regions.slot(owner, output.region, what)
+        if output.array.nbytes > output.region.byte_size:
+            raise InvalidInput(
+                f"{what} is {output.array.nbytes} bytes ({output.datatype} {list(output.shape)}), over its "
+                f"shared_memory_byte_size {output.region.byte_size}"
+            )
+        regions.acquire([region])
+        try:
+            await self.plane.blocking(region.write, output.array, offset)
+        finally:
+            regions.release([region])
 
     def _intake(self, model: Model, inputs: Sequence[InputTensor]) -> tuple[list[np.ndarray], list[Declared]]:
         """The request's inputs in the model's order as arrays, checked against names, limits and sizes."""
@@ -593,8 +656,9 @@ class V2Models:
         return SERVER_NAME, __version__, EXTENSIONS
 
 
-def to_array(tensor: InputTensor, limits: codec.TensorLimits) -> np.ndarray:
-    """An input's array, after its datatype, its shape (the tensor limits) and its byte count are checked."""
+def checked_meta(tensor: InputTensor, limits: codec.TensorLimits) -> tuple[np.dtype, tuple[int, ...], int]:
+    """An input's dtype, shape and byte count, after its datatype and shape are checked against the
+    tensor limits (before any of its bytes are read)."""
     what = f"input {tensor.name!r}"
     dtype = dtype_of(tensor.datatype, what)
     shape = checked_shape(tensor.shape, dtype, what)
@@ -606,6 +670,14 @@ def to_array(tensor: InputTensor, limits: codec.TensorLimits) -> np.ndarray:
         limits,
         what,
     )
+    return dtype, shape, count * dtype.itemsize
+
+
+def to_array(tensor: InputTensor, limits: codec.TensorLimits) -> np.ndarray:
+    """An input's array, after its datatype, its shape (the tensor limits) and its byte count are checked."""
+    what = f"input {tensor.name!r}"
+    dtype, shape, nbytes = checked_meta(tensor, limits)
+    count = nbytes // dtype.itemsize
     if tensor.raw is not None:
         if len(tensor.raw) != count * dtype.itemsize:
             raise InvalidInput(

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
 
 
 def descriptor() -> dict[str, list[object]]:
@@ -66,6 +67,49 @@ def infer(clients: dict[str, object], step: dict[str, object]) -> object:
     )
     np.savez(str(step["out"]), **{n: result.as_numpy(n) for n in names})
     return names
+
+
+def shm_infer(clients: dict[str, object], step: dict[str, object]) -> object:
+    """One inference with every input and the named outputs in system shared memory, as Triton's
+    simple_grpc_shm_client does it: regions made, registered, used, unregistered and destroyed; the
+    outputs read from their regions; the answer is the status seen while they were registered."""
+    client = clients[str(step["protocol"])]
+    module = grpcclient if client is clients["grpc"] else httpclient
+    prefix, arrays = str(step["prefix"]), np.load(str(step["inputs"]))
+    handles, inputs, outputs = [], [], []
+    try:
+        for index, name in enumerate(arrays.files):
+            array, region = arrays[name], f"{prefix}_in{index}"
+            handles.append(shm.create_shared_memory_region(region, f"/{region}", array.nbytes))
+            shm.set_shared_memory_region(handles[-1], [array])
+            client.register_system_shared_memory(region, f"/{region}", array.nbytes)
+            tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_shared_memory(region, array.nbytes)
+            inputs.append(tensor)
+        sizes = dict(step["outputs"])
+        for index, (name, size) in enumerate(sizes.items()):
+            region = f"{prefix}_out{index}"
+            handles.append(shm.create_shared_memory_region(region, f"/{region}", int(size)))
+            client.register_system_shared_memory(region, f"/{region}", int(size))
+            output = module.InferRequestedOutput(name)
+            output.set_shared_memory(region, int(size))
+            outputs.append(output)
+        result = client.infer(str(step["model"]), inputs, outputs=outputs, **headers_of(step))
+        status = client.get_system_shared_memory_status(**json_of(client))
+        got = {}
+        for index, name in enumerate(sizes):
+            output = result.get_output(name)
+            shape = output["shape"] if isinstance(output, dict) else list(output.shape)
+            datatype = output["datatype"] if isinstance(output, dict) else output.datatype
+            handle = handles[len(arrays.files) + index]
+            got[name] = shm.get_contents_as_numpy(handle, triton_to_np_dtype(datatype), shape)
+        np.savez(str(step["out"]), **got)
+        client.unregister_system_shared_memory()
+        after = client.get_system_shared_memory_status(**json_of(client))
+    finally:
+        for handle in handles:
+            shm.destroy_shared_memory_region(handle)
+    return {"status": status, "after": after}
 
 
 def headers_of(step: dict[str, object]) -> dict[str, object]:
@@ -141,6 +185,8 @@ def run(job: dict[str, object]) -> list[dict[str, object]]:
                 value = True
             elif op == "infer":
                 value = infer(clients, step)
+            elif op == "shm_infer":
+                value = shm_infer(clients, step)
             else:
                 raise ValueError(f"unknown op {op}")
             answers.append({"ok": value})

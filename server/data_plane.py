@@ -57,12 +57,23 @@ class OpenRequest:
     shared: bool = False  # a model the caller reaches by a shared name (the model repository's)
 
 
+@dataclass
+class RunTimes:
+    """A timed run's wait for its session (its lock, then the executor) and its runtime call, in ns:
+    the intervals the metrics observed, so that a protocol's own statistics (KServe v2's) report the
+    same ones."""
+
+    queue_ns: int = 0
+    compute_ns: int = 0
+
+
 @dataclass(frozen=True)
 class Ran:
     """A frame's outputs and the time the run took (queueing for the session included)."""
 
     outputs: list[np.ndarray]
     run_time_us: int
+    times: RunTimes
 
 
 @dataclass
@@ -163,11 +174,13 @@ class DataPlane:
 
     # -- Calls in a session ------------------------------------------------------------------
 
-    async def in_session(self, session: Session, fn: Callable[..., T], *args: Any, timed: bool = False) -> T:
+    async def in_session(
+        self, session: Session, fn: Callable[..., T], *args: Any, timed: RunTimes | None = None
+    ) -> T:
         """Run one runtime call of a session, alone, in the executor (DataPlane.alone).
 
         `timed` calls (model runs) count the wait for the session's lock as queueing and the runtime
-        call as compute, per model."""
+        call as compute, per model, and are told both."""
         queued = time.perf_counter()
         async with session.lock:
             work = asyncio.get_running_loop().run_in_executor(
@@ -181,7 +194,9 @@ class DataPlane:
                 await asyncio.wait([work])
                 raise
 
-    def alone(self, session: Session, queued: float, timed: bool, fn: Callable[..., T], *args: Any) -> T:
+    def alone(
+        self, session: Session, queued: float, timed: RunTimes | None, fn: Callable[..., T], *args: Any
+    ) -> T:
         """One runtime call of a session on this thread, under its compute lock: an executor job of
         `in_session`, or a doorbell's frame (server/doorbell.py). A closed session does not run, and a
         lost worker marks the session broken."""
@@ -199,8 +214,10 @@ class DataPlane:
                 )
             try:
                 result = fn(*args)
-                if timed:
-                    self.metrics.model_run(session.digest, started - queued, time.perf_counter() - started)
+                if timed is not None:
+                    timed.queue_ns = round((started - queued) * 1e9)
+                    timed.compute_ns = round((time.perf_counter() - started) * 1e9)
+                    self.metrics.model_run(session.digest, timed.queue_ns / 1e9, timed.compute_ns / 1e9)
                 return result
             except WorkerLost as exc:
                 session.broken = str(exc)
@@ -211,9 +228,9 @@ class DataPlane:
 
     async def run(self, session: Session, arrays: list[np.ndarray], formats: list[InputFormat]) -> Ran:
         """Run one frame (inputs already checked by the frame intake)."""
-        start = time.perf_counter()
-        outputs = await self.in_session(session, session.runtime.run, arrays, formats, timed=True)
-        return Ran(outputs, int((time.perf_counter() - start) * 1e6))
+        start, times = time.perf_counter(), RunTimes()
+        outputs = await self.in_session(session, session.runtime.run, arrays, formats, timed=times)
+        return Ran(outputs, int((time.perf_counter() - start) * 1e6), times)
 
     async def version(self, session: Session) -> VersionInfo:
         return await self.blocking(session.runtime.sdk_version) or self.backend.version()
@@ -290,4 +307,4 @@ class DataPlane:
                 await loop.run_in_executor(self.executor, close)
 
 
-__all__ = ["DataPlane", "OpenRequest", "Ran"]
+__all__ = ["DataPlane", "OpenRequest", "Ran", "RunTimes"]

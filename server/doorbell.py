@@ -308,7 +308,7 @@ class Doorbells:
                 raise NotFound(
                     f"shared-memory region {closed.key!r} was unregistered; open a doorbell for the new one"
                 )
-            metas, started = self.plane.alone(frame.session, queued, False, _timed, frame.run)
+            metas, started = self.plane.alone(frame.session, queued, None, _timed, frame.run)
         except Exception as exc:
             code, refusal = _refusal(exc)
             return code, refusal, queued, queued

@@ -22,7 +22,7 @@ import numpy as np
 
 from rknn_proto import codec, rknn_pb2
 from rknn_proto.messages import QuantType, TensorAttr
-from rknn_server.data_plane import DataPlane
+from rknn_server.data_plane import DataPlane, RunTimes
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.frames import InputPlan, arrange, check_inputs, wire_outputs
 from rknn_server.sessions import Session
@@ -227,7 +227,7 @@ async def run_shared(
     registry.acquire(frame.regions)
     start = time.perf_counter()
     try:
-        metas = await plane.in_session(session, frame.run, timed=True)
+        metas = await plane.in_session(session, frame.run, timed=RunTimes())
     finally:
         registry.release(frame.regions)
     return SharedResult(metas, int((time.perf_counter() - start) * 1e6))

@@ -4,9 +4,9 @@ Both transports (grpc_service.py, rest.py) decode their messages into `InputTens
 A model is a folder of the model repository (its name; the versions its layout serves, "1" for the
 project's own layout) or a model uploaded through rknn.v1 (its digest is its name; the one version
 "1"). A request without a version gets the highest served. Runs go through the data plane like
-rknn.v1's: each caller gets a session per model, opened on first use and kept in a small LRU cache
-(bounded; the data plane's idle reaper may still close one, which is then opened again), closed when
-its model is unloaded. Inputs are checked once (names, datatypes, shapes, byte counts, the tensor
+rknn.v1's: each caller gets a small pool of sessions per model (session_pools.py: as many as run side
+by side to good effect, bounded in all; the data plane's idle reaper may still close one, which is
+then opened again), closed when its model is unloaded. Inputs are checked once (names, datatypes, shapes, byte counts, the tensor
 limits) and then go through the same frame intake as rknn.v1 (`frames.take_arrays`).
 
 Tenancy: repository models are shared by name, with every caller; a model uploaded through rknn.v1
@@ -17,7 +17,6 @@ everything else is NOT_FOUND). Its statistics and sessions are each owner's own.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import math
@@ -40,6 +39,7 @@ from rknn_server.frames import Declared, take_arrays, wire_outputs
 from rknn_server.kserve.datatypes import checked_shape, datatype_of, dtype_of
 from rknn_server.kserve.pbtxt import CONFIG_PBTXT, DeclaredTensor
 from rknn_server.kserve.repository import ModelConfig, ModelFolder, ModelRepository, TensorConfig
+from rknn_server.kserve.session_pools import SessionPools
 from rknn_server.kserve.system_shm import RegionSlot, SystemRegions
 from rknn_server.runtime.base import ModelFormatError
 from rknn_server.sessions import Session
@@ -48,9 +48,7 @@ log = structlog.get_logger("rknn_server.kserve")
 
 VERSION = "1"  # the version of an uploaded model, and of a repository model in the project's layout
 SERVER_NAME = "rknn_server"
-# Not "statistics": perf_analyzer then reads the server's statistics and, unless given a version
-# (-x 1), stops on "failed to find the requested model version"; without it, it measures as it is.
-EXTENSIONS = ("model_repository", "binary_tensor_data")
+EXTENSIONS = ("model_repository", "binary_tensor_data", "statistics")
 REPOSITORY_OWNER = "model-repository"  # who opens a model once when it is loaded, to check it
 _PLATFORMS = {".onnx": "onnxruntime_onnx", ".rknn": "rknn"}
 
@@ -109,24 +107,50 @@ class IndexEntry:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Phases:
+    """One successful request's time (ns) in each phase Triton splits it into: `queue` waiting for its
+    session, `input` its tensors into the runtime's inputs, `infer` the runtime's run, `output` the
+    outputs into the reply's tensors; `batch` is its batch size (1 unless the model batches)."""
+
+    batch: int
+    queue_ns: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+
+
 @dataclass
 class InferenceStats:
     """A model's inference requests since it was loaded (Triton's statistics extension): how many
-    succeeded and failed and their time in the daemon, from the request's arrival to its outputs."""
+    succeeded and failed and their time in the daemon, from the request's arrival to its outputs, and
+    the successful ones' phases summed (each counts every success). Queue and infer are the
+    intervals the Prometheus histograms observe (DataPlane.alone measures both)."""
 
     success_count: int = 0
     success_ns: int = 0
     fail_count: int = 0
     fail_ns: int = 0
+    inference_count: int = 0  # the successful requests' batch elements (Triton counts each)
+    queue_ns: int = 0
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
     last_inference_ms: int = 0  # since the epoch; 0 before the first
 
-    def record(self, ok: bool, elapsed_ns: int) -> None:
-        if ok:
-            self.success_count += 1
-            self.success_ns += elapsed_ns
-        else:
-            self.fail_count += 1
-            self.fail_ns += elapsed_ns
+    def succeeded(self, elapsed_ns: int, phases: Phases) -> None:
+        self.success_count += 1
+        self.success_ns += elapsed_ns
+        self.inference_count += phases.batch
+        self.queue_ns += phases.queue_ns
+        self.compute_input_ns += phases.input_ns
+        self.compute_infer_ns += phases.infer_ns
+        self.compute_output_ns += phases.output_ns
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def failed(self, elapsed_ns: int) -> None:
+        self.fail_count += 1
+        self.fail_ns += elapsed_ns
         self.last_inference_ms = time.time_ns() // 1_000_000
 
 
@@ -245,65 +269,6 @@ def _client_shape(spec: TensorAttr, layout: str) -> tuple[int, ...]:
     return in_layout(tuple(d if d > 0 else -1 for d in spec.shape), spec.layout, layout)
 
 
-class SessionCache:
-    """One session per (model digest, caller), the least recently used closed beyond `capacity`."""
-
-    def __init__(self, plane: DataPlane, capacity: int) -> None:
-        self.plane = plane
-        self.capacity = max(1, capacity)
-        self._ids: OrderedDict[tuple[str, str], str] = OrderedDict()
-        self._opening: dict[tuple[str, str], asyncio.Lock] = {}
-
-    def _cached(self, key: tuple[str, str]) -> Session | None:
-        session_id = self._ids.get(key)
-        if session_id is None:
-            return None
-        try:
-            session = self.plane.session(session_id, key[1], usable=False)
-        except ServiceError:  # the idle reaper closed it
-            del self._ids[key]
-            return None
-        self._ids.move_to_end(key)
-        return session
-
-    async def get(self, digest: str, owner: str, shared: bool) -> tuple[Session, bool]:
-        """The caller's session of the model (`shared`: by a repository name), and whether it was
-        opened now."""
-        key = (digest, owner)
-        session = self._cached(key)
-        if session is not None and not session.broken:
-            return session, False
-        lock = self._opening.setdefault(key, asyncio.Lock())
-        try:
-            async with lock:
-                session = self._cached(key)
-                if session is not None and session.broken:
-                    await self._close(key)
-                elif session is not None:
-                    return session, False
-                while len(self._ids) >= self.capacity:
-                    await self._close(next(iter(self._ids)))
-                session = await self.plane.open(OpenRequest(digest=digest, owner=owner, shared=shared))
-                self._ids[key] = session.id
-                return session, True
-        finally:
-            if not lock.locked():
-                self._opening.pop(key, None)
-
-    async def _close(self, key: tuple[str, str]) -> None:
-        session_id = self._ids.pop(key, None)
-        if session_id is not None:
-            with contextlib.suppress(ServiceError):  # already closed by the reaper
-                await self.plane.close(session_id, key[1])
-
-    async def drop(self, digest: str, owner: str | None = None) -> int:
-        """Close the cached sessions of a model (`owner`'s only, if named); how many there were."""
-        keys = [key for key in self._ids if key[0] == digest and owner in (None, key[1])]
-        for key in keys:
-            await self._close(key)
-        return len(keys)
-
-
 class V2Models:
     """The models v2 clients see, and what they can do with them."""
 
@@ -317,7 +282,7 @@ class V2Models:
         self.plane = plane
         self.repository = repository
         self.regions = regions  # Triton's system shared memory (None: not offered)
-        self.sessions = SessionCache(plane, max_cached_sessions)
+        self.sessions = SessionPools(plane, max_cached_sessions, plane.backend.parallel_runs)
         self._loaded: dict[str, dict[str, Model]] = {}  # repository models that are ready, by version
         self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
         # (digest, owner) -> that owner's view of an uploaded model, bounded
@@ -526,11 +491,11 @@ class V2Models:
             check_reply(_output_metadata(model))
         started = time.perf_counter_ns()
         try:
-            outputs = await self._infer(model, owner, inputs, requested, output_regions or {})
+            outputs, phases = await self._infer(model, owner, inputs, requested, output_regions or {})
         except BaseException:
-            model.stats.record(False, time.perf_counter_ns() - started)
+            model.stats.failed(time.perf_counter_ns() - started)
             raise
-        model.stats.record(True, time.perf_counter_ns() - started)
+        model.stats.succeeded(time.perf_counter_ns() - started, phases)
         return model, outputs
 
     async def _infer(
@@ -540,8 +505,10 @@ class V2Models:
         inputs: Sequence[InputTensor],
         requested: Sequence[str],
         output_regions: Mapping[str, RegionSlot],
-    ) -> list[OutputTensor]:
+    ) -> tuple[list[OutputTensor], Phases]:
+        """The request's outputs, and its phases (the session's opening, on first use, is in none)."""
         session = await self._session(model, owner)
+        began = time.perf_counter_ns()
         inputs = [await self._from_region(owner, t) if t.region else t for t in inputs]
         arrays, declared = self._intake(model, inputs)
         ready, formats = take_arrays(model.inputs, arrays, declared)
@@ -551,7 +518,9 @@ class V2Models:
             raise InvalidInput(
                 f"model {model.name!r} has no output(s) {unknown[:5]}; its outputs: {', '.join(names)}"
             )
+        running = time.perf_counter_ns()
         ran = await self.plane.run(session, ready, formats)
+        ran_ns = time.perf_counter_ns()
         _, wire = wire_outputs(ran.outputs, model.outputs, native=False)
         outputs = [
             OutputTensor(n, datatype_of(a.dtype), tuple(a.shape), a, output_regions.get(n))
@@ -561,7 +530,10 @@ class V2Models:
         for output in outputs:
             if output.region:
                 await self._into_region(owner, output)
-        return outputs
+        batch = arrays[0].shape[0] if model.max_batch_size and arrays else 1
+        times = ran.times
+        ended = time.perf_counter_ns()
+        return outputs, Phases(batch, times.queue_ns, running - began, times.compute_ns, ended - ran_ns)
 
     def _shared(self, what: str) -> SystemRegions:
         if self.regions is None:
@@ -710,7 +682,6 @@ __all__ = [
     "ModelMetadata",
     "ModelUnavailable",
     "OutputTensor",
-    "SessionCache",
     "TensorMetadata",
     "V2Models",
     "to_array",

@@ -186,6 +186,9 @@ class Backend(abc.ABC):
     capabilities: BackendCapabilities
     # Why `measuring` leaves frequencies alone, for backends that cannot pin them.
     unpinned_reason = "this runtime cannot pin them"
+    # How many runs of one model compute at once to good effect: what one caller's sessions of a
+    # model in flight together gain from (more only queue).
+    parallel_runs = 1
 
     @abc.abstractmethod
     def version(self) -> VersionInfo: ...

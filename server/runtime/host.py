@@ -61,6 +61,7 @@ class HostBackend(Backend):
         self._sysfs_root = sysfs_root
         # Shared by all sessions: at most concurrent_runs(threads) compute at once.
         self.gate = run_gate(self.threads)
+        self.parallel_runs = concurrent_runs(self.threads)
 
     def __getstate__(self) -> dict[str, object]:
         """Picklable for worker processes (--isolation process), each of which gets its own gate."""

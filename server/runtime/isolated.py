@@ -266,6 +266,7 @@ class IsolatedBackend(Backend):
         self.model_suffixes = inner.model_suffixes
         self.capabilities = inner.capabilities
         self.unpinned_reason = inner.unpinned_reason
+        self.parallel_runs = inner.parallel_runs
         self._timeout = call_timeout_s
         self._on_lost = on_lost
 

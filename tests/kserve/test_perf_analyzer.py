@@ -1,7 +1,8 @@
 """Triton's real perf_analyzer (its own venv) load-tests a daemon subprocess over KServe v2, gRPC and
 HTTP: it reads the model's configuration (Triton's ModelConfig) and statistics (ModelStatistics),
-then measures each concurrency step. Before the daemon answered ModelConfig it stopped at once with
-"failed to get model config"."""
+then measures each concurrency step, with the daemon's side of it from the statistics (run without
+-x: the statistics name each model's version). Before the daemon answered ModelConfig it stopped at
+once with "failed to get model config"."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.kserve.tritonclient_venv import PerfAnalyzer, ensure_perf_analyzer
 from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
 
 RUN_TIMEOUT_S = 300
+SERVER_PHASES = ("Server Queue", "Server Compute Input", "Server Compute Infer", "Server Compute Output")
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +73,12 @@ def test_perf_analyzer_measures_every_concurrency_step(
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     with report.open(newline="") as rows:
-        steps = {int(row["Concurrency"]): float(row["Inferences/Second"]) for row in csv.DictReader(rows)}
+        measured = list(csv.DictReader(rows))
+    steps = {int(row["Concurrency"]): float(row["Inferences/Second"]) for row in measured}
     assert set(steps) == {1, 2}, steps
     assert all(throughput > 0 for throughput in steps.values()), steps
+    # the statistics extension is listed, so it splits each step's time into the daemon's phases
+    for phase in SERVER_PHASES:
+        assert all(float(row[phase]) > 0 for row in measured), (phase, measured)
     # the daemon's statistics counted the requests perf_analyzer made (a second of each window at least)
     assert inference_count(daemon, "two") - before >= sum(steps.values()) * 0.5

@@ -258,5 +258,5 @@ def test_perf_analyzer_measures_a_triton_layout_model(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with report.open() as rows:
         measured = list(csv.DictReader(rows))
-    assert [row["Concurrency"] for row in measured] == ["1", "2"]
+    assert sorted(row["Concurrency"] for row in measured) == ["1", "2"]  # its report's order varies
     assert all(float(row["Inferences/Second"]) > 0 for row in measured)

@@ -1,19 +1,26 @@
 """The v2 protocol's place in the daemon: its auth on both ports, a model repository refused at start
-when a folder is bad, and the bounded per-caller session cache."""
+when a folder is bad, and the bounded per-caller session pools."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
+import pytest
 
 from rknn_client import connect
+from rknn_proto.kserve import grpc_service_pb2 as pb
+from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
+from rknn_server.runtime.host import concurrent_runs
 from rknn_server.testing import clean_environ
 from tests.kserve.conftest import V2Daemon, start_v2_daemon
 from tests.metrics.conftest import get, start_metrics_daemon
+from tests.models import small_cnn
 from tests.rknnrt.fake_sysfs import rk3588_board
 from tests.rknnrt_cases import image_model, rknnrt_args
 
@@ -138,5 +145,35 @@ def test_an_rknn_model_on_the_rknnrt_runtime(tmp_path: Path, triton_python: Path
         for protocol in ("grpc", "http-binary"):
             found = daemon.infer("score", protocol, {"image": image})["score"]
             assert found.dtype == expected.dtype == np.float32 and found.tobytes() == expected.tobytes()
+    finally:
+        running.daemon.stop()
+
+
+def test_one_callers_concurrent_requests_run_in_a_pool_of_sessions(tmp_path: Path) -> None:
+    """With one ONNX Runtime thread a session, as many runs as cores compute at once: a caller's
+    concurrent v2 requests get that many sessions of the model (not one they all queue on), and no more."""
+    parallel = concurrent_runs(1)
+    if parallel < 2:
+        pytest.skip("one CPU core: one run at a time, so a pool of one")
+    (tmp_path / "repository" / "big").mkdir(parents=True)
+    small_cnn(tmp_path / "repository" / "big" / "model.onnx", size=128)
+    running = start_metrics_daemon(
+        tmp_path, "--model-repository", str(tmp_path / "repository"), "--threads", "1"
+    )
+    image = np.zeros((1, 3, 128, 128), np.float32)
+    request = pb.ModelInferRequest(
+        model_name="big",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="input", datatype="FP32", shape=image.shape)],
+        raw_input_contents=[image.tobytes()],
+    )
+    try:
+        with grpc.insecure_channel(running.daemon.address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            stub.ModelInfer(request, timeout=60)
+            with ThreadPoolExecutor(4 * parallel) as pool:
+                replies = list(pool.map(lambda _: stub.ModelInfer(request, timeout=60), range(40 * parallel)))
+        assert all(len(r.raw_output_contents[0]) == 40 for r in replies)
+        with connect(running.daemon.url) as device:
+            assert 2 <= device.info(refresh=True).open_sessions <= parallel
     finally:
         running.daemon.stop()

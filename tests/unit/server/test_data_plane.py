@@ -12,7 +12,7 @@ import pytest
 
 from rknn_proto import codec
 from rknn_proto.reasons import Reason
-from rknn_server.data_plane import DataPlane, OpenRequest
+from rknn_server.data_plane import DataPlane, OpenRequest, RunTimes
 from rknn_server.errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.limits import CacheLimits, SessionLimits
 from rknn_server.metrics import DaemonMetrics
@@ -195,7 +195,7 @@ def test_a_frame_run_off_the_loop_and_the_executors_calls_take_turns(tmp_path, e
         loop = asyncio.get_running_loop()
         runtime.proceed.clear()
         doorbell = loop.run_in_executor(
-            None, plane.alone, session, 0.0, True, session.runtime.run, [x], formats
+            None, plane.alone, session, 0.0, RunTimes(), session.runtime.run, [x], formats
         )
         await loop.run_in_executor(None, runtime.running.wait, 30)
         runtime.running.clear()
@@ -210,7 +210,7 @@ def test_a_frame_run_off_the_loop_and_the_executors_calls_take_turns(tmp_path, e
         np.testing.assert_array_equal((await queued).outputs[0], x * 2)
         runtime.proceed.clear()
         doorbell = loop.run_in_executor(
-            None, plane.alone, session, 0.0, True, session.runtime.run, [x], formats
+            None, plane.alone, session, 0.0, RunTimes(), session.runtime.run, [x], formats
         )
         await loop.run_in_executor(None, runtime.running.wait, 30)
         closing = asyncio.create_task(plane.close(session.id, "alice"))
@@ -221,7 +221,7 @@ def test_a_frame_run_off_the_loop_and_the_executors_calls_take_turns(tmp_path, e
         await closing
         assert runtime.closed and session.closed and pins(plane, digest) == 0
         with pytest.raises(NotFound) as gone:
-            plane.alone(session, 0.0, True, session.runtime.run, [x], formats)
+            plane.alone(session, 0.0, RunTimes(), session.runtime.run, [x], formats)
         assert gone.value.reason is Reason.SESSION_NOT_FOUND
 
     asyncio.run(main())

@@ -1,13 +1,16 @@
 """The daemon's small HTTP listener: `/metrics` for Prometheus, the KServe v2 health endpoints and,
 when the daemon serves v2, the v2 REST protocol (server/kserve/rest.py).
 
-It runs on the daemon's event loop and is deliberately strict: GET, and POST only where a route takes
-a body (v2 inference); one request per connection; a bounded request line and header block, a short
-deadline for the request head (--http-head-timeout) and one for the body, a body of at most
-`Routes.max_body_bytes` (given a Content-Length, held against the daemon's memory budget), and the
-connection gate (server/connections.py): each peer (its local user, else its address) holds at most
---max-http-connections-per-client connections, counted before anything is read, so peers that
-connect and say nothing cannot take every slot.
+It runs on the daemon's event loop and speaks HTTP/1.1 through h11 (keep-alive, chunked request
+bodies, `Expect: 100-continue`), held to strict bounds: GET, and POST only where a route takes a body
+(v2 inference); a bounded request line and header block, a deadline for each request head
+(--http-head-timeout, which is also how long a kept-alive connection may idle between requests) and
+one for the body; a body of at most `Routes.max_body_bytes`, held against the daemon's memory budget,
+refused from its Content-Length before a byte of it is read, and a chunked one refused as soon as
+what arrived passes the limit; and the connection gate (server/connections.py): each peer (its
+local user, else its address) holds at most --max-http-connections-per-client connections, idle
+kept-alive ones included, counted before anything is read, so peers that connect and say nothing
+cannot take every slot.
 Metrics reveal the models and clients of a board, so the listener follows the gRPC listeners' rules,
 with the same code (auth.AccessPolicy.admit, without client certificates: HTTP has no TLS here): a
 non-loopback address needs the bearer token (or an explicit --insecure), callers show the token in an
@@ -22,6 +25,7 @@ import errno
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import h11
 import numpy as np
 import structlog
 
@@ -37,12 +41,15 @@ log = structlog.get_logger("rknn_server.http")
 
 MAX_LINE_BYTES = 4096  # the request line and each header line
 MAX_HEADERS = 32
+MAX_HEAD_BYTES = MAX_LINE_BYTES * (MAX_HEADERS + 1)  # what h11 may buffer of a head not yet complete
 WRITE_TIMEOUT_S = 30.0
 BODY_TIMEOUT_S = 60.0  # to send the body, once the head arrived
-_BODY_READ_BYTES = 1 << 16
+LINGER_S = 2.0  # reading past an unread body before closing, so that the reply is not reset away
+_READ_BYTES = 1 << 16
 TEXT = "text/plain; charset=utf-8"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _REASONS = {
+    100: "Continue",
     200: "OK",
     400: "Bad Request",
     401: "Unauthorized",
@@ -83,13 +90,15 @@ def check_exposure(address: ListenAddress, has_tokens: bool, insecure: bool) -> 
 @dataclass(frozen=True)
 class Request:
     """One request, read whole: route (the path without its query), lower-case headers, the body,
-    and who sent it (as on gRPC: the token's name, else `uid:N` for a local caller, else its address)."""
+    who sent it (as on gRPC: the token's name, else `uid:N` for a local caller, else its address) and
+    its connection's peer (gRPC's form, `ipv4:127.0.0.1:PORT`: what shared memory admits by)."""
 
     method: str
     route: str
     headers: dict[str, str]
     body: memoryview
     owner: str
+    peer: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,65 @@ class Routes:
     body_budget: MemoryBudget | None = None
 
 
+@dataclass
+class _Wire:
+    """One TCP connection through h11: the peer's bytes read only when h11 needs more (so at most one
+    read beyond the event it is parsing is buffered), replies written without joining their bodies."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    conn: h11.Connection = field(
+        default_factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    )
+
+    async def event(self) -> h11.Event:
+        """The peer's next event (raises h11.RemoteProtocolError for a malformed one)."""
+        while (event := self.conn.next_event()) is h11.NEED_DATA:
+            self.conn.receive_data(await self.reader.read(_READ_BYTES))
+        assert isinstance(event, h11.Event)  # not PAUSED: only read while a request is being received
+        return event
+
+    def request_done(self) -> bool:
+        """Whether the request was read to its end, so that the connection can take another: one
+        without a body is once h11 sees its end; one whose body was not read closes the connection."""
+        if self.conn.their_state is h11.SEND_BODY:
+            with contextlib.suppress(h11.RemoteProtocolError):
+                self.conn.next_event()
+        return self.conn.their_state is h11.DONE
+
+    def send_continue(self) -> None:
+        """Tell a client waiting on `Expect: 100-continue` to send the body it announced."""
+        if self.conn.they_are_waiting_for_100_continue:
+            informational = h11.InformationalResponse(status_code=100, headers=[], reason=_REASONS[100])
+            self.writer.write(self.conn.send(informational))
+
+    def send(self, reply: Reply, close: bool) -> None:
+        """The head (joined: h11 gives it line by line), then the body as it is, in two writes: a
+        large body is not copied to be joined to its head."""
+        headers = [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body)))]
+        headers += [*reply.headers, *([("Connection", "close")] if close else [])]
+        response = h11.Response(status_code=reply.status, headers=headers, reason=_REASONS[reply.status])
+        self.writer.write(self.conn.send(response))
+        for piece in self.conn.send_with_data_passthrough(h11.Data(data=reply.body)) or ():
+            self.writer.write(piece)  # reply.body itself (writelines would join on Python < 3.12)
+        self.conn.send(h11.EndOfMessage())  # nothing to write after a Content-Length body
+
+    @property
+    def keep_alive(self) -> bool:
+        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    async def linger(self) -> None:
+        """Read past what the peer still sends, for a moment, before closing: closing a socket with
+        unread bytes resets it, and the reset can reach the peer before it read the reply."""
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            self.writer.write_eof()
+            await asyncio.wait_for(self._discard(), LINGER_S)
+
+    async def _discard(self) -> None:
+        while await self.reader.read(_READ_BYTES):
+            pass
+
+
 class HttpEndpoint:
     def __init__(self, routes: Routes, access: AccessPolicy, limits: DoorLimits) -> None:
         self.routes = routes
@@ -122,7 +190,7 @@ class HttpEndpoint:
     async def start(self, address: ListenAddress) -> tuple[asyncio.Server, int]:
         """Bind `address`; a failure names the flag, the port and what to do (not a bare errno)."""
         try:
-            server = await asyncio.start_server(self._serve, address.host, address.port, limit=MAX_LINE_BYTES)
+            server = await asyncio.start_server(self._serve, address.host, address.port, limit=_READ_BYTES)
         except OSError as exc:
             why = (
                 f"port {address.port} is already in use (another rknn_server, or another program: "
@@ -139,14 +207,19 @@ class HttpEndpoint:
         return server, port
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer the connection's requests, one after another, until either side closes it (or it
+        idles past the head deadline); it holds its slot at the gate all along, idle or not."""
         peer = grpc_peer(writer.get_extra_info("peername"))
+        wire = _Wire(reader, writer)
         try:
             anonymous = anonymous_identity(parse_peer(peer), self.access.listeners)
             with self.gate.admit(anonymous):
-                _write(writer, await self._answer(reader, peer, anonymous))
-                await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+                kept = False
+                while await self._exchange(wire, peer, anonymous, kept):
+                    wire.conn.start_next_cycle()
+                    kept = True
         except Refused as exc:  # answered without reading a byte of the request
-            _write(writer, _text(429, str(exc)))
+            wire.send(_text(429, str(exc)), close=True)
         except (OSError, asyncio.TimeoutError):
             pass  # the client went away, or was too slow to read the answer
         finally:
@@ -154,14 +227,44 @@ class HttpEndpoint:
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT_S)
 
-    async def _answer(self, reader: asyncio.StreamReader, peer: str, anonymous: str) -> Reply:
-        """The reply to one request of `peer`, whose socket names it `anonymous` (before any token)."""
+    async def _exchange(self, wire: _Wire, peer: str, anonymous: str, kept: bool) -> bool:
+        """Answer one request; whether the connection takes another. The reply (held against the
+        memory budget) is let go here, before an idle connection waits for its next request."""
+        reply = await self._answer(wire, peer, anonymous, kept)
+        if reply is None:
+            return False
+        done = wire.request_done()
+        wire.send(reply, close=not done)
+        await asyncio.wait_for(wire.writer.drain(), WRITE_TIMEOUT_S)
+        if wire.keep_alive:
+            return True
+        if not done:
+            await wire.linger()
+        return False
+
+    async def _answer(self, wire: _Wire, peer: str, anonymous: str, kept: bool) -> Reply | None:
+        """The reply to the next request of `peer`, whose socket names it `anonymous` (before any
+        token); None when the peer closed, or a kept-alive connection idled, before a request began."""
         try:
-            method, path, headers = await self.gate.within(_read_head(reader), "request head")
+            event = await self.gate.within(wire.event(), "request head")
+        except h11.RemoteProtocolError as exc:
+            too_long = exc.error_status_hint == 431
+            why = (
+                f"the request head is longer than {MAX_HEAD_BYTES} bytes"
+                if too_long
+                else f"malformed request: {_said(exc)}"
+            )
+            return _text(exc.error_status_hint, why)
+        except IdleTimeout as exc:
+            if kept and wire.conn.their_state is h11.IDLE and not wire.conn.trailing_data[0]:
+                return None  # idle between requests: closed, as keep-alive allows, with nothing to answer
+            return _text(408, str(exc))
+        if not isinstance(event, h11.Request):
+            return None  # ConnectionClosed
+        try:
+            method, path, headers = _head(event)
         except BadRequest as exc:
             return _text(exc.status, str(exc))
-        except IdleTimeout as exc:
-            return _text(408, str(exc))
         route = path.partition("?")[0]
         posts = self.routes.posts(route)
         if method != ("POST" if posts else "GET"):
@@ -189,99 +292,97 @@ class HttpEndpoint:
                 return _text(500, "the daemon failed to collect its metrics; see its log")
         if self.routes.more is not None:
             try:
-                body = await self._body(reader, headers) if method == "POST" else memoryview(b"")
+                body = await self._body(wire, headers) if method == "POST" else memoryview(b"")
             except BadRequest as exc:
                 return _text(exc.status, str(exc))
             except ServiceError as exc:  # the memory budget
                 return _text(429, str(exc))
-            reply = await self.routes.more(Request(method, route, headers, body, owner))
+            reply = await self.routes.more(Request(method, route, headers, body, owner, peer))
             if reply is not None:
                 return reply
         return _text(404, "not found; this listener serves /metrics, /v2/health/live and /v2/health/ready")
 
-    async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> memoryview:
-        """The request body, of the Content-Length the head announced (bounded), within its deadline."""
-        if "transfer-encoding" in headers:
-            raise BadRequest(411, "chunked bodies are not accepted; send a Content-Length")
-        length_text = headers.get("content-length", "")
-        if not length_text.isdigit() or len(length_text) > 19:
-            raise BadRequest(411, "a POST needs a Content-Length header (a decimal byte count)")
-        length, limit = int(length_text), self.routes.max_body_bytes
+    async def _body(self, wire: _Wire, headers: dict[str, str]) -> memoryview:
+        """The request body, of the Content-Length the head announced or chunked, within its limit
+        (a Content-Length over it refused before a byte is read, a chunked body as soon as what
+        arrived passes it), held against the memory budget and read within its deadline."""
+        chunked, limit = "transfer-encoding" in headers, self.routes.max_body_bytes  # h11 takes only chunked
+        if chunked and "content-length" in headers:
+            raise BadRequest(400, "a request has a Content-Length or Transfer-Encoding: chunked, not both")
+        if not chunked and "content-length" not in headers:
+            raise BadRequest(411, "a POST needs a Content-Length header or a chunked body")
+        length = 0 if chunked else int(headers["content-length"])  # h11 checked its digits
         if length > limit:
             raise BadRequest(
                 413, f"the body is {length} bytes, over the limit of {limit} (--max-message-bytes)"
             )
-        buffer = np.empty(length, np.uint8)
-        if self.routes.body_budget is not None:
-            self.routes.body_budget.hold([buffer], "an HTTP request body")
-        view = buffer.data.cast("B")
+        buffer = self._buffer(min(limit, _READ_BYTES) if chunked else length)
+        wire.send_continue()
         try:
-            await asyncio.wait_for(_read_into(reader, view), BODY_TIMEOUT_S)
+            return await asyncio.wait_for(
+                self._read_body(wire, buffer, None if chunked else length, limit), BODY_TIMEOUT_S
+            )
         except asyncio.TimeoutError:
             raise BadRequest(400, f"the body did not arrive within {BODY_TIMEOUT_S:g} s") from None
-        return view
+
+    async def _read_body(self, wire: _Wire, buffer: np.ndarray, length: int | None, limit: int) -> memoryview:
+        """The body's bytes (`length` of them, None: chunked) into `buffer`; only a chunked body
+        outgrows it, into one twice as large, up to the limit."""
+        done = 0
+        try:
+            while not isinstance(event := await wire.event(), h11.EndOfMessage):
+                assert isinstance(event, h11.Data)
+                end = done + len(event.data)
+                if end > len(buffer):
+                    if end > limit:
+                        raise BadRequest(
+                            413, f"the chunked body passed the limit of {limit} bytes (--max-message-bytes)"
+                        )
+                    grown = self._buffer(min(limit, max(end, 2 * len(buffer))))
+                    grown[:done] = buffer[:done]
+                    buffer = grown
+                buffer[done:end] = np.frombuffer(event.data, np.uint8)
+                done = end
+        except h11.RemoteProtocolError as exc:
+            if length is None:
+                raise BadRequest(
+                    400, f"the chunked body is malformed or cut after {done} bytes: {_said(exc)}"
+                ) from None
+            raise BadRequest(400, f"the body ended after {done} of its {length} bytes") from None
+        return buffer.data.cast("B")[:done]
+
+    def _buffer(self, size: int) -> np.ndarray:
+        buffer = np.empty(size, np.uint8)
+        if self.routes.body_budget is not None:
+            self.routes.body_budget.hold([buffer], "an HTTP request body")
+        return buffer
 
 
-async def _read_into(reader: asyncio.StreamReader, view: memoryview) -> None:
-    done = 0
-    while done < len(view):
-        data = await reader.read(min(_BODY_READ_BYTES, len(view) - done))
-        if not data:
-            raise BadRequest(400, f"the body ended after {done} of its {len(view)} bytes")
-        view[done : done + len(data)] = data
-        done += len(data)
-
-
-def _text(status: int, text: str) -> Reply:
-    return Reply(status, TEXT, f"{text}\n".encode())
-
-
-def _write(writer: asyncio.StreamWriter, reply: Reply) -> None:
-    """The head, then the body, in two writes: a large body is not copied to be joined to its head
-    (writelines joins its buffers on Python < 3.12)."""
-    head, body = _response(reply)
-    writer.write(head)
-    writer.write(body)
-
-
-def _response(reply: Reply) -> tuple[bytes, bytes]:
-    head = (
-        f"HTTP/1.1 {reply.status} {_REASONS[reply.status]}\r\nContent-Type: {reply.content_type}\r\n"
-        f"Content-Length: {len(reply.body)}\r\nConnection: close\r\n"
-    )
-    head += "".join(f"{name}: {value}\r\n" for name, value in reply.headers)
-    return head.encode() + b"\r\n", reply.body
-
-
-async def _read_line(reader: asyncio.StreamReader) -> str:
+def _head(request: h11.Request) -> tuple[str, str, dict[str, str]]:
+    """(method, target, headers with lower-case names) of a request h11 parsed, held to the bounds
+    of a line and of the header count, in ASCII."""
+    if len(request.method) + len(request.target) + 10 > MAX_LINE_BYTES:
+        raise BadRequest(431, f"the request line is longer than {MAX_LINE_BYTES} bytes")
+    if len(request.headers) > MAX_HEADERS:
+        raise BadRequest(431, f"more than {MAX_HEADERS} headers")
+    if any(len(name) + len(value) + 2 > MAX_LINE_BYTES for name, value in request.headers):
+        raise BadRequest(431, f"a header is longer than {MAX_LINE_BYTES} bytes")
+    if not request.target.startswith(b"/"):
+        raise BadRequest(400, "expected a request line 'GET /path HTTP/1.1'")
     try:
-        raw = await reader.readuntil(b"\n")
-    except asyncio.LimitOverrunError:
-        raise BadRequest(431, f"a request line or header is longer than {MAX_LINE_BYTES} bytes") from None
-    except asyncio.IncompleteReadError:
-        raise BadRequest(400, "the request ended before its headers did") from None
-    try:
-        return raw.decode("ascii").rstrip("\r\n")
+        headers = {name.decode("ascii"): value.decode("ascii") for name, value in request.headers}
+        return request.method.decode("ascii"), request.target.decode("ascii"), headers
     except UnicodeDecodeError:
         raise BadRequest(400, "the request head is not ASCII") from None
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]]:
-    """(method, target, headers with lower-case names) of one HTTP/1.x request."""
-    words = (await _read_line(reader)).split(" ")
-    if len(words) != 3 or not words[2].startswith("HTTP/1.") or not words[1].startswith("/"):
-        raise BadRequest(400, "expected a request line 'GET /path HTTP/1.1'")
-    headers: dict[str, str] = {}
-    while True:
-        line = await _read_line(reader)
-        if not line:
-            return words[0], words[1], headers
-        if len(headers) >= MAX_HEADERS:
-            raise BadRequest(431, f"more than {MAX_HEADERS} headers")
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise BadRequest(400, f"malformed header line {line[:64]!r}")
-        headers[name.lower()] = value.strip()
+def _said(exc: h11.RemoteProtocolError) -> str:
+    """h11's reason, short: it may quote what the peer sent."""
+    return str(exc)[:100]
+
+
+def _text(status: int, text: str) -> Reply:
+    return Reply(status, TEXT, f"{text}\n".encode())
 
 
 __all__ = [

@@ -141,8 +141,22 @@ def config_response(meta: ModelMetadata) -> pb.ModelConfigResponse:
 
 
 def statistics_response(models: Sequence[Model]) -> pb.ModelStatisticsResponse:
+    """Triton's statistics extension: each phase counts every successful request, and each request is
+    one execution (the daemon batches none together)."""
+
     def duration(count: int, ns: int) -> pb.StatisticDuration:
         return pb.StatisticDuration(count=count, ns=ns)
+
+    def inference_stats(model: Model) -> pb.InferStatistics:
+        stats, done = model.stats, model.stats.success_count
+        return pb.InferStatistics(
+            success=duration(done, stats.success_ns),
+            fail=duration(stats.fail_count, stats.fail_ns),
+            queue=duration(done, stats.queue_ns),
+            compute_input=duration(done, stats.compute_input_ns),
+            compute_infer=duration(done, stats.compute_infer_ns),
+            compute_output=duration(done, stats.compute_output_ns),
+        )
 
     return pb.ModelStatisticsResponse(
         model_stats=[
@@ -150,12 +164,9 @@ def statistics_response(models: Sequence[Model]) -> pb.ModelStatisticsResponse:
                 name=m.name,
                 version=m.version,
                 last_inference=m.stats.last_inference_ms,
-                inference_count=m.stats.success_count,
+                inference_count=m.stats.inference_count,
                 execution_count=m.stats.success_count,
-                inference_stats=pb.InferStatistics(
-                    success=duration(m.stats.success_count, m.stats.success_ns),
-                    fail=duration(m.stats.fail_count, m.stats.fail_ns),
-                ),
+                inference_stats=inference_stats(m),
             )
             for m in models
         ]

@@ -44,6 +44,7 @@ from rknn_server.kserve.models import (
     TensorMetadata,
     V2Models,
 )
+from rknn_server.kserve.system_shm import RegionSlot, parse_slot
 from rknn_server.memory import MemoryBudget
 from rknn_server.replies import ReplyRule, ReplyTooLarge, Sized
 
@@ -126,33 +127,44 @@ def config_json(meta: ModelMetadata) -> dict[str, object]:
 
 
 def stats_json(models: Sequence[Model]) -> dict[str, object]:
-    """Triton's statistics extension: success and fail counts and times; the phases it splits a
-    request into (queue, compute) are not measured apart here and read zero."""
+    """Triton's statistics extension, as grpc_service.statistics_response."""
 
     def duration(count: int, ns: int) -> dict[str, int]:
         return {"count": count, "ns": ns}
 
-    zero = duration(0, 0)
     return {
         "model_stats": [
             {
                 "name": m.name,
                 "version": m.version,
                 "last_inference": m.stats.last_inference_ms,
-                "inference_count": m.stats.success_count,
+                "inference_count": m.stats.inference_count,
                 "execution_count": m.stats.success_count,
                 "inference_stats": {
                     "success": duration(m.stats.success_count, m.stats.success_ns),
                     "fail": duration(m.stats.fail_count, m.stats.fail_ns),
-                    **{
-                        phase: zero for phase in ("queue", "compute_input", "compute_infer", "compute_output")
-                    },
+                    "queue": duration(m.stats.success_count, m.stats.queue_ns),
+                    "compute_input": duration(m.stats.success_count, m.stats.compute_input_ns),
+                    "compute_infer": duration(m.stats.success_count, m.stats.compute_infer_ns),
+                    "compute_output": duration(m.stats.success_count, m.stats.compute_output_ns),
                 },
                 "batch_stats": [],
             }
             for m in models
         ]
     }
+
+
+def _loads(body: memoryview, what: str) -> object:
+    """A request body's JSON ({} for an empty body)."""
+    try:
+        return json.loads(bytes(body)) if len(body) else {}
+    except ValueError:
+        raise InvalidInput(f"{what} is not valid JSON") from None
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _object(value: object, what: str) -> dict[str, Any]:
@@ -208,8 +220,12 @@ def decode_inputs(header: Mapping[str, Any], binary: memoryview) -> list[InputTe
             isinstance(d, int) and not isinstance(d, bool) for d in shape
         ):
             raise InvalidInput(f"input {name!r}: shape must be an array of integers")
-        size = _object(item.get("parameters", {}), f"input {name!r} parameters").get("binary_data_size")
-        if size is not None:
+        parameters = _object(item.get("parameters", {}), f"input {name!r} parameters")
+        slot = parse_slot(parameters, f"input {name!r}")
+        size = parameters.get("binary_data_size")
+        if slot is not None:
+            tensors.append(InputTensor(name, datatype, tuple(shape), region=slot))
+        elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= len(binary) - offset:
                 raise InvalidInput(
                     f"input {name!r}: binary_data_size {size!r} is not a byte count within the "
@@ -228,6 +244,20 @@ def decode_inputs(header: Mapping[str, Any], binary: memoryview) -> list[InputTe
             f"the body holds {len(binary)} bytes of binary data, the inputs' binary_data_size add up to {offset}"
         )
     return tensors
+
+
+def output_regions(header: Mapping[str, Any]) -> dict[str, RegionSlot]:
+    """The requested outputs whose parameters name a shared-memory region, by name."""
+    found = {}
+    for item in _list(header.get("outputs", []), "outputs"):
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            name = item["name"]
+            slot = parse_slot(
+                _object(item.get("parameters", {}), f"output {name!r} parameters"), f"output {name!r}"
+            )
+            if slot is not None:
+                found[name] = slot
+    return found
 
 
 def _wanted_binary(header: Mapping[str, Any]) -> tuple[list[str], dict[str, bool]]:
@@ -281,7 +311,13 @@ def infer_reply(
     for index, output in enumerate(outputs):
         entry = _dumps({"name": output.name, "datatype": output.datatype, "shape": list(output.shape)})
         head.append(b"," if index else b"")
-        if binary.get(output.name, binary[""]):
+        if output.region is not None:  # written into the caller's shared memory: no data here
+            slot = {
+                "shared_memory_region": output.region.region,
+                "shared_memory_byte_size": output.array.nbytes,
+            }
+            head.append(entry[:-1] + b',"parameters":' + _dumps(slot) + b"}")
+        elif binary.get(output.name, binary[""]):
             blobs.append(_as_bytes(output.array))
             head.append(
                 entry[:-1] + b',"parameters":' + _dumps({"binary_data_size": blobs[-1].nbytes}) + b"}"
@@ -324,8 +360,13 @@ class RestV2:
         parts = route.split("/")
         return route == "/v2/repository/index" or (
             len(parts) > 3
-            and parts[1:3] in (["v2", "models"], ["v2", "repository"])
-            and parts[-1] in ("infer", "load", "unload")
+            and (
+                (
+                    parts[1:3] in (["v2", "models"], ["v2", "repository"])
+                    and parts[-1] in ("infer", "load", "unload")
+                )
+                or (parts[1:3] == ["v2", "systemsharedmemory"] and parts[-1] in ("register", "unregister"))
+            )
         )
 
     async def __call__(self, request: Request) -> Reply | None:
@@ -356,6 +397,8 @@ class RestV2:
             return f"RepositoryModel{parts[4].title()}", lambda: self._repository(
                 action, parts[3], request.owner
             )
+        if parts[:2] == ["v2", "systemsharedmemory"]:
+            return self._shared_memory(parts[2:], request)
         if len(parts) < 3 or parts[:2] != ["v2", "models"]:
             return None
         name, rest, version = parts[2], parts[3:], ""
@@ -371,6 +414,54 @@ class RestV2:
             return "ModelStatistics", lambda: self._stats(name, version, request.owner)
         if rest == ["infer"]:
             return "ModelInfer", lambda: self._infer(name, version, request)
+        return None
+
+    def _shared_memory(
+        self, rest: list[str], request: Request
+    ) -> tuple[str, Callable[[], Awaitable[Reply]]] | None:
+        """Triton's system shared-memory routes: `status`, `unregister` (every region), and under
+        `region/{name}/`: `status`, `register`, `unregister`."""
+        name = ""
+        if len(rest) == 3 and rest[0] == "region":
+            name, rest = rest[1], rest[2:]
+        elif len(rest) != 1:
+            return None
+        regions = self.models.regions
+        if regions is None:
+            return None
+        if rest == ["status"] and request.method == "GET":
+
+            async def status() -> Reply:
+                found = regions.status(request.owner, name)
+                return _json(
+                    200,
+                    [
+                        {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                        for r in found
+                    ],
+                )
+
+            return "SystemSharedMemoryStatus", status
+        if rest == ["register"] and name:
+
+            async def register() -> Reply:
+                body = _object(_loads(request.body, "the register request"), "the register request")
+                key, offset, size = body.get("key"), body.get("offset", 0), body.get("byte_size")
+                if not isinstance(key, str) or not _count(offset) or not _count(size) or size is None:
+                    raise InvalidInput(
+                        "register needs a string key, an integer byte_size and an integer offset"
+                    )
+                regions.register(request.owner, request.peer, name, key, int(offset), int(size))
+                return _json(200, {})
+
+            return "SystemSharedMemoryRegister", register
+        if rest == ["unregister"]:
+
+            async def unregister() -> Reply:
+                regions.unregister(request.owner, name)
+                return _json(200, {})
+
+            return "SystemSharedMemoryUnregister", unregister
         return None
 
     async def _server_metadata(self) -> Reply:
@@ -391,10 +482,7 @@ class RestV2:
         return _json(200 if ready else 503, {"name": name, "ready": ready})
 
     async def _index(self, request: Request) -> Reply:
-        try:
-            query = json.loads(bytes(request.body)) if len(request.body) else {}
-        except ValueError:
-            raise InvalidInput("the index request is not valid JSON") from None
+        query = _loads(request.body, "the index request")
         ready = bool(_object(query, "the index request").get("ready", False))
         entries = self.models.index(ready, request.owner)
         return _json(
@@ -414,6 +502,7 @@ class RestV2:
         )  # an unknown model or version first, whatever the body
         header, binary = _header_and_binary(request)
         requested, binary_out = _wanted_binary(header)
+        regions = output_regions(header)
         inputs = decode_inputs(header, binary)
         echoed = len(_echoed_id(header.get("id")))
 
@@ -427,9 +516,12 @@ class RestV2:
             request.owner,
             inputs,
             requested,
-            lambda declared: self._check_reply(reply_sizes(declared, requested, as_json), echoed),
+            lambda declared: self._check_reply(
+                reply_sizes([d for d in declared if d.name not in regions], requested, as_json), echoed
+            ),
+            regions,
         )
-        self._check_reply(reply_sizes(outputs, (), as_json), echoed)
+        self._check_reply(reply_sizes([o for o in outputs if o.region is None], (), as_json), echoed)
         return infer_reply(model.name, model.version, header.get("id"), outputs, binary_out, self.budget)
 
     def _check_reply(self, outputs: Sequence[Sized], echoed: int) -> None:

@@ -25,7 +25,7 @@ def test_a_python_3_10_aarch64_bundle_holds_tomli_and_installs_offline(tmp_path:
     facts = BoardFacts("s", "aarch64", False, (3, 10), "glibc", "2.35", "", None)
     bundle = build_bundle(facts, tmp_path / "bundle")
     wheels = _names(bundle.directory)
-    assert {"tomli", "grpcio", "numpy", "uvloop", "structlog", "pip"} <= set(wheels)
+    assert {"tomli", "grpcio", "numpy", "uvloop", "structlog", "h11", "pip"} <= set(wheels)
     assert "cp310" in wheels["grpcio"] and "aarch64" in wheels["grpcio"]
     offline = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(bundle.directory)]
     offline += ["--dry-run", "--python-version", "3.10", "--platform", "manylinux2014_aarch64"]

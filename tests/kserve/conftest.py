@@ -43,9 +43,10 @@ class V2Daemon:
     def http(self) -> str:
         return self.running.base.removeprefix("http://")
 
-    def drive(self, *steps: dict[str, Any]) -> list[dict[str, Any]]:
-        """Each step's answer from the real tritonclient: {"ok": value} or {"error": text, "status": code}."""
-        job = {"grpc": self.grpc, "http": self.http, "steps": list(steps)}
+    def drive(self, *steps: dict[str, Any], http: str | None = None) -> list[dict[str, Any]]:
+        """Each step's answer from the real tritonclient: {"ok": value} or {"error": text, "status": code};
+        its HTTP client goes to `http` (HOST:PORT) when given, else to the daemon's listener."""
+        job = {"grpc": self.grpc, "http": http or self.http, "steps": list(steps)}
         done = subprocess.run(
             [str(self.python), str(DRIVER)],
             input=json.dumps(job),

@@ -11,6 +11,7 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -50,13 +51,16 @@ def shm_file() -> Iterator[Callable[[bytes], str]]:
 
 
 @pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
-def test_tritonclient_runs_with_inputs_and_outputs_in_system_shared_memory(v2_daemon: V2Daemon) -> None:
+@pytest.mark.parametrize("protocol", ["grpc", "http-binary"])
+def test_tritonclient_runs_with_inputs_and_outputs_in_system_shared_memory(
+    v2_daemon: V2Daemon, protocol: str
+) -> None:
     inputs, out = v2_daemon.folder / "shm-in.npz", v2_daemon.folder / "shm-out.npz"
     np.savez(inputs, input=IMAGE)
     answer = v2_daemon.one(
         {
             "op": "shm_infer",
-            "protocol": "grpc",
+            "protocol": protocol,
             "model": "cnn",
             "prefix": unique("tc"),
             "inputs": str(inputs),
@@ -69,9 +73,16 @@ def test_tritonclient_runs_with_inputs_and_outputs_in_system_shared_memory(v2_da
         logits = got["logits"]
     expected = onnx_reference(v2_daemon.folder / "repository" / "cnn" / "model.onnx")([IMAGE])[0]
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
-    registered = answer["ok"]["status"]["regions"]
-    assert sorted(int(r["byte_size"]) for r in registered.values()) == [40, IMAGE.nbytes]  # JSON int64s
-    assert answer["ok"]["after"].get("regions", {}) == {}  # unregister with no name: all of them
+
+    def regions(status: Any) -> list[dict[str, Any]]:  # HTTP answers a list, gRPC a map (its JSON)
+        return status if isinstance(status, list) else list(status.get("regions", {}).values())
+
+    registered = regions(answer["ok"]["status"])
+    assert sorted(int(r["byte_size"]) for r in registered) == [
+        40,
+        IMAGE.nbytes,
+    ]  # gRPC's JSON int64s: strings
+    assert regions(answer["ok"]["after"]) == []  # unregister with no name: all of them
 
 
 def stub_of(address: str) -> pb_grpc.GRPCInferenceServiceStub:

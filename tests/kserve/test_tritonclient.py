@@ -364,10 +364,17 @@ def test_the_http_listener_bounds_request_bodies(v2_daemon: V2Daemon) -> None:
     too_big = raw_http(v2_daemon, infer + b"Content-Length: 100000000\r\n\r\n")
     assert too_big.startswith(b"HTTP/1.1 413 ") and b"over the limit" in too_big
     assert raw_http(v2_daemon, infer + b"\r\n").startswith(b"HTTP/1.1 411 ")
-    assert raw_http(v2_daemon, infer + b"Transfer-Encoding: chunked\r\n\r\n").startswith(b"HTTP/1.1 411 ")
+    cut = raw_http(v2_daemon, infer + b"Transfer-Encoding: chunked\r\n\r\n5\r\n{}")
+    assert cut.startswith(b"HTTP/1.1 400 ") and b"cut after 2 bytes" in cut
+    both = raw_http(v2_daemon, infer + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert both.startswith(b"HTTP/1.1 400 ") and b"not both" in both
     short = raw_http(v2_daemon, infer + b"Content-Length: 100\r\n\r\n{}")
     assert short.startswith(b"HTTP/1.1 400 ") and b"ended after 2 of its 100 bytes" in short
     # POST only where a body is taken; GET where it is not.
-    assert raw_http(v2_daemon, b"POST /v2 HTTP/1.1\r\nContent-Length: 0\r\n\r\n").startswith(b"HTTP/1.1 405 ")
-    assert raw_http(v2_daemon, b"GET /v2/models/cnn/infer HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+    assert raw_http(v2_daemon, b"POST /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").startswith(
+        b"HTTP/1.1 405 "
+    )
+    assert raw_http(v2_daemon, b"GET /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\n\r\n").startswith(
+        b"HTTP/1.1 405 "
+    )
     assert v2_daemon.infer("cnn", "http-json", {"input": IMAGE})["logits"].shape == (1, 10)

@@ -69,11 +69,16 @@ def test_a_tokened_metrics_port_needs_the_token(
 def test_a_strict_http_parser_keeps_serving(metrics_daemon_factory) -> None:
     daemon = metrics_daemon_factory()
     assert raw_request(daemon, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 405 ")
-    assert raw_request(daemon, b"GET /nothing HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 404 ")
+    assert raw_request(daemon, b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 404 ")
+    assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400 ")  # no Host
     assert raw_request(daemon, b"GET /metrics\r\n\r\n").startswith(b"HTTP/1.1 400 ")
-    assert raw_request(daemon, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 431 ")
+    assert raw_request(daemon, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n").startswith(
+        b"HTTP/1.1 431 "
+    )
     many = b"".join(b"X-%d: y\r\n" % i for i in range(100))
-    assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n").startswith(
+        b"HTTP/1.1 431 "
+    )
     assert raw_request(daemon, b"GET /metrics HTTP/1.1\r\nHost").startswith(b"HTTP/1.1 400 ")
     assert raw_request(daemon, b"\xff\xfe /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400 ")
     assert "rknn_rpc" in scrape(daemon.metrics_url)

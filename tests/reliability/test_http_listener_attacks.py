@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
+from tests.metrics.conftest import MetricsDaemon, samples, scrape, start_metrics_daemon
 from tests.reliability.hoarder import hoarding
 
 IDLE_PEERS = 24  # more than the 16 slots the whole listener had before
@@ -75,6 +75,32 @@ def test_a_tokenless_local_caller_is_its_uid_as_on_grpc(tmp_path: Path) -> None:
         assert answer is not None
         assert f"uid:{os.getuid()} already holds 2 http connections".encode() in answer, answer
         assert b"--max-http-connections-per-client" in answer
+    finally:
+        daemon.daemon.stop()
+
+
+def test_idle_kept_alive_connections_hold_their_slots_until_the_idle_deadline(tmp_path: Path) -> None:
+    daemon = start_metrics_daemon(
+        tmp_path, "--max-http-connections-per-client", "2", "--http-head-timeout", "3"
+    )
+    try:
+        host, _, port = daemon.base.removeprefix("http://").rpartition(":")
+        kept = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
+        for sock in kept:  # each answered once, then left idle on keep-alive
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            while not reply.endswith(b"\r\n\r\n") and (data := sock.recv(65536)):  # the head, in pieces
+                reply += data
+            assert reply.startswith(b"HTTP/1.1 200 ")
+        answer = refusal(host, int(port))
+        assert answer is not None and b"already holds 2 http connections" in answer, answer
+        # At the deadline each is closed with nothing sent (no request began), and its slot is free.
+        for sock in kept:
+            assert sock.recv(65536) == b""
+            sock.close()
+        assert succeeded(daemon.metrics_url)
+        idle = samples(scrape(daemon.metrics_url)["rknn_door_idle_closed"], "rknn_door_idle_closed_total")
+        assert idle[(("door", "http"),)] == 2
     finally:
         daemon.daemon.stop()
 

@@ -170,3 +170,48 @@ def external_data_model(folder: Path) -> Path:
     path = folder / "external.onnx"
     onnx.save(model, str(path), save_as_external_data=True, location="external.weights", size_threshold=0)
     return path
+
+
+def concat_block(path: Path, seed: int = 0) -> Path:
+    """The shape of RKNN-Toolkit2's onnx_edit example: feature_0 [1, 1, 48, 63] -> Conv(32, 1x1) ->
+    Sigmoid -> Reshape [4, 8, 48, 63], concatenated after k_cache.1 [4, 48, 1, 8] transposed to
+    [4, 8, 48, 1]; k_cache is the concat's first column, feature_1 the concat reshaped to
+    [1, 32, 48, 64]. The Reshape-Concat-Reshape is what the toolkit's graph rules rewrite."""
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((32, 1, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(32).astype(np.float32)
+
+    def ints(name: str, values: list[int]) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    nodes = [
+        helper.make_node("Conv", ["feature_0", "w", "b"], ["conv"], kernel_shape=[1, 1]),
+        helper.make_node("Sigmoid", ["conv"], ["sig"]),
+        helper.make_node("Reshape", ["sig", "shape_a"], ["reshaped"]),
+        helper.make_node("Transpose", ["k_cache.1"], ["kt"], perm=[0, 3, 1, 2]),
+        helper.make_node("Concat", ["kt", "reshaped"], ["joined"], axis=3),
+        helper.make_node("Slice", ["joined", "starts", "ends", "axes"], ["k_cache"]),
+        helper.make_node("Reshape", ["joined", "shape_b"], ["feature_1"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "concat_block",
+        [
+            helper.make_tensor_value_info("feature_0", TensorProto.FLOAT, [1, 1, 48, 63]),
+            helper.make_tensor_value_info("k_cache.1", TensorProto.FLOAT, [4, 48, 1, 8]),
+        ],
+        [
+            helper.make_tensor_value_info("feature_1", TensorProto.FLOAT, [1, 32, 48, 64]),
+            helper.make_tensor_value_info("k_cache", TensorProto.FLOAT, [4, 8, 48, 1]),
+        ],
+        [
+            numpy_helper.from_array(weight, "w"),
+            numpy_helper.from_array(bias, "b"),
+            ints("shape_a", [4, 8, 48, 63]),
+            ints("shape_b", [1, 32, 48, 64]),
+            ints("starts", [-1]),
+            ints("ends", [2**63 - 1]),
+            ints("axes", [3]),
+        ],
+    )
+    return save_graph(graph, path)

@@ -119,8 +119,9 @@ def _read_image(path: Path, spec: InputSpec, rgb2bgr: bool = False) -> np.ndarra
 
 
 def _read_npy(path: Path, spec: InputSpec) -> np.ndarray:
-    """A .npy file (or a .npz's one array, or its array named like the input) as is; its shape must
-    fit the model input."""
+    """A .npy file (or a .npz's one array, or its array named like the input); its shape must fit the
+    model input, and it is cast to the input's dtype as the toolkit does (numpy writes float64 unless
+    told otherwise)."""
     try:
         if path.suffix.lower() == ".npz":
             with np.load(path, allow_pickle=False) as archive:
@@ -140,7 +141,7 @@ def _read_npy(path: Path, spec: InputSpec) -> np.ndarray:
     )
     if not fits:
         raise AccuracyError(f"{path} has shape {array.shape}, input {spec.name} needs {spec.shape}")
-    return array
+    return array.astype(spec.dtype, copy=False)
 
 
 def load_input(path: str | Path, spec: InputSpec, rgb2bgr: bool = False) -> np.ndarray:

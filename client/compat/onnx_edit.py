@@ -9,7 +9,8 @@ For an input, the edited model takes the right-hand shape and turns it back into
 Reshape -> Transpose -> Reshape at its front; for an output, the same ops at its end produce the
 right-hand shape. With `dataset`, every .npy listed for a transformed input is transformed the same
 way and, as the toolkit does, a new dataset file is written beside `export_path`:
-`dataset_for_<export stem>.txt`, listing the transformed files in `dataset_for_<export stem>/`.
+`dataset_for_<export stem>.txt`, listing the transformed files (and copies of the other inputs'
+.npy files) in `dataset_for_<export stem>/`.
 Dynamic dimensions are not supported here (the toolkit supports some; this says so and returns -1).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,7 +213,9 @@ def edit_model(
 
 def _edit_dataset(dataset: Path, export_path: Path, order: list[str], applied: dict[str, Transform]) -> Path:
     """A copy of dataset.txt beside export_path, with each transformed input's .npy transformed too
-    (kept under its own name, as the toolkit keeps it, unless another row's file took that name)."""
+    (kept under its own name, as the toolkit keeps it, unless another row's file took that name) and,
+    as the toolkit does, each other input's .npy copied unchanged beside them, so the listing names
+    files under dataset_for_<stem>/ only and stays valid when the folder is moved."""
     lines = [line.split() for line in dataset.read_text().splitlines() if line.strip()]
     stem = f"dataset_for_{export_path.stem}"
     folder = export_path.parent / stem
@@ -224,14 +228,18 @@ def _edit_dataset(dataset: Path, export_path: Path, order: list[str], applied: d
         out = []
         for column, (text, name) in enumerate(zip(paths, order, strict=True)):
             source = dataset.parent / text
-            if name not in applied:
+            is_npy = source.suffix.lower() == ".npy"
+            if name not in applied and not is_npy:  # an image: listed where it is
                 out.append(str(source.resolve()))
                 continue
-            if source.suffix.lower() != ".npy":
+            if not is_npy:
                 raise EditError(f"{source}: only .npy data can be transformed for input {name!r}")
             file_name = source.name if source.name not in taken else f"{row}_{column}_{source.name}"
             taken.add(file_name)
-            np.save(folder / file_name, applied[name].apply(np.load(source, allow_pickle=False)))
+            if name in applied:
+                np.save(folder / file_name, applied[name].apply(np.load(source, allow_pickle=False)))
+            else:
+                shutil.copyfile(source, folder / file_name)
             out.append(f"{stem}/{file_name}")
         written.append(" ".join(out))
     listing = export_path.parent / f"{stem}.txt"

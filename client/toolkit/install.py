@@ -65,9 +65,10 @@ def _ask(python: Path, code: str) -> str:
 
 
 # What the stand-in leaves out, from the toolkit's own modules: in 2.5.0 only the PyTorch converter
-# (rknn.base.convertor.torch2onnx, where its torch.arange is) and load_checker's PyTorch check name torch;
-# build, quantization, rknn.utils.onnx_edit, export and the simulator run without it (tests/toolkit/
-# test_torch_stub.py runs the official onnx_edit flow). 2.3.2 also calls torch in gdq_quant, graph_optimizer
+# (rknn.base.convertor.torch2onnx) and load_checker's PyTorch check need real torch; build's
+# reduce_reshape_op_around_concat rule calls torch.arange/split/cat, which the stand-in does with numpy;
+# build, quantization, rknn.utils.onnx_edit, export and the simulator run (tests/toolkit/test_torch_stub.py
+# runs the official onnx_edit flow on the example's two-input block). 2.3.2 also calls torch in gdq_quant, graph_optimizer
 # and its extend ops (LSTM, RoiAlign, RFFT, Proposal, LayerNorm, ConvStreaming).
 TORCH_STUB_LIMITS = (
     "with the stand-in for torch, load_pytorch (PyTorch models) needs real PyTorch: reinstall without "
@@ -75,6 +76,13 @@ TORCH_STUB_LIMITS = (
     "quantization), rknn.utils.onnx_edit, export_rknn and the simulator work (toolkit 2.5.0; 2.3.2 also "
     "calls torch for quantized_algorithm='gdq' and in its LSTM, RoiAlign, RFFT, Proposal and LayerNorm ops)"
 )
+
+
+def _copy_stub(venv: Path) -> None:
+    """Put rknn-client's stand-in `torch` package into the venv's site-packages (over an older one)."""
+    site = Path(_ask(venv, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    stub = Path(str(resources.files("rknn_client.toolkit").joinpath("torch-stub").joinpath("torch")))
+    shutil.copytree(stub, site / "torch", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
 
 
 def install(
@@ -91,6 +99,8 @@ def install(
     if (target / STAMP).is_file() and not force:
         say(f"rknn-toolkit2 {version} is already installed in {target} (--force reinstalls it)")
         if torch_stub:
+            if venv_python(target).exists():
+                _copy_stub(venv_python(target))  # this rknn-client's stand-in, which may cover more
             say(TORCH_STUB_LIMITS)
         return target
     base = python or sys.executable
@@ -125,9 +135,7 @@ def install(
         pins = [req for req in wanted if _name(req) != "torch"]
         say(f"[3/{steps}] installing its other requirements: {', '.join(pins)}")
         _run([*pip, *pins], "installing the toolkit's requirements")
-        site = Path(_ask(venv, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
-        stub = Path(str(resources.files("rknn_client.toolkit").joinpath("torch-stub").joinpath("torch")))
-        shutil.copytree(stub, site / "torch", ignore=shutil.ignore_patterns("__pycache__"))
+        _copy_stub(venv)
     else:
         say(
             f"[2/{steps}] installing {toolkit} and its requirements (PyTorch and CUDA libraries: several GB) from {source}"

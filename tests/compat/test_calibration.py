@@ -73,3 +73,16 @@ def test_quant_img_rgb2bgr_swaps_the_channels(tmp_path: Path) -> None:
     spec = InputSpec("x", (1, 3, 1, 1), np.dtype(np.float32))
     assert load_input(tmp_path / "p.png", spec).ravel().tolist() == [10, 20, 30]
     assert load_input(tmp_path / "p.png", spec, rgb2bgr=True).ravel().tolist() == [30, 20, 10]
+
+
+def test_a_float64_npy_dataset_calibrates_a_float32_input(tmp_path: Path) -> None:
+    """The official multi_input example writes its calibration arrays with np.save's default float64."""
+    model = models.small_cnn(tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(2).standard_normal((1, 3, 16, 16)))  # float64
+    (tmp_path / "dataset.txt").write_text("x.npy\n")
+    spec = InputSpec("input", (1, 3, 16, 16), np.dtype(np.float32))
+    assert load_input(tmp_path / "x.npy", spec).dtype == np.float32
+    rknn = RKNN(toolkit="host")
+    assert rknn.config(target_platform="rk3588") == 0 and rknn.load_onnx(str(model)) == 0
+    assert rknn.build(do_quantization=True, dataset=str(tmp_path / "dataset.txt")) == 0
+    rknn.release()

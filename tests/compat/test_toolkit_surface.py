@@ -86,6 +86,51 @@ def test_onnx_edit_reshapes_and_transposes_inputs_outputs_and_dataset(tmp_path: 
     np.testing.assert_array_equal(np.load(edited.parent / listing[0]), x_new)
 
 
+def two_input_kv_model(path: Path) -> Path:
+    """The official concat_block's inputs: feature_0 [4, 48, 1, 8] untouched beside k_cache.1."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["k_cache.1"], ["t"], perm=[0, 3, 1, 2]),
+            helper.make_node("Add", ["t", "feature_0"], ["k_cache"]),
+        ],
+        "kv2",
+        [
+            helper.make_tensor_value_info("feature_0", TensorProto.FLOAT, [4, 8, 48, 1]),
+            helper.make_tensor_value_info("k_cache.1", TensorProto.FLOAT, [4, 48, 1, 8]),
+        ],
+        [helper.make_tensor_value_info("k_cache", TensorProto.FLOAT, [4, 8, 48, 1])],
+    )
+    return save_graph(graph, path)
+
+
+def test_onnx_edit_dataset_copies_untransformed_inputs_beside_the_transformed(tmp_path: Path) -> None:
+    """As RKNN-Toolkit2 2.5.0 writes it for examples/functions/onnx_edit: the input left alone is copied
+    unchanged into dataset_for_<stem>/ too, so the listing holds no path outside that folder and still
+    works after the folder is moved."""
+    source = tmp_path / "src"
+    source.mkdir()
+    model = two_input_kv_model(source / "kv.onnx")
+    rng = np.random.default_rng(0)
+    feature = rng.standard_normal((4, 8, 48, 1)).astype(np.float32)
+    k = rng.standard_normal((4, 48, 1, 8)).astype(np.float32)
+    np.save(source / "feature.npy", feature)
+    np.save(source / "k.npy", k)
+    (source / "dataset.txt").write_text("feature.npy k.npy\n")
+    ret = onnx_edit(
+        model=str(model),
+        export_path=str(source / "kv_edited.onnx"),
+        inputs_transform={"k_cache.1": "a,b,c,d->1,ad,b,c"},
+        dataset=str(source / "dataset.txt"),
+    )
+    assert ret == 0
+    moved = tmp_path / "moved"
+    source.rename(moved)
+    listing = (moved / "dataset_for_kv_edited.txt").read_text().split()
+    assert listing == ["dataset_for_kv_edited/feature.npy", "dataset_for_kv_edited/k.npy"]
+    np.testing.assert_array_equal(np.load(moved / listing[0]), feature)
+    np.testing.assert_array_equal(np.load(moved / listing[1]), k.transpose(0, 3, 1, 2).reshape(1, 32, 48, 1))
+
+
 def test_onnx_edit_splits_a_dimension_by_assignment(tmp_path: Path) -> None:
     model = kv_model(tmp_path / "kv.onnx")
     edited = tmp_path / "kv_split.onnx"

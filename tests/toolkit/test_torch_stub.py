@@ -14,7 +14,7 @@ import pytest
 from rknn_client.toolkit import Toolkit
 from rknn_client.toolkit.install import install
 from rknn_client.toolkit.locate import ENV_PYTHON, STAMP, managed_dir
-from tests.compat.test_toolkit_surface import kv_model
+from tests.models import concat_block
 
 # examples/functions/onnx_edit/test.py of RKNN-Toolkit2 2.5.0, run as is in the toolkit's interpreter.
 OFFICIAL_FLOW = """
@@ -36,9 +36,13 @@ rknn.release()
 def test_the_official_onnx_edit_flow_builds_with_the_toolkits_own_onnx_edit(
     toolkit: Toolkit, tmp_path: Path
 ) -> None:
-    kv_model(tmp_path / "concat_block.onnx")
-    np.save(tmp_path / "k.npy", np.random.default_rng(1).standard_normal((4, 48, 1, 8)).astype(np.float32))
-    (tmp_path / "dataset.txt").write_text("k.npy\n")
+    # The example's two-input block: its Reshape-Concat-Reshape makes build's graph rule compute an
+    # index map with torch.arange/split/cat (the stand-in's numpy ones).
+    concat_block(tmp_path / "concat_block.onnx")
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "f.npy", rng.standard_normal((1, 1, 48, 63)).astype(np.float32))
+    np.save(tmp_path / "k.npy", rng.standard_normal((4, 48, 1, 8)).astype(np.float32))
+    (tmp_path / "dataset.txt").write_text("f.npy k.npy\n")
     done = subprocess.run(
         [str(toolkit.python), "-c", OFFICIAL_FLOW], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )

@@ -2,9 +2,12 @@
 
 rknn-client farm devices --farm farm.toml [--devices ADDR ...] [--json]
 rknn-client farm check farm.toml [--devices ADDR ...] [--json]
-rknn-client farm run MODEL --input a.npy (--farm farm.toml | --devices ADDR[,ADDR]) [--soc rk3588]
-    [--label rack=r1] [--reference host|device:NAME] [--runs N] [--warmup N]
+rknn-client farm run MODEL --input a.npy (--farm farm.toml | --devices ADDR[,ADDR] | --labgrid [HOST:PORT])
+    [--soc rk3588] [--label rack=r1] [--reference host|device:NAME] [--runs N] [--warmup N]
     [--json report.json] [--html report.html]
+
+With --labgrid (or neither --farm nor --devices while labgrid's LG_COORDINATOR is set) the devices
+are the places of labgrid's coordinator whose tags match --soc and --label (rknn_client.farm.labgrid_farm).
 
 `farm run` exits 0 when every device ran and agreed with the reference, 3 when any failed or
 disagreed (the report says which), 1 on a usage or farm-file error, 130 when interrupted: the
@@ -30,6 +33,7 @@ import numpy as np
 
 from rknn_client.farm.check import check, normalized_toml, result_dict, status_table
 from rknn_client.farm.inventory import FarmConfigError
+from rknn_client.farm.labgrid_farm import LabgridFarm
 from rknn_client.farm.pool import Farm
 from rknn_client.farm.probe import DeviceStatus
 from rknn_client.farm.progress import FanoutProgress
@@ -56,6 +60,17 @@ def farm_from_args(args: argparse.Namespace) -> Farm:
     if not args.farm and not addresses:
         raise FarmConfigError("no devices: give --farm farm.toml and/or --devices tcp://HOST:PORT,...")
     return Farm.from_sources(args.farm, addresses)
+
+
+def labgrid_from_args(args: argparse.Namespace, labels: dict[str, str]) -> LabgridFarm | None:
+    """The labgrid places a run asks for (--labgrid, or LG_COORDINATOR and no other source); None
+    for a run on --farm/--devices."""
+    if args.labgrid is None and (args.farm or args.devices or "LG_COORDINATOR" not in os.environ):
+        return None
+    if args.farm or args.devices:
+        raise FarmConfigError("give either --labgrid or --farm/--devices, not both")
+    tags = {"soc": args.soc.lower(), **labels} if args.soc else labels
+    return LabgridFarm(args.labgrid or None, tags)
 
 
 def add_source_options(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +159,7 @@ def _entry_dict(status: DeviceStatus) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def interrupt_cancels(farm: Farm) -> Iterator[None]:
+def interrupt_cancels(farm: Farm | LabgridFarm) -> Iterator[None]:
     """While inside: the first SIGINT cancels the farm (in a thread of its own: a signal handler must
     not block on the network), the second ends the process at once, without a traceback."""
     if threading.current_thread() is not threading.main_thread():
@@ -169,15 +184,16 @@ def interrupt_cancels(farm: Farm) -> Iterator[None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    farm = farm_from_args(args)
+    labels = dict(args.label or [])
+    places = labgrid_from_args(args, labels)
+    farm = farm_from_args(args) if places is None else places
     inputs = [np.load(p) for p in args.input]
     timing = Timing(warmup=args.warmup, runs=args.runs)
     with interrupt_cancels(farm):
-        entries = entries_matching(farm, args.soc, dict(args.label or []))
+        # Labgrid chose the places by their tags already; a farm's devices are chosen here.
+        entries = farm.entries if isinstance(farm, LabgridFarm) else entries_matching(farm, args.soc, labels)
         if not entries:
-            raise FarmConfigError(
-                f"no device of the farm matches soc={args.soc or 'any'} labels={dict(args.label or [])}"
-            )
+            raise FarmConfigError(f"no device of the farm matches soc={args.soc or 'any'} labels={labels}")
         progress = None if args.quiet else FanoutProgress([e.name for e in entries], timing, sys.stderr)
         try:
             report = run_fanout(
@@ -232,6 +248,14 @@ def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     checker.set_defaults(standalone=cmd_check)
     run = sub.add_parser("run", help="run, time and compare one model on every matching device in parallel")
     add_source_options(run)
+    run.add_argument(
+        "--labgrid",
+        nargs="?",
+        const="",
+        metavar="HOST:PORT",
+        help="the places of labgrid's coordinator (default: $LG_COORDINATOR, else 127.0.0.1:20408) whose "
+        "tags match --soc and --label, each reserved and locked through labgrid for its run",
+    )
     run.add_argument("model", help="model file the devices load (.rknn on boards, .onnx on the host runtime)")
     run.add_argument(
         "--input", action="append", required=True, help=".npy file, one per model input, in order"

@@ -68,13 +68,12 @@ def _dns_entries(name: str, address: str, resolver: Callable[..., Any]) -> list[
     except OSError as exc:
         raise FarmConfigError(f"{address!r}: {parts.hostname} does not resolve: {exc}") from exc
     hosts = list(dict.fromkeys(str(r[4][0]) for r in records))
-    return [
-        DeviceEntry(
-            name=f"{name}[{host}]",
-            address=f"tcp://[{host}]:{parts.port}" if ":" in host else f"tcp://{host}:{parts.port}",
-        )
-        for host in hosts
-    ]
+    return [DeviceEntry(name=f"{name}[{host}]", address=tcp_address(host, parts.port)) for host in hosts]
+
+
+def tcp_address(host: str, port: int) -> str:
+    """tcp://HOST:PORT, an IPv6 address in brackets."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def _adb_entries() -> list[DeviceEntry]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -31,6 +33,19 @@ Observer = Callable[[str, str], None]
 STAGES = ("reserve", "load", "run", "warm-up", "time", "perf", "memory")
 HOST_REFERENCE = "host"
 DEVICE_REFERENCE_PREFIX = "device:"
+
+
+class DevicePool(Protocol):
+    """Where a fan-out's devices come from and how one is held for its run: a Farm (farm.toml, the
+    daemons' own reservations) or a LabgridFarm (places of labgrid's coordinator)."""
+
+    @property
+    def entries(self) -> list[DeviceEntry]: ...
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def acquire(self, *, name: str, timeout: float | None = None) -> AbstractContextManager[Device]: ...
 
 
 @dataclass
@@ -118,7 +133,7 @@ class Timing:
 
 
 def run_on_device(
-    farm: Farm,
+    farm: DevicePool,
     entry: DeviceEntry,
     model: Path,
     inputs: Sequence[np.ndarray],
@@ -217,7 +232,7 @@ def _compare(
 
 
 def run_fanout(
-    farm: Farm,
+    farm: DevicePool,
     model: Path,
     inputs: Sequence[np.ndarray],
     *,

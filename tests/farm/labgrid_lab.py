@@ -1,0 +1,175 @@
+"""A labgrid lab on loopback for the farm tests: the real coordinator and exporters, RKNN boards as
+RKNNDaemon resources, places tagged with their SoC.
+
+labgrid (PyPI) pins its own grpcio and protobuf, so it lives in a venv of its own in the user's cache
+folder, made once and reused, the way tests/kserve/tritonclient_venv.py makes tritonclient's (whose
+venv maker this reuses). `python -m tests.farm.labgrid_lab` makes it; the tests skip, saying why, when
+it cannot be made. Each process of the lab works in a folder of its own (the coordinator keeps its
+places.yaml there) and is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rknn_client.user_cache import cache_root
+from rknn_server.testing import DaemonProcess
+from tests.adb.fixtures import free_port
+from tests.kserve.tritonclient_venv import make_venv
+
+VERSION = "26.0.1"
+START_TIMEOUT_S = 30.0
+
+
+def venv_dir() -> Path:
+    return cache_root() / f"labgrid-{VERSION}-venv"
+
+
+def ensure() -> tuple[Path | None, str]:
+    """The labgrid venv's bin folder (labgrid-coordinator, -exporter, -client), made if missing;
+    else None and why it could not be made."""
+    folder = venv_dir()
+    reason = make_venv(folder, [f"labgrid=={VERSION}"])
+    return (None, reason) if reason else (folder / "bin", "")
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Poll `predicate` every 0.1 s; fails with `what` if it does not hold within `timeout`."""
+    pause = threading.Event()
+    for _ in range(int(timeout / 0.1)):
+        if predicate():
+            return
+        pause.wait(0.1)
+    raise AssertionError(f"never happened: {what}")
+
+
+@dataclass
+class LabProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class Lab:
+    """One coordinator with exporters and places; `stop()` ends every process it started."""
+
+    def __init__(self, bin_dir: Path, root: Path) -> None:
+        self.bin_dir = bin_dir
+        self.root = root
+        self.address = f"127.0.0.1:{free_port()}"
+        self.processes: list[LabProcess] = []
+        self.coordinator = self._start("coordinator", ["labgrid-coordinator", "--listen", self.address])
+        wait_until(self._coordinator_answers, f"the coordinator listening on {self.address}")
+
+    def _start(self, name: str, command: list[str], *args: str) -> LabProcess:
+        folder = self.root / name
+        folder.mkdir(parents=True)
+        log_path = folder / "log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [str(self.bin_dir / command[0]), *command[1:], *args],
+                cwd=folder,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        started = LabProcess(name, process, log_path)
+        self.processes.append(started)
+        return started
+
+    def _coordinator_answers(self) -> bool:
+        assert self.coordinator.process.poll() is None, self.coordinator.log_text()
+        host, port = self.address.rsplit(":", 1)
+        with socket.socket() as probe:
+            return probe.connect_ex((host, int(port))) == 0
+
+    def client(self, *args: str) -> str:
+        """`labgrid-client -x COORDINATOR ARGS`: its stdout; fails the test when it fails."""
+        done = subprocess.run(
+            [str(self.bin_dir / "labgrid-client"), "-x", self.address, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, f"labgrid-client {' '.join(args)}: {done.stderr}{done.stdout}"
+        return done.stdout
+
+    def add_exporters(self, exporters: Mapping[str, Mapping[str, DaemonProcess]]) -> None:
+        """Exporters (name -> group -> board), each publishing its boards' daemons as RKNNDaemon
+        resources in groups named after the boards; returns once the coordinator lists them all."""
+        started = []
+        for name, boards in exporters.items():
+            config = self.root / f"{name}.yaml"
+            config.write_text(
+                "".join(
+                    f"{group}:\n  RKNNDaemon:\n    address: 127.0.0.1\n    port: {b.address.rsplit(':', 1)[1]}\n"
+                    for group, b in boards.items()
+                )
+            )
+            options = ["--coordinator", self.address, "--name", name, "--hostname", "127.0.0.1"]
+            started.append(self._start(f"exporter-{name}", ["labgrid-exporter", *options], str(config)))
+        wanted = {f"{name}/{group}/RKNNDaemon" for name, boards in exporters.items() for group in boards}
+
+        def listed() -> bool:
+            assert all(e.process.poll() is None for e in started), [e.log_text() for e in started]
+            return wanted <= set(self.client("resources").split())
+
+        wait_until(listed, "the exporters' resources at the coordinator")
+
+    def add_places(self, places: Mapping[str, tuple[str, Mapping[str, str]]]) -> None:
+        """Places (name -> (exporter, tags)), each matching the RKNNDaemon of the group of its name on
+        its exporter, made as an admin makes them (side by side: each labgrid-client call takes a while)."""
+
+        def add(name: str, exporter: str, tags: Mapping[str, str]) -> None:
+            self.client("-p", name, "create")
+            self.client("-p", name, "add-match", f"{exporter}/{name}/RKNNDaemon")
+            self.client("-p", name, "set-tags", *(f"{k}={v}" for k, v in tags.items()))
+
+        with ThreadPoolExecutor(len(places)) as pool:
+            list(pool.map(lambda name: add(name, *places[name]), places))
+
+    def acquired(self) -> dict[str, str]:
+        """Place -> who holds it, as `labgrid-client who` shows it (USER HOST PLACE CHANGED)."""
+        rows = [line.split() for line in self.client("who").splitlines()[1:]]
+        return {row[2]: f"{row[1]}/{row[0]}" for row in rows if row}
+
+    def reservation_states(self) -> list[str]:
+        """The state of every reservation the coordinator has, as `labgrid-client reservations` shows it."""
+        lines = self.client("reservations").splitlines()
+        return sorted(line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("state:"))
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+
+def main() -> int:
+    bin_dir, reason = ensure()
+    print(
+        f"labgrid {VERSION}: {bin_dir}" if bin_dir else f"labgrid: {reason}; the labgrid farm tests will skip"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

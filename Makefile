@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: wheel install demo test lint typecheck proto proto-check unit bench clean toolkit tritonclient board-test
+.PHONY: wheel install demo test lint typecheck proto proto-check unit bench clean toolkit tritonclient labgrid board-test
 
 $(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,11 +70,16 @@ tritonclient: $(DEV_STAMP)
 		|| echo "libb64-0d could not be installed; the perf_analyzer test will skip"
 	@$(PY) -m tests.kserve.tritonclient_venv
 
+# The real labgrid (coordinator, exporter, client) that tests/farm/test_labgrid.py schedules boards with:
+# a venv of its own in ~/.cache/rknn_client, made once.
+labgrid: $(DEV_STAMP)
+	@$(PY) -m tests.farm.labgrid_lab || echo "labgrid could not be installed; the labgrid tests will skip"
+
 # pytest on two workers (xdist), each test file on one worker so that the daemons a module or the session
 # shares start once per worker. `make test ARGS="-k doctor -x"` passes ARGS on to pytest;
 # PYTEST_WORKERS=0 runs in this process.
 PYTEST_WORKERS ?= 2
-unit: install toolkit tritonclient
+unit: install toolkit tritonclient labgrid
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 
 test: lint typecheck proto-check unit

@@ -13,12 +13,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.kserve.tritonclient_venv import ensure
+from tests.kserve.tritonclient_venv import PerfAnalyzer, ensure, ensure_perf_analyzer
 from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
 from tests.models import small_cnn, two_inputs
 
 DRIVER = Path(__file__).with_name("driver.py")
 DRIVE_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def perf_analyzer() -> PerfAnalyzer:
+    tool, reason = ensure_perf_analyzer()
+    if tool is None:
+        pytest.skip(reason)
+    return tool
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,6 @@ once with "failed to get model config"."""
 
 from __future__ import annotations
 
-import csv
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,19 +15,10 @@ import pytest
 from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
 from tests.kserve.conftest import make_repository
-from tests.kserve.tritonclient_venv import PerfAnalyzer, ensure_perf_analyzer
+from tests.kserve.tritonclient_venv import PerfAnalyzer
 from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
 
-RUN_TIMEOUT_S = 300
 SERVER_PHASES = ("Server Queue", "Server Compute Input", "Server Compute Infer", "Server Compute Output")
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer() -> PerfAnalyzer:
-    tool, reason = ensure_perf_analyzer()
-    if tool is None:
-        pytest.skip(reason)
-    return tool
 
 
 @pytest.fixture(scope="module")
@@ -55,25 +44,12 @@ def test_perf_analyzer_measures_every_concurrency_step(
     perf_analyzer: PerfAnalyzer, daemon: MetricsDaemon, protocol: str, tmp_path: Path
 ) -> None:
     url = daemon.daemon.address if protocol == "grpc" else daemon.base.removeprefix("http://")
-    report = tmp_path / "report.csv"
     before = inference_count(daemon, "two")
-    done = subprocess.run(
-        [
-            str(perf_analyzer.binary),
-            *("-m", "two", "-u", url, "-i", protocol),
-            *("--concurrency-range", "1:2", "--measurement-interval", "1000"),
-            # any three windows count as stable (a busy machine's latency varies), so it always ends
-            *("--stability-percentage", "1000", "--max-trials", "3", "-f", str(report)),
-        ],
-        env=perf_analyzer.env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
+    measured = perf_analyzer.measure(
+        tmp_path / "report.csv",
+        *("-m", "two", "-u", url, "-i", protocol, "--concurrency-range", "1:2"),
+        interval_ms=1000,
     )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    with report.open(newline="") as rows:
-        measured = list(csv.DictReader(rows))
     steps = {int(row["Concurrency"]): float(row["Inferences/Second"]) for row in measured}
     assert set(steps) == {1, 2}, steps
     assert all(throughput > 0 for throughput in steps.values()), steps

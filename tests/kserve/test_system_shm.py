@@ -5,9 +5,7 @@ windows checked, another tenant's regions unknown, a truncated file a clear erro
 
 from __future__ import annotations
 
-import csv
 import os
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,13 +19,12 @@ from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
 from tests.conftest import onnx_reference
 from tests.kserve.conftest import V2Daemon
-from tests.kserve.tritonclient_venv import PerfAnalyzer, ensure_perf_analyzer
+from tests.kserve.tritonclient_venv import PerfAnalyzer
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN
 from tests.reliability.test_tenancy import md, start
 
 SHM = Path("/dev/shm")
 IMAGE = np.random.default_rng(11).standard_normal((1, 3, 16, 16)).astype(np.float32)
-RUN_TIMEOUT_S = 300
 
 
 def unique(tag: str) -> str:
@@ -217,34 +214,14 @@ def test_another_tenant_cannot_see_or_use_a_region(
         )
 
 
-@pytest.fixture(scope="module")
-def perf_analyzer() -> PerfAnalyzer:
-    tool, reason = ensure_perf_analyzer()
-    if tool is None:
-        pytest.skip(reason)
-    return tool
-
-
 def test_perf_analyzer_measures_with_system_shared_memory(
     perf_analyzer: PerfAnalyzer, v2_daemon: V2Daemon, tmp_path: Path
 ) -> None:
-    report = tmp_path / "report.csv"
-    done = subprocess.run(
-        [
-            str(perf_analyzer.binary),
-            *("-m", "cnn", "-u", v2_daemon.grpc, "-i", "grpc", "--shared-memory=system"),
-            *("--output-shared-memory-size", "40", "--concurrency-range", "1:1"),
-            *("--measurement-interval", "500", "--stability-percentage", "1000", "--max-trials", "3"),
-            *("-f", str(report)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env=perf_analyzer.env,
+    measured = perf_analyzer.measure(
+        tmp_path / "report.csv",
+        *("-m", "cnn", "-u", v2_daemon.grpc, "-i", "grpc", "--shared-memory=system"),
+        *("--output-shared-memory-size", "40", "--concurrency-range", "1:1"),
     )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    with report.open() as rows:
-        measured = list(csv.DictReader(rows))
     assert [row["Concurrency"] for row in measured] == ["1"] and float(measured[0]["Inferences/Second"]) > 0
     left = stub_of(v2_daemon.grpc).SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest()).regions
     assert not [name for name in left if "perf" in name.lower()]  # perf_analyzer unregistered its own

@@ -7,8 +7,6 @@ repository and drives it with the real clients, unchanged."""
 
 from __future__ import annotations
 
-import csv
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +17,10 @@ from rknn_server.kserve.pbtxt import top_level_fields
 from rknn_server.kserve.repository import ModelRepository, RepositoryError
 from tests.conftest import onnx_reference
 from tests.kserve.conftest import V2Daemon
-from tests.kserve.tritonclient_venv import PerfAnalyzer, ensure_perf_analyzer
+from tests.kserve.tritonclient_venv import PerfAnalyzer
 from tests.metrics.conftest import start_metrics_daemon
 from tests.models import identity_of, small_cnn
 
-RUN_TIMEOUT_S = 300
 IMAGE = np.random.default_rng(5).standard_normal((1, 3, 16, 16)).astype(np.float32)
 CNN_CONFIG = """
 name: "cnn"                      # Triton checks it against the folder's name
@@ -230,33 +227,13 @@ def test_a_batching_model_takes_any_batch_up_to_its_size(triton_daemon: V2Daemon
     assert "first dimension is the batch, at most 8 (max_batch_size" in over["error"], over
 
 
-@pytest.fixture(scope="module")
-def perf_analyzer() -> PerfAnalyzer:
-    tool, reason = ensure_perf_analyzer()
-    if tool is None:
-        pytest.skip(reason)
-    return tool
-
-
 def test_perf_analyzer_measures_a_triton_layout_model(
     perf_analyzer: PerfAnalyzer, triton_daemon: V2Daemon, tmp_path: Path
 ) -> None:
     """perf_analyzer as a Triton user runs it: the model's config says it batches; -b 4 sends [4, 4]."""
-    report = tmp_path / "report.csv"
-    done = subprocess.run(
-        [
-            str(perf_analyzer.binary),
-            *("-m", "batch", "-u", triton_daemon.grpc, "-i", "grpc", "-b", "4"),
-            *("--concurrency-range", "1:2", "--measurement-interval", "500"),
-            *("--stability-percentage", "1000", "--max-trials", "3", "-f", str(report)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env=perf_analyzer.env,
+    measured = perf_analyzer.measure(
+        tmp_path / "report.csv",
+        *("-m", "batch", "-u", triton_daemon.grpc, "-i", "grpc", "-b", "4", "--concurrency-range", "1:2"),
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    with report.open() as rows:
-        measured = list(csv.DictReader(rows))
     assert sorted(row["Concurrency"] for row in measured) == ["1", "2"]  # its report's order varies
     assert all(float(row["Inferences/Second"]) > 0 for row in measured)

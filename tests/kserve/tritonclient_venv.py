@@ -12,6 +12,7 @@ both (the Makefile's `tritonclient` target); the tests skip, saying why, when on
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import json
 import os
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rknn_client.user_cache import cache_root
+
+RUN_TIMEOUT_S = 300  # one perf_analyzer run
 
 VERSION = "2.73.0"
 PERF_ANALYZER_WHEEL = "2.41.1"  # the tritonclient wheel whose bin/perf_analyzer runs on glibc 2.34+
@@ -75,6 +78,26 @@ def ensure() -> tuple[Path | None, str]:
 class PerfAnalyzer:
     binary: Path
     env: dict[str, str]  # the environment it runs in (the CUDA runtime library on its path)
+
+    def measure(self, report: Path, *args: str, interval_ms: int = 500) -> list[dict[str, str]]:
+        """The rows of its CSV report for one run with `args` (it must succeed). Any three windows
+        count as stable (a busy machine's latency varies), so it always ends."""
+        done = subprocess.run(
+            [
+                str(self.binary),
+                *args,
+                *("--measurement-interval", str(interval_ms), "--stability-percentage", "1000"),
+                *("--max-trials", "3", "-f", str(report)),
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        with report.open(newline="") as rows:
+            return list(csv.DictReader(rows))
 
 
 def ensure_perf_analyzer() -> tuple[PerfAnalyzer | None, str]:

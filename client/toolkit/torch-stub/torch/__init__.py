@@ -40,6 +40,8 @@ class Tensor:
     """A name for annotations, and a numpy array behind the index-map calls above; only `arange`,
     `split` and `cat` make one."""
 
+    _array: Any  # the numpy array
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise RuntimeError(STUB_NOTE)
 

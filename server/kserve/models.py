@@ -401,6 +401,12 @@ class V2Models:
             digest=model.digest[:12],
             **({"passed_over": list(triton.passed_over)} if triton and triton.passed_over else {}),
         )
+        if triton and triton.dynamic_batching:
+            log.warning(
+                "dynamic_batching_not_applied",
+                model=name,
+                reason="this daemon runs each request on its own (a caller's concurrent requests side by side)",
+            )
         return model
 
     async def _import(self, folder: ModelFolder) -> Model:

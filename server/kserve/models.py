@@ -36,6 +36,7 @@ from rknn_server import __version__
 from rknn_server.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
 from rknn_server.frames import Declared, take_arrays, wire_outputs
+from rknn_server.kserve.batcher import DynamicBatcher
 from rknn_server.kserve.datatypes import checked_shape, datatype_of, dtype_of
 from rknn_server.kserve.pbtxt import CONFIG_PBTXT, DeclaredTensor
 from rknn_server.kserve.repository import ModelConfig, ModelFolder, ModelRepository, TensorConfig
@@ -282,6 +283,8 @@ class V2Models:
         self.plane = plane
         self.repository = repository
         self.regions = regions  # Triton's system shared memory (None: not offered)
+        # (name, version) of repository models with dynamic_batching (two may hold the same bytes)
+        self._batchers: dict[tuple[str, str], DynamicBatcher] = {}
         self.sessions = SessionPools(plane, max_cached_sessions, plane.backend.parallel_runs)
         self._loaded: dict[str, dict[str, Model]] = {}  # repository models that are ready, by version
         self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
@@ -401,12 +404,6 @@ class V2Models:
             digest=model.digest[:12],
             **({"passed_over": list(triton.passed_over)} if triton and triton.passed_over else {}),
         )
-        if triton and triton.dynamic_batching:
-            log.warning(
-                "dynamic_batching_not_applied",
-                model=name,
-                reason="this daemon runs each request on its own (a caller's concurrent requests side by side)",
-            )
         return model
 
     async def _import(self, folder: ModelFolder) -> Model:
@@ -416,6 +413,12 @@ class V2Models:
         suffix = "." + folder.files[0].rpartition(".")[2]
         platform = _PLATFORMS.get(suffix, self.plane.backend.name)
         model = Model(folder.name, digest, platform, folder.config, shared=True, version=folder.version)
+        triton = folder.config.triton
+        key = (folder.name, folder.version)
+        if triton is not None and triton.batching is not None:
+            self._batchers[key] = DynamicBatcher(self.plane.run, triton.max_batch_size, triton.batching)
+        else:
+            self._batchers.pop(key, None)
         probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER, shared=True))
         try:
             model.learn(probe)
@@ -525,7 +528,10 @@ class V2Models:
                 f"model {model.name!r} has no output(s) {unknown[:5]}; its outputs: {', '.join(names)}"
             )
         running = time.perf_counter_ns()
-        ran = await self.plane.run(session, ready, formats)
+        batcher = self._batchers.get((model.name, model.version)) if model.shared else None
+        ran = await (
+            batcher.run(session, ready, formats) if batcher else self.plane.run(session, ready, formats)
+        )
         ran_ns = time.perf_counter_ns()
         _, wire = wire_outputs(ran.outputs, model.outputs, native=False)
         outputs = [

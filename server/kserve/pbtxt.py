@@ -76,6 +76,15 @@ class VersionPolicy:
 
 
 @dataclass(frozen=True)
+class Batching:
+    """Triton's dynamic_batching: how long a request may wait for others to join its batch, and the
+    batch sizes worth running at once without waiting longer."""
+
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class TritonConfig:
     name: str
     platform: str
@@ -85,7 +94,7 @@ class TritonConfig:
     outputs: tuple[DeclaredTensor, ...]
     default_model_filename: str
     policy: VersionPolicy
-    dynamic_batching: bool
+    batching: Batching | None  # dynamic_batching, when the config asks for it
     passed_over: tuple[str, ...]  # the Triton-only fields found, by name
 
 
@@ -168,6 +177,22 @@ def _policy(where: str, message: config_pb.ModelVersionPolicy) -> VersionPolicy:
     return VersionPolicy("latest", max(message.latest.num_versions, 1) if choice else 1)
 
 
+def _batching(where: str, message: config_pb.ModelConfig) -> Batching | None:
+    if not message.HasField("dynamic_batching"):
+        return None
+    if message.max_batch_size < 1:
+        raise ConfigError(
+            f"{where}: dynamic_batching needs max_batch_size of 1 or more (the batch dimension)"
+        )
+    config = message.dynamic_batching
+    preferred = tuple(config.preferred_batch_size)
+    if any(not 0 < size <= message.max_batch_size for size in preferred):
+        raise ConfigError(
+            f"{where}: preferred_batch_size {list(preferred)} must lie in 1..max_batch_size {message.max_batch_size}"
+        )
+    return Batching(config.max_queue_delay_microseconds, preferred)
+
+
 def parse_pbtxt(model: str, text: str) -> TritonConfig:
     """A model's config.pbtxt, validated: what it declares for this daemon, and what it passed over."""
     where = f"model {model!r}: {CONFIG_PBTXT}"
@@ -197,9 +222,17 @@ def parse_pbtxt(model: str, text: str) -> TritonConfig:
         outputs=_tensors(where, list(message.output)),
         default_model_filename=message.default_model_filename,
         policy=_policy(where, message.version_policy),
-        dynamic_batching=message.HasField("dynamic_batching"),
+        batching=_batching(where, message),
         passed_over=tuple(sorted({name for name, _, _ in passed})),
     )
 
 
-__all__ = ["CONFIG_PBTXT", "ConfigError", "DeclaredTensor", "TritonConfig", "VersionPolicy", "parse_pbtxt"]
+__all__ = [
+    "CONFIG_PBTXT",
+    "Batching",
+    "ConfigError",
+    "DeclaredTensor",
+    "TritonConfig",
+    "VersionPolicy",
+    "parse_pbtxt",
+]

@@ -60,6 +60,9 @@ class SystemRegions:
         if not 0 < len(name) <= MAX_NAME:
             raise InvalidInput(f"region name {name[:80]!r} must be 1 to {MAX_NAME} characters")
         uid = self.registry.admit(peer)
+        live = {r.key for r in self.registry.mine(owner)}  # the reaper closes regions unused for long
+        for gone in [k for k in self._windows if k[0] == owner and PREFIX + k[1] not in live]:
+            del self._windows[gone]
         region = self.registry.register(owner, uid, PREFIX + name, key.removeprefix("/"), 0, "")
         if offset + byte_size > region.size or byte_size == 0:
             self.registry.unregister(owner, region.key)

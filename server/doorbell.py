@@ -279,7 +279,8 @@ class Doorbells:
                 self._frame(bell, frame_id, connection)
                 bell.frames += 1
                 if any(region.closed for region in bell.frame.regions):
-                    return "a region of its frames was unregistered"
+                    # A session that closed takes its regions with it: that, if so, is why it ended.
+                    return bell.ended_by or "a region of its frames was unregistered"
         except OSError as exc:
             return bell.ended_by or f"connection lost ({exc.strerror})"
         return bell.ended_by or "closed by the client"

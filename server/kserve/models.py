@@ -565,11 +565,8 @@ class V2Models:
                 f"{tensor.datatype}; expected {nbytes}"
             )
         region, offset = regions.slot(owner, tensor.region, what)
-        regions.acquire([region])
-        try:
+        with regions.in_use(region):
             data = await self.plane.blocking(regions.read, region, offset, nbytes, what)
-        finally:
-            regions.release([region])
         return dataclasses.replace(tensor, raw=data.data, region=None)
 
     async def _into_region(self, owner: str, output: OutputTensor) -> None:
@@ -583,11 +580,8 @@ class V2Models:
                 f"{what} is {output.array.nbytes} bytes ({output.datatype} {list(output.shape)}), over its "
                 f"shared_memory_byte_size {output.region.byte_size}"
             )
-        regions.acquire([region])
-        try:
+        with regions.in_use(region):
             await self.plane.blocking(region.write, output.array, offset)
-        finally:
-            regions.release([region])
 
     def _intake(self, model: Model, inputs: Sequence[InputTensor]) -> tuple[list[np.ndarray], list[Declared]]:
         """The request's inputs in the model's order as arrays, checked against names, limits and sizes."""

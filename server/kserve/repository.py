@@ -259,9 +259,7 @@ class ModelRepository:
 
     def _flat(self, name: str, entries: dict[str, os.stat_result], config: ModelConfig) -> ModelFolder:
         """The project's layout: the model's files in its folder, no subfolder."""
-        for file, info in entries.items():
-            if kind_of(info.st_mode):
-                raise UnsafeEntry(f"{file[:80]!r} is {kind_of(info.st_mode)}")
+        _plain_files_only(entries)
         files = [file for file in entries if file != CONFIG_FILE]
         self._check_total(name, sum(entries[file].st_size for file in files))
         return ModelFolder(name, VERSION_OF_FLAT, "", self._ordered(name, config, files), config)
@@ -272,9 +270,7 @@ class ModelRepository:
         assert config.triton is not None
         with self._folder(name, version) as folder:
             entries = self._entries(name, folder, extra=1)
-            for file, info in entries.items():
-                if kind_of(info.st_mode):
-                    raise UnsafeEntry(f"{file[:80]!r} is {kind_of(info.st_mode)}")
+            _plain_files_only(entries)
         files = list(entries)
         self._check_total(name, sum(info.st_size for info in entries.values()))
         wanted = [config.triton.default_model_filename] if config.triton.default_model_filename else []
@@ -337,6 +333,14 @@ class ModelRepository:
             if not cached:
                 _copy(folder, manifest, [info for _, info in hashed], cache)
         return manifest.digest
+
+
+def _plain_files_only(entries: dict[str, os.stat_result]) -> None:
+    """Where a model's files are, a subfolder is refused like a link (_entries let it be listed)."""
+    for file, info in entries.items():
+        kind = kind_of(info.st_mode)
+        if kind:
+            raise UnsafeEntry(f"{file[:80]!r} is {kind}")
 
 
 def _version_folder(name: str, info: os.stat_result) -> bool:

@@ -60,7 +60,11 @@ class SessionPools:
         idle = next((s for s in healthy if not s.lock.locked()), None)
         if idle is not None or len(healthy) < self.parallel:
             return idle
-        return healthy[next(self._turn) % len(healthy)]
+        return self._in_turn(healthy)
+
+    def _in_turn(self, sessions: list[Session]) -> Session:
+        """One of a full pool's busy sessions to queue on, each in turn."""
+        return sessions[next(self._turn) % len(sessions)]
 
     async def get(self, digest: str, owner: str, shared: bool) -> tuple[Session, bool]:
         """A session of the caller's pool of the model (`shared`: by a repository name) for one
@@ -81,14 +85,14 @@ class SessionPools:
                 while len(self) >= self.capacity:
                     others = [k for k in self._pools if k != key]
                     if not others:  # every session is this pool's own, all busy: queue on one
-                        return mine[next(self._turn) % len(mine)], False
+                        return self._in_turn(mine), False
                     await self._close_pool(others[0])  # the least recently used pool
                 try:
                     session = await self.plane.open(OpenRequest(digest=digest, owner=owner, shared=shared))
                 except ResourceExhausted:
                     if not mine:
                         raise
-                    return mine[next(self._turn) % len(mine)], False  # limits reached: queue instead
+                    return self._in_turn(mine), False  # limits reached: queue instead
                 self._pools.setdefault(key, []).append(session.id)
                 self._pools.move_to_end(key)
                 return session, True

@@ -12,6 +12,8 @@ under the `v2.` prefix, so v2 status and unregister-all never reach the owner's 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,11 +123,14 @@ class SystemRegions:
         region.read_into(buffer, offset, what)
         return buffer
 
-    def acquire(self, regions: list[Region]) -> None:
-        self.registry.acquire(regions)
-
-    def release(self, regions: list[Region]) -> None:
-        self.registry.release(regions)
+    @contextlib.contextmanager
+    def in_use(self, region: Region) -> Iterator[Region]:
+        """The region counted in use while a call reads or writes it (the registry closes it only after)."""
+        self.registry.acquire([region])
+        try:
+            yield region
+        finally:
+            self.registry.release([region])
 
 
 def parse_slot(parameters: dict[str, object], what: str) -> RegionSlot | None:

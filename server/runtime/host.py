@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rknn_proto import model_container
 from rknn_proto.messages import FrequencyList
@@ -24,6 +26,9 @@ from rknn_server.runtime.base import (
     RuntimeOptions,
     VersionInfo,
 )
+
+if TYPE_CHECKING:
+    from rknn_server.runtime.host_model import LoadedModel
 
 
 def default_threads() -> int:
@@ -47,6 +52,50 @@ def run_gate(threads: int) -> AbstractContextManager[Any]:
     return threading.Lock() if runs == 1 else threading.Semaphore(runs)
 
 
+@dataclass
+class _Loading:
+    """The lock that one model file's first load holds, and how many opens wait on it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
+class ModelShelf:
+    """The model files this process has open, one `LoadedModel` each, for as long as one of their
+    sessions holds it (the last one's close frees it). Opens of one file wait for its first load;
+    opens of other files do not."""
+
+    def __init__(self, threads: int) -> None:
+        self._threads = threads
+        self._models: weakref.WeakValueDictionary[str, LoadedModel] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+        self._loading: dict[str, _Loading] = {}
+
+    def take(self, path: Path, budget: int) -> LoadedModel:
+        """The file's loaded model, loaded now unless a session holds it already; each open checks
+        its own session budget."""
+        key = str(path)
+        with self._lock:
+            loading = self._loading.setdefault(key, _Loading())
+            loading.users += 1
+        try:
+            with loading.lock:
+                model = self._models.get(key)
+                if model is None:
+                    from rknn_server.runtime.host_model import LoadedModel
+
+                    model = LoadedModel(path, self._threads, budget)
+                    self._models[key] = model
+                else:
+                    model.check_budget(budget)
+                return model
+        finally:
+            with self._lock:
+                loading.users -= 1
+                if not loading.users:
+                    del self._loading[key]
+
+
 class HostBackend(Backend):
     name = "host"
     model_suffixes = (".onnx",)
@@ -62,14 +111,17 @@ class HostBackend(Backend):
         # Shared by all sessions: at most concurrent_runs(threads) compute at once.
         self.gate = run_gate(self.threads)
         self.parallel_runs = concurrent_runs(self.threads)
+        self._shelf = ModelShelf(self.threads)
 
     def __getstate__(self) -> dict[str, object]:
-        """Picklable for worker processes (--isolation process), each of which gets its own gate."""
-        return {k: v for k, v in self.__dict__.items() if k != "gate"}
+        """Picklable for worker processes (--isolation process), each of which gets its own gate and
+        its own models."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("gate", "_shelf")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self.gate = run_gate(self.threads)
+        self._shelf = ModelShelf(self.threads)
 
     def version(self) -> VersionInfo:
         from importlib import metadata
@@ -88,17 +140,18 @@ class HostBackend(Backend):
         return tuple(reading for reading in read_frequencies(self._sysfs_root) if reading.kind == "CPU")
 
     def open(self, model_path: Path, options: RuntimeOptions) -> ModelRuntime:
+        """A session of the model: every session of one file shares its one loaded copy."""
         from rknn_server.runtime.host_model import HostModel
 
-        if model_container.file_is_virtual(model_path):
-            return HostModel(model_path, options, self.threads, self.gate)
-        if model_path.suffix.lower() == ".rknn" or _looks_like_rknn(model_path):
+        if not model_container.file_is_virtual(model_path) and (
+            model_path.suffix.lower() == ".rknn" or _looks_like_rknn(model_path)
+        ):
             raise ModelFormatError(
                 f"{model_path.name} is an RKNN model, and this daemon runs the host runtime (ONNX Runtime), "
                 "which cannot execute RKNN models. Run the daemon on the board with librknnrt "
                 "(rknn_server --runtime rknnrt), or load the original model with load_onnx() to use the host runtime."
             )
-        return HostModel(model_path, options, self.threads, self.gate)
+        return HostModel(self._shelf.take(model_path, options.max_memory_bytes), options, self.gate)
 
 
 def _looks_like_rknn(path: Path) -> bool:

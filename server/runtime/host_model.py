@@ -87,7 +87,7 @@ DUMP_BATCH_BYTES = 32 << 20
 _DUMP_ELEM_TYPES = frozenset(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in _ORT_TYPES.values())
 
 
-def session_options(threads: int, model_dir: Path | None = None) -> ort.SessionOptions:
+def session_options(threads: int, model_dir: Path | None = None, arena: bool = True) -> ort.SessionOptions:
     """The options every host session uses; benchmarks build their baseline with the same.
 
     With `model_dir`, external data resolves there even when the model is loaded from bytes (a
@@ -101,9 +101,11 @@ def session_options(threads: int, model_dir: Path | None = None) -> ort.SessionO
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if model_dir is not None:
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
-    # No memory arena: a run's peak goes back to the system when the run ends, instead of staying
-    # held by the session for its lifetime (measured on the demo model: no latency cost).
-    opts.enable_cpu_mem_arena = False
+    # `arena`: a memory arena per model, shared by the runs of all its sessions. Without one, glibc
+    # keeps what interleaved runs freed (MobileNetV2, 8 callers: daemon RSS 313-467 MiB without, 180
+    # with; the same latency). But an arena keeps its peak, outputs included, for the model's life: a
+    # model whose run memory the caller's input decides runs without (LoadedModel).
+    opts.enable_cpu_mem_arena = arena
     return opts
 
 
@@ -114,9 +116,8 @@ def dump_session_options(threads: int, model_dir: Path) -> ort.SessionOptions:
     the same in every batch (fusions would change with the set of exposed outputs). No memory arena:
     what a batch allocated goes back when its session ends. External weights are found beside the model.
     """
-    opts = session_options(threads, model_dir)
+    opts = session_options(threads, model_dir, arena=False)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.enable_cpu_mem_arena = False
     return opts
 
 
@@ -245,37 +246,53 @@ def _check_budget(name: str, graph: onnx.ModelProto, budget: int) -> None:
         )
 
 
-class HostModel(ModelRuntime):
-    def __init__(
-        self,
-        path: Path,
-        options: RuntimeOptions,
-        threads: int,
-        gate: AbstractContextManager[Any],
-    ) -> None:
-        self._path = path
-        self._options = options
-        self._threads = threads
-        self._gate = gate
+class LoadedModel:
+    """One model file in ONNX Runtime: its graph, InferenceSession and tensor descriptions, shared by
+    every session of that file (ONNX Runtime runs one InferenceSession from several threads at once),
+    so that eight callers of a model hold it once. Made and found by host.ModelShelf."""
+
+    def __init__(self, path: Path, threads: int, budget: int) -> None:
+        self.path = path
+        self.threads = threads
         try:
-            self._graph, virtual = _load_graph(path)
+            self.graph, virtual = _load_graph(path)
         except Exception as exc:
             raise ModelFormatError(runtime_failure(f"{path.name} is not a loadable ONNX model", exc)) from exc
-        check_external_data(self._graph, path.parent)
-        _check_budget(path.name, self._graph, options.max_memory_bytes)
+        check_external_data(self.graph, path.parent)
+        self.check_budget(budget)
         process = psutil.Process()
         rss_before = process.memory_info().rss
-        self._source, quantized = _runnable(None if virtual else path, self._graph)
+        self.source, quantized = _runnable(None if virtual else path, self.graph)
+        # An arena only where every run allocates the same, whatever the caller's input (no dynamic
+        # axis, no shape computed from the data): one input that made a run huge must leave nothing held.
+        arena = onnx_graph.shapes_static(self.graph, onnx_graph.inferred_tensors(self.graph))
         try:
-            self._session = ort.InferenceSession(
-                self._source, session_options(threads, path.parent), providers=["CPUExecutionProvider"]
+            self.session = ort.InferenceSession(
+                self.source, session_options(threads, path.parent, arena), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
             raise ModelFormatError(runtime_failure(f"ONNX Runtime cannot load {path.name}", exc)) from exc
-        self._load_growth = max(0, process.memory_info().rss - rss_before)
-        self.inputs = [_spec(i, a) for i, a in enumerate(self._session.get_inputs())]
-        self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self._session.get_outputs())]
-        self._input_names = [s.name for s in self.inputs]
+        self.load_growth = max(0, process.memory_info().rss - rss_before)
+        self.inputs = [_spec(i, a) for i, a in enumerate(self.session.get_inputs())]
+        self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self.session.get_outputs())]
+        self.input_names = [s.name for s in self.inputs]
+
+    def check_budget(self, budget: int) -> None:
+        _check_budget(self.path.name, self.graph, budget)
+
+
+class HostModel(ModelRuntime):
+    """One session's view of a shared `LoadedModel`: its own options and output buffers."""
+
+    def __init__(
+        self, model: LoadedModel, options: RuntimeOptions, gate: AbstractContextManager[Any]
+    ) -> None:
+        self._model = model
+        self._options = options
+        self._gate = gate
+        self.inputs = model.inputs
+        self.outputs = model.outputs
+        self._input_names = model.input_names
         # Outputs of static shapes are written into arrays allocated here (see run); off for good once
         # ONNX Runtime refuses one (a model whose declared shape is not what it computes).
         self._outputs_in_place = not any(s.is_dynamic for s in self.outputs)
@@ -291,7 +308,7 @@ class HostModel(ModelRuntime):
         every run, faulted in 4 KiB at a time (measured here on a 64 MiB identity: 40 ms of CPU a
         run, 14 ms into np.empty, 6.5 ms into memory used before)."""
         if not self._outputs_in_place:
-            return self._run(self._session, inputs)
+            return self._run(self._model.session, inputs)
         targets = [
             self._output_buffers.take(spec.size_bytes).view(spec.dtype).reshape(spec.shape)
             for spec in self.outputs
@@ -321,7 +338,7 @@ class HostModel(ModelRuntime):
         arrays = [np.ascontiguousarray(a) for a in inputs]
         targets = list(outputs)
         try:
-            binding = self._session.io_binding()
+            binding = self._model.session.io_binding()
             # Each OrtValue only points at its array's memory; `arrays` and `targets` outlive it.
             for name, array in zip(self._input_names, arrays, strict=True):
                 binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
@@ -329,7 +346,7 @@ class HostModel(ModelRuntime):
                 binding.bind_ortvalue_output(spec.name, ort.OrtValue.ortvalue_from_numpy(target))
         except Exception as exc:
             log.debug("outputs not written in place: %s", exc)
-            return functools.partial(self._run, self._session, arrays)
+            return functools.partial(self._run, self._model.session, arrays)
 
         refused = False  # once ONNX Runtime refuses the binding, every later call runs as `run` does
 
@@ -338,14 +355,14 @@ class HostModel(ModelRuntime):
             if not refused:
                 try:
                     with self._gate:
-                        self._session.run_with_iobinding(binding)
+                        self._model.session.run_with_iobinding(binding)
                     return list(targets)
                 except Exception as exc:
                     # E.g. an output whose computed shape is not the one the model declares: ONNX Runtime
                     # refuses the given array before writing it. Run as `run` does (a real failure fails again).
                     log.debug("outputs not written in place: %s", exc)
                     refused = True
-            return self._run(self._session, arrays)
+            return self._run(self._model.session, arrays)
 
         return run
 
@@ -368,22 +385,22 @@ class HostModel(ModelRuntime):
         if self._options.perf_debug:
             layers, total = self._profile(feed)
             return EvalPerfResponse(layers=tuple(layers), total_time_us=total, extra_columns=("Provider",))
-        self._run(self._session, feed)
+        self._run(self._model.session, feed)
         times = []
         for _ in range(PERF_RUNS):
             start = time.perf_counter()
-            self._run(self._session, feed)
+            self._run(self._model.session, feed)
             times.append((time.perf_counter() - start) * 1e6)
         return EvalPerfResponse(layers=(), total_time_us=statistics.median(times))
 
     def _profile(self, feed: Sequence[np.ndarray]) -> tuple[list[LayerPerf], float]:
         """Per-layer rows and the mean run time of PROFILE_RUNS profiled runs after one warm-up run."""
         with tempfile.TemporaryDirectory(prefix="rknn-profile-") as tmp:
-            opts = session_options(self._threads, self._path.parent)
+            opts = session_options(self._model.threads, self._model.path.parent)
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(tmp) / "profile")
             try:
-                session = ort.InferenceSession(self._source, opts, providers=["CPUExecutionProvider"])
+                session = ort.InferenceSession(self._model.source, opts, providers=["CPUExecutionProvider"])
             except Exception as exc:
                 raise ExecutionError(runtime_failure("ONNX Runtime cannot profile the model", exc)) from exc
             for _ in range(PROFILE_RUNS + 1):
@@ -393,16 +410,16 @@ class HostModel(ModelRuntime):
         return parse_profile(events, PROFILE_RUNS), profiled_run_us(events, PROFILE_RUNS)
 
     def memory(self) -> EvalMemoryResponse:
-        tensors = onnx_graph.inferred_tensors(self._graph)
-        weights = onnx_graph.initializer_bytes(self._graph)
-        internal = onnx_graph.peak_intermediate_bytes(self._graph, tensors)
+        tensors = onnx_graph.inferred_tensors(self._model.graph)
+        weights = onnx_graph.initializer_bytes(self._model.graph)
+        internal = onnx_graph.peak_intermediate_bytes(self._model.graph, tensors)
         model_size = sum(
-            p.stat().st_size for p in self._path.parent.iterdir() if p.is_file() and p.name != ".main"
+            p.stat().st_size for p in self._model.path.parent.iterdir() if p.is_file() and p.name != ".main"
         )
         return EvalMemoryResponse(
             weight_memory=weights,
             internal_memory=internal,
-            other_memory=max(0, self._load_growth - weights),
+            other_memory=max(0, self._model.load_growth - weights),
             model_size=model_size,
             method="weights: ONNX initializers; internal: peak of live intermediate tensors; "
             "other: process memory growth while loading, less the weights",
@@ -417,7 +434,7 @@ class HostModel(ModelRuntime):
         a batch's tensors are handed out (and dropped) before the next batch is computed.
         """
         feeds = dict(zip(self._input_names, inputs, strict=True))
-        graph = onnx_graph.with_input_shapes(self._graph, {n: tuple(a.shape) for n, a in feeds.items()})
+        graph = onnx_graph.with_input_shapes(self._model.graph, {n: tuple(a.shape) for n, a in feeds.items()})
         tensors = onnx_graph.inferred_tensors(graph)
         layers = [
             layer
@@ -448,7 +465,7 @@ class HostModel(ModelRuntime):
     ) -> list[ort.OrtValue]:
         """The batch's tensors as ONNX Runtime holds them: each becomes numpy (a copy) only when sent."""
         model = onnx_graph.model_for_outputs(graph, names, tensors)
-        opts = dump_session_options(self._threads, self._path.parent)
+        opts = dump_session_options(self._model.threads, self._model.path.parent)
         try:
             session = ort.InferenceSession(
                 model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
@@ -465,4 +482,5 @@ class HostModel(ModelRuntime):
             raise ExecutionError(runtime_failure("ONNX Runtime failed while dumping layers", exc)) from exc
 
     def close(self) -> None:
-        self.__dict__.pop("_session", None)
+        """Let go of the shared model: the last session's close frees it."""
+        self.__dict__.pop("_model", None)

@@ -16,7 +16,7 @@ class ValueInfo:
 
     name: str
     elem_type: int
-    shape: tuple[int, ...]  # unknown dimensions are -1
+    shape: tuple[int, ...]  # unknown dimensions are -1; an unknown rank is (-1,)
 
     @property
     def nbytes(self) -> int:
@@ -41,6 +41,8 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
 
 def _tensor_info(value: onnx.ValueInfoProto) -> ValueInfo:
     t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return ValueInfo(value.name, t.elem_type, (-1,))
     dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
     return ValueInfo(value.name, t.elem_type, dims)
 
@@ -57,6 +59,20 @@ def inferred_tensors(model: onnx.ModelProto) -> dict[str, ValueInfo]:
         for v in [*g.input, *g.value_info, *g.output]
         if v.type.HasField("tensor_type")
     }
+
+
+def shapes_static(model: onnx.ModelProto, tensors: dict[str, ValueInfo]) -> bool:
+    """Whether every tensor a run reads or computes has a shape known before the run: no dynamic
+    input, no shape computed from the data, no subgraph. Then what a run allocates is the model's own
+    doing, the same every run, whatever values the caller sends."""
+    graph = model.graph
+    weights = weight_names(graph)
+    names = [i.name for i in graph.input if i.name not in weights]
+    for node in graph.node:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return False
+        names.extend(name for name in node.output if name and name not in weights)
+    return all(name in tensors and min(tensors[name].shape, default=0) >= 0 for name in names)
 
 
 def peak_intermediate_bytes(model: onnx.ModelProto, tensors: dict[str, ValueInfo]) -> int:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 
 from rknn_client.errors import ResourceExhausted
@@ -139,3 +141,35 @@ def test_stalled_half_frames_are_bounded_and_dropped(daemons: StartDaemon, tmp_p
         )
         assert peak < 600 * MB
         assert session.run([np.ones((1, FRAME_ELEMENTS), np.float32)])[0].shape == (1, FRAME_ELEMENTS)
+
+
+def test_extra_sessions_of_a_cached_model_cost_a_small_fraction_of_it(
+    daemons: StartDaemon, tmp_path: Path
+) -> None:
+    """Eight callers of one model hold it once: the runtime is shared by the sessions of one file."""
+    daemon = daemons()
+    weights = 2_000_000 * 4 * 4  # a 32 MB table the input picks a row of (nothing ONNX Runtime can fold)
+    model = models.save_graph(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Gather", ["table", "row"], ["y"])],
+            "lookup",
+            [onnx.helper.make_tensor_value_info("row", onnx.TensorProto.INT64, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+            [onnx.numpy_helper.from_array(np.ones((2_000_000, 4), np.float32), "table")],
+        ),
+        tmp_path / "lookup.onnx",
+    )
+    callers = [device(daemon) for _ in range(8)]
+    try:
+        sessions = [callers[0].load(model)]
+        assert sessions[0].run([np.array([7], np.int64)])[0].shape == (1, 4)
+        one = rss(daemon)
+        sessions += [caller.load(model) for caller in callers[1:]]
+        for session in sessions:
+            assert session.run([np.array([7], np.int64)])[0].shape == (1, 4)
+        per_session = (rss(daemon) - one) / 7
+        print(f"\nRSS per extra session of a {weights / MB:.0f} MiB model: {per_session / MB:.2f} MiB")
+        assert per_session < 0.15 * weights
+    finally:
+        for caller in callers:
+            caller.close()

@@ -147,7 +147,7 @@ def test_a_bound_run_of_a_misdeclared_output_still_answers_what_run_gives(
     x = np.zeros((1, 8), np.float32)
     target = np.full((1, 4), -1, np.float32)
     run = model.bind([x], [target])
-    session = model._session  # type: ignore[attr-defined]
+    session = model._model.session  # type: ignore[attr-defined]
     tries: list[object] = []
 
     def counted(binding: object, *args: object) -> None:

@@ -44,6 +44,8 @@ class Session:
     closed: bool = False
     # Its frames' input buffers, used again once a frame is done with them (rknn_proto.buffers).
     buffers: BufferPool = field(default_factory=BufferPool)
+    # Whether its last timed run was quick enough to run the next on the event loop (data_plane.py).
+    quick: bool = False
 
     def renew(self) -> None:
         self.last_used = time.monotonic()

@@ -101,6 +101,9 @@ class ModelRuntime(abc.ABC):
 
     inputs: Sequence[TensorAttr]
     outputs: Sequence[TensorAttr]
+    # Whether every run does the same work whatever the inputs' values (static shapes throughout, no
+    # shape computed from the data): then a run that was quick stays quick.
+    steady: bool = False
 
     @abc.abstractmethod
     def run(

@@ -263,12 +263,14 @@ class LoadedModel:
         process = psutil.Process()
         rss_before = process.memory_info().rss
         self.source, quantized = _runnable(None if virtual else path, self.graph)
-        # An arena only where every run allocates the same, whatever the caller's input (no dynamic
-        # axis, no shape computed from the data): one input that made a run huge must leave nothing held.
-        arena = onnx_graph.shapes_static(self.graph, onnx_graph.inferred_tensors(self.graph))
+        # Whether every run does the same work, whatever the caller's input (no dynamic axis, no shape
+        # computed from the data). Only then an arena: one input that made a run huge must leave nothing held.
+        self.steady = onnx_graph.shapes_static(self.graph, onnx_graph.inferred_tensors(self.graph))
         try:
             self.session = ort.InferenceSession(
-                self.source, session_options(threads, path.parent, arena), providers=["CPUExecutionProvider"]
+                self.source,
+                session_options(threads, path.parent, self.steady),
+                providers=["CPUExecutionProvider"],
             )
         except Exception as exc:
             raise ModelFormatError(runtime_failure(f"ONNX Runtime cannot load {path.name}", exc)) from exc
@@ -292,6 +294,7 @@ class HostModel(ModelRuntime):
         self._gate = gate
         self.inputs = model.inputs
         self.outputs = model.outputs
+        self.steady = model.steady
         self._input_names = model.input_names
         # Outputs of static shapes are written into arrays allocated here (see run); off for good once
         # ONNX Runtime refuses one (a model whose declared shape is not what it computes).

@@ -4,6 +4,7 @@ in-process, without a runtime library or a daemon."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,12 +37,16 @@ class FakeRuntime(ModelRuntime):
         self.running = threading.Event()
         self.proceed = threading.Event()
         self.proceed.set()
+        self.delay_s = 0.0
+        self.threads: list[int] = []  # the thread of each run
 
     def run(
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
     ) -> list[np.ndarray]:
+        self.threads.append(threading.get_ident())
         self.running.set()
         self.proceed.wait(30)
+        time.sleep(self.delay_s)
         if self.fail is not None:
             raise self.fail
         return [inputs[0] * 2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from rknn_proto import codec
 from rknn_proto.reasons import Reason
+from rknn_server import data_plane
 from rknn_server.data_plane import DataPlane, OpenRequest, RunTimes
 from rknn_server.errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.limits import CacheLimits, SessionLimits
@@ -223,5 +225,54 @@ def test_a_frame_run_off_the_loop_and_the_executors_calls_take_turns(tmp_path, e
         with pytest.raises(NotFound) as gone:
             plane.alone(session, 0.0, RunTimes(), session.runtime.run, [x], formats)
         assert gone.value.reason is Reason.SESSION_NOT_FOUND
+
+    asyncio.run(main())
+
+
+def test_quick_runs_of_a_steady_runtime_run_on_the_event_loop_when_nothing_would_make_them_wait(
+    tmp_path, executor, monkeypatch
+) -> None:
+    """The executor's hand-off costs more than a tiny model's run: such runs run on the loop, but
+    never a slow one, an unsteady runtime's, or one that would wait behind another call computing.
+    ("Quick" is half a second here, so that a loaded machine's pause cannot make a fast run slow.)"""
+    monkeypatch.setattr(data_plane, "INLINE_RUN_S", 0.5)
+
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor)
+        loop_thread = threading.get_ident()
+        x = [np.ones((1, 4), np.float32)]
+        formats = [InputFormat()]
+        quick = await plane.open(OpenRequest(digest, "alice"))
+        runtime = runtime_of(plane, quick.id, "alice")
+
+        async def ran_here() -> bool:
+            await plane.run(quick, x, formats)
+            return runtime.threads[-1] == loop_thread
+
+        runtime.steady = True
+        assert not await ran_here()  # the first run's time is not known yet
+        assert await ran_here()
+        assert await ran_here()
+        runtime.steady = False  # an unsteady runtime's quick run may be slow the next time: never here
+        assert not await ran_here()
+        assert not await ran_here()
+        runtime.steady = True
+        assert await ran_here()
+
+        runtime.delay_s = 0.6  # slower than INLINE_RUN_S: the next one goes back to the executor
+        assert await ran_here()
+        runtime.delay_s = 0.0
+        assert not await ran_here()
+        assert await ran_here()
+
+        other = await plane.open(OpenRequest(digest, "bob"))
+        busy = runtime_of(plane, other.id, "bob")
+        busy.proceed.clear()
+        elsewhere = asyncio.ensure_future(plane.run(other, x, formats))
+        await asyncio.get_running_loop().run_in_executor(None, busy.running.wait, 5)
+        assert not await ran_here()  # another call computes: this one would wait for the gate
+        busy.proceed.set()
+        await elsewhere
+        assert await ran_here()
 
     asyncio.run(main())

@@ -602,6 +602,14 @@ class Session:
         shared = shared_memory.run_frame(self, header, wire, progress)
         if shared is not None:
             return shared
+        outputs = self._run_on_wire(header, wire, progress)
+        shared_memory.learn_room(self, wire, outputs)
+        return outputs
+
+    def _run_on_wire(
+        self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray], progress: Progress | None
+    ) -> list[np.ndarray]:
+        """One frame as one unary Run, or as a one-frame Inference stream (_decide_route)."""
         sent = sum([a.nbytes for a in wire])
         if self._goes_unary(sent):
             return self._run_unary(header, wire)

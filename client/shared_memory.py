@@ -41,9 +41,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rknn_client.doorbell import Doorbell, DoorbellLost
-from rknn_client.errors import InvalidInput, NotFound, RknnError, SessionLost
+from rknn_client.errors import InvalidInput, NotFound, ResourceExhausted, RknnError, SessionLost
 from rknn_proto import codec, rknn_pb2
 from rknn_proto.messages import TensorAttr
+from rknn_proto.reasons import Reason
 
 if TYPE_CHECKING:
     from rknn_client.api import Device, Session
@@ -54,6 +55,7 @@ BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 ALIGN = 64
 MIN_REGION_BYTES = 1 << 20
 DOORBELL_RETRY_S = 5.0
+ROOMS_KEPT = 8  # the input shapes whose outputs' sizes a session remembers (learn_room)
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
 log = logging.getLogger("rknn_client.shared_memory")
 
@@ -241,6 +243,8 @@ class SessionState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     bound: _Bound | None = None
     lent: bool = False  # outputs handed out as views of the region, not copies (lend_outputs)
+    # Output slot sizes learnt over the wire, by the inputs' shapes and dtypes (learn_room).
+    rooms: dict[tuple[tuple[tuple[int, ...], str], ...], list[int]] = field(default_factory=dict)
 
 
 def usable(device: Device) -> bool:
@@ -289,11 +293,35 @@ def lend_outputs(session: Session, lend: bool = True) -> None:
     session.shm.lent = lend
 
 
-def _output_room(session: Session) -> list[int] | None:
-    """Each output's slot size: its static size, as float32 at least (a dequantized output's size)."""
-    if any(s.is_dynamic for s in session.outputs):
-        return None
-    return [math.prod(s.shape) * max(s.dtype.itemsize, 4) for s in session.outputs]
+def _room(shapes: Sequence[Sequence[int]], itemsizes: Sequence[int]) -> list[int]:
+    """Slot sizes for outputs of these shapes, as float32 at least (a dequantized output's size)."""
+    return [math.prod(shape) * max(itemsize, 4) for shape, itemsize in zip(shapes, itemsizes, strict=True)]
+
+
+def _inputs_key(like: Sequence[np.ndarray | TensorAttr]) -> tuple[tuple[tuple[int, ...], str], ...]:
+    return tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in like)
+
+
+def _output_room(session: Session, like: Sequence[np.ndarray | TensorAttr]) -> list[int] | None:
+    """Each output's slot size for a frame of inputs like `like`: its static size, else the size a
+    frame of such inputs had over the wire (learn_room; most exported models' batch axis is dynamic,
+    so their outputs are even once the inputs are fixed), else None: the frame keeps to the wire."""
+    if not any(s.is_dynamic for s in session.outputs):
+        return _room([s.shape for s in session.outputs], [s.dtype.itemsize for s in session.outputs])
+    return session.shm.rooms.get(_inputs_key(like))
+
+
+def learn_room(session: Session, wire: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+    """Remember the outputs' sizes of a frame that went over the wire, for frames of inputs like its
+    (a model of dynamic output shapes; the last few input shapes kept). An output that grows past its
+    slot later is refused by the daemon before anything is written, and that frame goes by the wire."""
+    if not any(s.is_dynamic for s in session.outputs) or not usable(session.device):
+        return
+    rooms = session.shm.rooms
+    rooms.pop(key := _inputs_key(wire), None)
+    rooms[key] = _room([o.shape for o in outputs], [o.dtype.itemsize for o in outputs])
+    while len(rooms) > ROOMS_KEPT:
+        del rooms[next(iter(rooms))]
 
 
 def _register(session: Session, size: int, memfd: bool) -> Region | None:
@@ -323,6 +351,9 @@ def _bound(session: Session, input_sizes: Sequence[int], room: list[int]) -> _Bo
     size = sum(_aligned(n) for n in input_sizes) + sum(_aligned(r) for r in room)
     bound = session.shm.bound
     if bound is not None and bound.session_id == session.id and bound.region.size >= size:
+        if bound.room != room:  # outputs of another size (a dynamic model's other input shape):
+            bound.room, bound.header = room, None  # new slots, and a doorbell for them
+            bound.hang_up()
         return bound
     if bound is not None:
         session.shm.bound = None
@@ -362,7 +393,7 @@ def input_buffers(session: Session) -> list[np.ndarray]:
             "input buffers need every input's shape fixed: make the arrays and pass them to run()"
         )
     sizes = [s.size_bytes for s in session.inputs]
-    room = _output_room(session)
+    room = _output_room(session, session.inputs)
     bound = None
     if room is not None and usable(session.device):
         with session.shm.lock:
@@ -415,7 +446,7 @@ def _run_frame(
 ) -> list[np.ndarray] | None:
     bound = session.shm.bound
     if bound is None or header is not bound.source or bound.session_id != session.id:
-        room = _output_room(session)  # a frame like the last one has its slots already
+        room = _output_room(session, wire)  # a frame like the last one has its slots already
         bound = None if room is None else _bound(session, [a.nbytes for a in wire], room)
         if bound is None:
             return None
@@ -435,6 +466,12 @@ def _run_frame(
         session.shm.bound = None
         bound.hang_up()
         bound.region.close()
+        return None
+    except ResourceExhausted as exc:
+        if exc.reason is not Reason.OUTPUT_SLOT_TOO_SMALL:
+            raise
+        session.shm.rooms.pop(_inputs_key(wire), None)  # outputs larger than learnt: by the wire,
+        bound.source = None  # and the next frame's slots made again for what it shows
         return None
     session.last_run_time_us = ran.run_time_us
     views = bound.output_arrays(ran.outputs)

@@ -38,6 +38,8 @@ class Reason(str, Enum):
     STREAM_IDLE = "STREAM_IDLE"
     # The client speaks an older protocol than the daemon still serves.
     PROTOCOL_TOO_OLD = "PROTOCOL_TOO_OLD"
+    # A shared-memory frame's output is larger than the slot given for it; nothing was written.
+    OUTPUT_SLOT_TOO_SMALL = "OUTPUT_SLOT_TOO_SMALL"
 
 
 def parse_reason(value: str | bytes | None) -> Reason | None:

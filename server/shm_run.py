@@ -22,6 +22,7 @@ import numpy as np
 
 from rknn_proto import codec, rknn_pb2
 from rknn_proto.messages import QuantType, TensorAttr
+from rknn_proto.reasons import Reason
 from rknn_server.data_plane import DataPlane, RunTimes
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.frames import InputPlan, arrange, check_inputs, wire_outputs
@@ -80,7 +81,8 @@ def _check_fits(i: int, nbytes: int, slot: Slot) -> None:
     if nbytes > slot.length:
         raise ResourceExhausted(
             f"output {i} is {nbytes} bytes; its region slot holds {slot.length}. Nothing was written; "
-            "give it a larger slot"
+            "give it a larger slot",
+            reason=Reason.OUTPUT_SLOT_TOO_SMALL,
         )
 
 

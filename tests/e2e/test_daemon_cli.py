@@ -266,6 +266,6 @@ def test_a_private_daemon_ignores_the_callers_rknn_server_variables(
                 metadata=[("authorization", f"Bearer {endpoint.token}")],
                 timeout=30,
             )
-        assert reply.limits.max_sessions == 16
+        assert reply.limits.max_sessions == 64
     finally:
         endpoint.close()

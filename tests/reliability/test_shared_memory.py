@@ -648,3 +648,43 @@ def test_input_buffers_need_fixed_shapes(daemons: StartDaemon, tmp_path: Path) -
         pytest.raises(InvalidInput, match="dynamic shape"),
     ):
         shared_memory.input_buffers(session)
+
+
+def test_outputs_of_a_dynamic_batch_axis_take_shared_memory_once_a_frame_showed_their_size(
+    daemons: StartDaemon, tmp_path: Path
+) -> None:
+    """Most exported models have a dynamic batch axis, so their outputs' shapes are dynamic even
+    when every frame has the same input: the first frame of an input shape goes by the wire and
+    shows the outputs' size, the next ones of that shape go through the region. A frame whose output
+    outgrows what was learnt (a model whose output size follows the data) is refused before anything
+    is written, and goes by the wire."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("NonZero", ["x"], ["where"])],
+        "dynamic",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 4])],
+        [
+            helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4]),
+            helper.make_tensor_value_info("where", onnx.TensorProto.INT64, [2, "k"]),
+        ],
+    )
+    model = save_graph(graph, tmp_path / "dynamic.onnx")
+    sparse = np.array([[0, 0, 0, 1]] * 2, np.float32)
+    dense = np.ones((2, 4), np.float32)
+    batch = np.ones((3, 4), np.float32)  # another input shape
+    daemon = daemons()
+    with device(daemon) as dev, dev.load(model) as session:
+        # Each frame, and how many frames have gone by the wire (Run calls) once it is answered.
+        for frame, by_wire in [
+            (sparse, 1),
+            (sparse, 1),
+            (sparse, 1),
+            (dense, 2),
+            (dense, 2),
+            (batch, 3),
+            (batch, 3),
+        ]:
+            y, where = session.run([frame])
+            assert np.array_equal(y, frame) and np.array_equal(where, np.array(np.nonzero(frame)))
+            assert wait_until(lambda want=by_wire: rpcs(daemon, "Run") >= want)
+            assert rpcs(daemon, "Run") == by_wire
+        assert uses(dev, session.id) == 5  # the region's: four frames and the one refused

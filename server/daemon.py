@@ -4,6 +4,7 @@ the guard (tokens, in-flight limit), TLS, and graceful shutdown on SIGTERM/SIGIN
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -290,6 +291,16 @@ def _announce(config: DaemonConfig, bound: list[str], metrics_url: str, instance
 
 
 async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or stdin's end with --exit-with-stdin). Every start step pushes
+    its undo on one exit stack, so a start that fails half way (a port taken, a bad repository)
+    stops what it had started, in reverse order, as a normal stop does."""
+    async with contextlib.AsyncExitStack() as stack:
+        await _serve(config, stack, ready)
+    log.info("daemon_stopped")
+    return 0
+
+
+async def _serve(config: DaemonConfig, stack: contextlib.AsyncExitStack, ready: asyncio.Event | None) -> None:
     security = _Security.of(config)
     probe = probe_platform(config.sysfs_root)
     legacy_plan = legacy.plan(
@@ -311,12 +322,17 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     backend, reason = _backend(config, probe, metrics)
     reservations = ReservationBook()
     plane = _data_plane(config, limits, backend, metrics, reservations)
+    stack.callback(plane.executor.shutdown, wait=False, cancel_futures=True)
+    stack.callback(plane.cache.close)
     shared = SharedMemoryRegistry(
         ShmLimits(enabled=config.shm), limits.session_idle_timeout_s, security.access.listeners
     )
+    stack.callback(shared.close_all)
+    stack.callback(plane.close_all, "daemon shutting down")
     doorbells = Doorbells(plane, shared, metrics)
     if config.shm:
         doorbells.start()
+        stack.callback(doorbells.close_all, 0.0)  # at once where the start failed; a no-op after a stop
     # Doorbells first: they let go of the memory of regions the registry then closes (and unmaps).
     plane.on_close.extend([doorbells.session_closed, shared.session_closed])
     facts = ServiceConfig(
@@ -347,7 +363,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         v2.InferenceService(models, serving.is_set, limits.max_message_bytes),
     )
 
-    http_server, metrics_url, gates = None, "", []
+    metrics_url, gates = "", []
     if config.metrics_listen is not None:
         # The HTTP door (and KServe v2 over REST) is imported only where --metrics-listen opens it.
         from rknn_server.http_endpoint import HttpEndpoint, Routes
@@ -367,6 +383,7 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
         )
         gates.append(endpoint.gate)
         http_server, http_port = await endpoint.start(config.metrics_listen)
+        stack.callback(http_server.close)
         metrics_url = config.metrics_listen.display(http_port).replace("tcp://", "http://", 1) + "/metrics"
     # Stop signals are handled before the daemon says it is ready: a SIGTERM right after the
     # `listening on` lines (or the ready file) is a clean stop.
@@ -374,19 +391,31 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+        stack.callback(loop.remove_signal_handler, sig)
     await server.start()
+
+    async def drain() -> None:
+        """Calls in flight and doorbell frames in flight finish within the grace period, side by side."""
+        await asyncio.gather(
+            server.stop(config.grace_s), asyncio.to_thread(doorbells.close_all, config.grace_s)
+        )
+
+    stack.push_async_callback(drain)
     legacy_limits = LegacyLimits(
         limits.tensors(), limits.max_model_bytes, limits.max_message_bytes, limits.toolkit_connections()
     )
     legacy_listener, legacy_bound = await legacy.start(
         legacy_plan, plane, legacy_limits, RELEASES[config.legacy_toolkit]
     )
+    stack.push_async_callback(legacy_listener.close)
     metrics.watch(GateCollector([legacy_listener.gate, *gates]))
     bound += [f"{place} (RKNN-Toolkit2 protocol)" for place in legacy_bound]
     await models.load_all()
     for status_name in ("", SERVICE_NAME):
         await health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
     serving.set()
+    if config.ready_file is not None:
+        stack.callback(config.ready_file.unlink, missing_ok=True)
     _announce(config, bound, metrics_url, facts.instance_id)
     log.info(
         "daemon_started",
@@ -404,29 +433,17 @@ async def serve(config: DaemonConfig, ready: asyncio.Event | None = None) -> int
 
     if config.exit_with_stdin:
         threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
-    reaper = asyncio.create_task(_reap(plane, shared, min(1.0, limits.session_idle_timeout_s / 4)))
-    maintenance = asyncio.create_task(_maintain_cache(plane.cache, plane.executor, config))
+    for task in (
+        asyncio.create_task(_reap(plane, shared, min(1.0, limits.session_idle_timeout_s / 4))),
+        asyncio.create_task(_maintain_cache(plane.cache, plane.executor, config)),
+    ):
+        stack.callback(task.cancel)
     if ready is not None:
         ready.set()
     await stop.wait()
     log.info("daemon_stopping", grace_s=config.grace_s, sessions=len(plane.registry))
     serving.clear()  # /v2/health/ready answers 503 while the calls in flight finish
     await health.enter_graceful_shutdown()
-    # Calls in flight and doorbell frames in flight finish within the grace period, side by side.
-    await asyncio.gather(server.stop(config.grace_s), asyncio.to_thread(doorbells.close_all, config.grace_s))
-    if http_server is not None:
-        http_server.close()
-    await legacy_listener.close()
-    reaper.cancel()
-    maintenance.cancel()
-    plane.close_all("daemon shutting down")
-    plane.cache.close()
-    shared.close_all()
-    plane.executor.shutdown(wait=False, cancel_futures=True)
-    if config.ready_file is not None:
-        config.ready_file.unlink(missing_ok=True)
-    log.info("daemon_stopped")
-    return 0
 
 
 def run(config: DaemonConfig) -> int:

@@ -1,11 +1,14 @@
-"""`rknn-client farm check farm.toml`: validate an inventory and reach every device in it.
+"""`rknn-client farm check farm.toml` (or `--labgrid`): validate an inventory and reach every device in it.
 
 Like `docker compose config`: prints the normalized inventory (defaults merged into each device,
 addresses normalized, DNS names expanded, literal tokens hidden) on stdout, and on stderr a table
 of what each device answered (health, then GetInfo and the version check) and one message per
 problem. Problems: any
 error in the file, a token that cannot be read, two devices at one address, a device that does not
-answer, a device whose soc label disagrees with the SoC it reports.
+answer, a device whose soc label (or runtime, runtime_version, daemon_version, driver_version)
+disagrees with what it reports. With labgrid the inventory is the coordinator's places (their tags
+are the labels), and a place that matches more than one RKNN resource, or a tag filter that also
+matches places without one, is a problem too.
 """
 
 from __future__ import annotations
@@ -17,10 +20,19 @@ from pathlib import Path
 
 from rknn_client.farm.auth import AuthError
 from rknn_client.farm.inventory import DeviceEntry, FarmConfigError, parse_address, read_farm_file
+from rknn_client.farm.labgrid_farm import RESOURCE_CLASSES, coordinator_address, labgrid_python, list_places
 from rknn_client.farm.pool import Farm
 from rknn_client.farm.probe import DeviceStatus
 
 HIDDEN_TOKEN = "<hidden>"
+# Labels (labgrid tags) that state a fact the board reports: label -> DeviceStatus field.
+FACT_LABELS = {
+    "soc": "reported_soc",
+    "runtime": "runtime",
+    "runtime_version": "runtime_version",
+    "daemon_version": "daemon_version",
+    "driver_version": "driver_version",
+}
 
 
 @dataclass
@@ -41,8 +53,24 @@ def gather_checked(farm_file: Path | None, addresses: Iterable[str]) -> CheckRes
     return CheckResult(entries, problems=problems)
 
 
+def gather_labgrid(coordinator: str | None, tags: dict[str, str]) -> CheckResult:
+    """The places of the coordinator whose tags include `tags`, and every problem with them."""
+    places = list_places(labgrid_python(), coordinator_address(coordinator), tags)
+    result = CheckResult(places.entries, problems=places.problems)
+    if tags and places.others:  # a test asking for these tags could be handed one of them
+        result.problems += [
+            f"place {name} has the tags {tags} but no {' or '.join(RESOURCE_CLASSES)} resource"
+            for name in sorted(places.others)
+        ]
+    return result
+
+
 def check(farm_file: Path | None, addresses: Iterable[str], probe_timeout_s: float = 3.0) -> CheckResult:
-    result = gather_checked(farm_file, addresses)
+    return check_devices(gather_checked(farm_file, addresses), probe_timeout_s)
+
+
+def check_devices(result: CheckResult, probe_timeout_s: float = 3.0) -> CheckResult:
+    """Reach every device gathered; adds the problems found to `result`."""
     seen: dict[str, str] = {}
     named: list[DeviceEntry] = []
     unreadable: set[str] = set()  # devices whose token cannot be read: said once, not again as unreachable
@@ -65,15 +93,28 @@ def check(farm_file: Path | None, addresses: Iterable[str], probe_timeout_s: flo
     result.entries = named
     result.statuses = Farm(named, probe_timeout_s=probe_timeout_s).statuses()
     for status in result.statuses:
-        name, label = status.entry.name, status.entry.labels.get("soc")
-        if not status.healthy and name not in unreadable:
-            result.problems.append(f"{name}: unreachable: {status.error}")
-        elif label and status.reported_soc and label != status.reported_soc.lower():
+        name = status.entry.name
+        if not status.healthy:
+            if name not in unreadable:
+                result.problems.append(f"{name}: unreachable: {status.error}")
+            continue
+        for key, reported in _wrong_facts(status):
             result.problems.append(
-                f"{name}: labelled soc = {label!r} but the board reports {status.reported_soc!r}; "
+                f"{name}: labelled {key} = {status.entry.labels[key]!r} but the board reports {reported!r}; "
                 "fix the label (or remove it to use what the board reports)"
             )
     return result
+
+
+def _wrong_facts(status: DeviceStatus) -> list[tuple[str, str]]:
+    """The fact labels of a device that answered which disagree with what it reports, in any case: a
+    label agrees with the whole or one word of it (`runtime_version = "2.3.2"` with "librknnrt 2.3.2")."""
+    wrong = []
+    for key, attribute in FACT_LABELS.items():
+        label, reported = status.entry.labels.get(key, "").lower(), str(getattr(status, attribute))
+        if label and reported and label not in {reported.lower(), *reported.lower().split()}:
+            wrong.append((key, reported))
+    return wrong
 
 
 def _toml_value(value: object) -> str:
@@ -101,13 +142,18 @@ def normalized_toml(entries: Iterable[DeviceEntry]) -> str:
     return "\n".join(blocks)
 
 
+def _name(entry: DeviceEntry) -> str:
+    """A labgrid place reads "PLACE @ EXPORTER"."""
+    return f"{entry.name} @ {entry.host}" if entry.host else entry.name
+
+
 def status_table(statuses: Iterable[DeviceStatus]) -> str:
     rows = [["name", "address", "health", "soc", "daemon", "protocol", "result"]]  # soc: as reported
     for s in statuses:
         if s.healthy:
             rows.append(
                 [
-                    s.entry.name,
+                    _name(s.entry),
                     s.entry.address,
                     "SERVING",
                     s.soc or "any",
@@ -117,7 +163,7 @@ def status_table(statuses: Iterable[DeviceStatus]) -> str:
                 ]
             )
         else:
-            rows.append([s.entry.name, s.entry.address, "DOWN", "-", "-", "-", s.error])
+            rows.append([_name(s.entry), s.entry.address, "DOWN", "-", "-", "-", s.error])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "".join(
         "  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip() + "\n"
@@ -134,6 +180,8 @@ def result_dict(result: CheckResult) -> dict[str, object]:
                 "name": s.entry.name,
                 "address": s.entry.address,
                 "labels": dict(s.entry.labels),
+                "place": s.entry.place,
+                "host": s.entry.host,
                 "auth": None
                 if s.entry.auth is None
                 else ("token_file" if s.entry.auth.token_file else "token"),
@@ -142,6 +190,8 @@ def result_dict(result: CheckResult) -> dict[str, object]:
                 "soc": s.soc,
                 "daemon_version": s.daemon_version,
                 "protocol_version": s.protocol_version,
+                "runtime": s.runtime,
+                "runtime_version": s.runtime_version,
             }
             for s in result.statuses
         ],

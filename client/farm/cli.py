@@ -1,13 +1,14 @@
 """`rknn-client farm ...`: list a farm's devices, fan a model out over them.
 
 rknn-client farm devices --farm farm.toml [--devices ADDR ...] [--json]
-rknn-client farm check farm.toml [--devices ADDR ...] [--json]
+rknn-client farm check (farm.toml [--devices ADDR ...] | --labgrid [HOST:PORT] [--soc S] [--label K=V]) [--json]
 rknn-client farm run MODEL --input a.npy (--farm farm.toml | --devices ADDR[,ADDR] | --labgrid [HOST:PORT])
-    [--soc rk3588] [--label rack=r1] [--reference host|device:NAME] [--runs N] [--warmup N]
+    [--soc rk3588] [--label rack=r1] [--priority P] [--reference host|device:NAME] [--runs N] [--warmup N]
     [--json report.json] [--html report.html]
 
-With --labgrid (or neither --farm nor --devices while labgrid's LG_COORDINATOR is set) the devices
-are the places of labgrid's coordinator whose tags match --soc and --label (rknn_client.farm.labgrid_farm).
+With --labgrid (or no other source while labgrid's LG_COORDINATOR is set) the devices are the places
+of labgrid's coordinator whose tags match --soc and --label (rknn_client.farm.labgrid_farm); a run
+waits for them in labgrid's queue at --priority.
 
 `farm run` exits 0 when every device ran and agreed with the reference, 3 when any failed or
 disagreed (the report says which), 1 on a usage or farm-file error, 130 when interrupted: the
@@ -31,7 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_client.farm.check import check, normalized_toml, result_dict, status_table
+from rknn_client.farm.check import (
+    CheckResult,
+    check,
+    check_devices,
+    gather_labgrid,
+    normalized_toml,
+    result_dict,
+    status_table,
+)
 from rknn_client.farm.inventory import FarmConfigError
 from rknn_client.farm.labgrid_farm import LabgridFarm
 from rknn_client.farm.pool import Farm
@@ -62,15 +71,30 @@ def farm_from_args(args: argparse.Namespace) -> Farm:
     return Farm.from_sources(args.farm, addresses)
 
 
-def labgrid_from_args(args: argparse.Namespace, labels: dict[str, str]) -> LabgridFarm | None:
-    """The labgrid places a run asks for (--labgrid, or LG_COORDINATOR and no other source); None
-    for a run on --farm/--devices."""
-    if args.labgrid is None and (args.farm or args.devices or "LG_COORDINATOR" not in os.environ):
+def labgrid_tags(args: argparse.Namespace, other_source: object) -> dict[str, str] | None:
+    """The tag filter when a command works on labgrid's places (--labgrid, or LG_COORDINATOR and no
+    `other_source`); None when it works on a farm file or addresses."""
+    if args.labgrid is None and (other_source or "LG_COORDINATOR" not in os.environ):
         return None
-    if args.farm or args.devices:
-        raise FarmConfigError("give either --labgrid or --farm/--devices, not both")
-    tags = {"soc": args.soc.lower(), **labels} if args.soc else labels
-    return LabgridFarm(args.labgrid or None, tags)
+    if other_source:
+        raise FarmConfigError("give either --labgrid or a farm file/--devices, not both")
+    labels = dict(args.label or [])
+    return {"soc": args.soc.lower(), **labels} if args.soc else labels
+
+
+def add_labgrid_options(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--labgrid",
+        nargs="?",
+        const="",
+        metavar="HOST:PORT",
+        help="the places of labgrid's coordinator (default: $LG_COORDINATOR, else 127.0.0.1:20408) whose "
+        f"tags match --soc and --label, {what}",
+    )
+    parser.add_argument("--soc", help="only devices of this SoC")
+    parser.add_argument(
+        "--label", action="append", type=_label, metavar="KEY=VALUE", help="only devices with this label"
+    )
 
 
 def add_source_options(parser: argparse.ArgumentParser) -> None:
@@ -134,11 +158,22 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def checked(args: argparse.Namespace) -> CheckResult:
     addresses = _addresses(args.devices)
+    tags = labgrid_tags(args, args.farm_file or addresses)
+    if tags is not None:
+        return check_devices(gather_labgrid(args.labgrid or None, tags))
+    if args.soc or args.label:
+        raise FarmConfigError("--soc and --label choose labgrid's places: a farm file is checked whole")
     if not args.farm_file and not addresses:
-        raise FarmConfigError("nothing to check: give farm.toml and/or --devices tcp://HOST:PORT,...")
-    result = check(args.farm_file, addresses)
+        raise FarmConfigError(
+            "nothing to check: give farm.toml and/or --devices tcp://HOST:PORT,... or --labgrid"
+        )
+    return check(args.farm_file, addresses)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    result = checked(args)
     if args.json:
         print(json.dumps(result_dict(result), indent=2))
     else:  # stdout stays valid TOML (`farm check farm.toml > normalized.toml`); the rest on stderr
@@ -185,8 +220,12 @@ def interrupt_cancels(farm: Farm | LabgridFarm) -> Iterator[None]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     labels = dict(args.label or [])
-    places = labgrid_from_args(args, labels)
-    farm = farm_from_args(args) if places is None else places
+    tags = labgrid_tags(args, args.farm or args.devices)
+    farm = (
+        farm_from_args(args)
+        if tags is None
+        else LabgridFarm(args.labgrid or None, tags, priority=args.priority)
+    )
     inputs = [np.load(p) for p in args.input]
     timing = Timing(warmup=args.warmup, runs=args.runs)
     with interrupt_cancels(farm):
@@ -245,24 +284,21 @@ def add_farm_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     checker.add_argument("farm_file", type=Path, nargs="?", help="farm.toml to check")
     checker.add_argument("--devices", action="append", metavar="ADDR[,ADDR]", help="more devices to check")
     checker.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_labgrid_options(checker, "each board reached (none is reserved)")
     checker.set_defaults(standalone=cmd_check)
     run = sub.add_parser("run", help="run, time and compare one model on every matching device in parallel")
     add_source_options(run)
+    add_labgrid_options(run, "each reserved and locked through labgrid for its run")
     run.add_argument(
-        "--labgrid",
-        nargs="?",
-        const="",
-        metavar="HOST:PORT",
-        help="the places of labgrid's coordinator (default: $LG_COORDINATOR, else 127.0.0.1:20408) whose "
-        "tags match --soc and --label, each reserved and locked through labgrid for its run",
+        "--priority",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="labgrid's reservation priority: a higher one is served before those waiting (default 0)",
     )
     run.add_argument("model", help="model file the devices load (.rknn on boards, .onnx on the host runtime)")
     run.add_argument(
         "--input", action="append", required=True, help=".npy file, one per model input, in order"
-    )
-    run.add_argument("--soc", help="only devices of this SoC")
-    run.add_argument(
-        "--label", action="append", type=_label, metavar="KEY=VALUE", help="only devices with this label"
     )
     run.add_argument(
         "--reference",

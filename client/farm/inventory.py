@@ -50,6 +50,8 @@ class DeviceEntry:
     address: str  # tcp://HOST:PORT or adb:SERIAL
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     auth: DeviceAuth | None = None
+    place: str = ""  # the labgrid place it is, "" outside labgrid
+    host: str = ""  # the labgrid exporter that publishes it
 
     def matches_labels(self, wanted: Mapping[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in wanted.items())

@@ -5,14 +5,15 @@ Python that `labgrid-client` runs on, so labgrid needs no place in rknn_client's
 its pins). It imports only the standard library and labgrid's client API (`start_session`, the
 coordinator's gRPC messages), and answers in JSON on stdout:
 
-    labgrid_agent.py list COORDINATOR CLS [KEY=VALUE ...]
-        one JSON list: every place whose tags match, with the parameters of each CLS resource it
-        matches.
-    labgrid_agent.py hold COORDINATOR PLACE [KEY=VALUE ...]
-        reserves PLACE (a labgrid reservation filtered by the tags and `name=PLACE`), waits in the
-        coordinator's queue, locks the place; one JSON line per step: {"token"}, {"acquired"}. Then
-        it holds the place until its stdin closes (a line or EOF: the parent gave it back, or died),
-        cancels the reservation and unlocks the place. {"error"} and exit status 1 when it cannot.
+    labgrid_agent.py list COORDINATOR CLS[,CLS ...] [KEY=VALUE ...]
+        one JSON list: every place whose tags match, with the exporter, class and parameters of each
+        resource of those classes it matches.
+    labgrid_agent.py hold COORDINATOR PRIO [KEY=VALUE ...]
+        reserves a place by the filter (labgrid's tags, `name=PLACE` for one place) with priority
+        PRIO, waits in the coordinator's queue, locks the place the coordinator allocated; one JSON
+        line per step: {"token"}, {"acquired": PLACE}. Then it holds the place until its stdin
+        closes (a line or EOF: the parent gave it back, or died), cancels the reservation and
+        unlocks the place. {"error"} and exit status 1 when it cannot.
 
 Labgrid keeps a lock for as long as nobody unlocks it, even after its client died; this process
 is that someone for a run: it outlives a killed run (its own session, so a Ctrl-C meant for the
@@ -38,24 +39,24 @@ def tag_filter(pairs: list[str]) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in pairs)
 
 
-def matching_places(session: Any, cls: str, tags: dict[str, str]) -> list[dict[str, Any]]:
-    """Places whose tags include `tags`, each with the resources of class `cls` it matches."""
+def matching_places(session: Any, classes: set[str], tags: dict[str, str]) -> list[dict[str, Any]]:
+    """Places whose tags include `tags`, each with the resources of `classes` it matches."""
     found = []
     for name, place in sorted(session.places.items()):
         if any(place.tags.get(k) != v for k, v in tags.items()):
             continue
         resources = [
-            {"params": resource.args}
+            {"exporter": exporter, "cls": resource.cls, "params": resource.args}
             for exporter, groups in sorted(session.resources.items())
             for group_name, group in sorted(groups.items())
             for resource_name, resource in sorted(group.items())
-            if resource.cls == cls and place.hasmatch((exporter, group_name, resource.cls, resource_name))
+            if resource.cls in classes and place.hasmatch((exporter, group_name, resource.cls, resource_name))
         ]
         found.append({"place": name, "tags": dict(place.tags), "resources": resources})
     return found
 
 
-async def hold(session: Any, place: str, tags: dict[str, str]) -> None:
+async def hold(session: Any, prio: float, tags: dict[str, str]) -> None:
     from labgrid.remote.common import Reservation, ReservationState
     from labgrid.remote.generated import labgrid_coordinator_pb2 as pb2
 
@@ -63,20 +64,19 @@ async def hold(session: Any, place: str, tags: dict[str, str]) -> None:
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
     given_back = asyncio.ensure_future(stdin.readline())
-    request = pb2.CreateReservationRequest(
-        filters={"main": pb2.Reservation.Filter(filter={**tags, "name": place})}, prio=0
-    )
+    request = pb2.CreateReservationRequest(filters={"main": pb2.Reservation.Filter(filter=tags)}, prio=prio)
     token = (await session.stub.CreateReservation(request)).reservation.token
     emit(token=token)
     locked = False
     try:
         while True:
             polled = await session.stub.PollReservation(pb2.PollReservationRequest(token=token))
-            state = Reservation.from_pb2(polled.reservation).state
-            if state is ReservationState.allocated:
+            reservation = Reservation.from_pb2(polled.reservation)
+            if reservation.state is ReservationState.allocated:
+                (place,) = reservation.allocations["main"]
                 break
-            if state is not ReservationState.waiting:
-                raise RuntimeError(f"reservation {token} for {place} is {state.name}")
+            if reservation.state is not ReservationState.waiting:
+                raise RuntimeError(f"reservation {token} for {tags} is {reservation.state.name}")
             await asyncio.wait([given_back], timeout=POLL_S)
             if given_back.done():
                 return
@@ -106,9 +106,10 @@ def main(argv: list[str]) -> int:
     try:
         session = start_session(coordinator)
         if command == "list":
-            print(json.dumps(matching_places(session, subject, tag_filter(pairs))), file=ANSWERS, flush=True)
+            places = matching_places(session, set(subject.split(",")), tag_filter(pairs))
+            print(json.dumps(places), file=ANSWERS, flush=True)
         else:
-            session.loop.run_until_complete(hold(session, subject, tag_filter(pairs)))
+            session.loop.run_until_complete(hold(session, float(subject), tag_filter(pairs)))
     except Exception as exc:  # the parent reads every failure from stdout
         why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
         emit(error=f"{type(exc).__name__}: {why}")

@@ -1,6 +1,7 @@
 """pytest plugin: run a test suite against leased farm boards.
 
     pytest --rknn-farm farm.toml -p xdist -n 4      # or --rknn-device tcp://HOST:PORT (repeatable)
+    pytest --rknn-labgrid HOST:PORT [--rknn-labgrid-tag rack=r1] -p xdist -n 4   # labgrid's places
 
     @pytest.mark.rknn_soc("rk3588", "rk3566")      # runs once per SoC, each on a board of that SoC
     @pytest.mark.rknn_labels(rack="r1")
@@ -9,8 +10,12 @@
             ...
 
 Every test that uses `rknn_device` (or `rknn_lease`) gets an exclusive reservation of a matching
-healthy board for its duration, so pytest-xdist workers each work on their own board. Without
---rknn-farm / --rknn-device those tests are skipped. When no matching board is reachable, the test
+healthy board for its duration, so pytest-xdist workers each work on their own board. With
+--rknn-labgrid (or labgrid's LG_COORDINATOR and no farm) the boards are the places of labgrid's
+coordinator: a test reserves one by tags (its SoC, its labels, the --rknn-labgrid-tag ones) in the
+coordinator's queue and locks it, then reserves its daemon, through the same acquire as a farm's;
+the coordinator hands each place to one reservation at a time, which is how the workers share the
+lab. Without any of these the tests are skipped. When no matching board is reachable, the test
 fails at once with each board's reason (`--rknn-unreachable skip` skips it instead).
 """
 
@@ -24,6 +29,7 @@ import pytest
 
 if TYPE_CHECKING:
     from rknn_client.api import Device
+    from rknn_client.farm.labgrid_farm import LabgridFarm, PlaceLease
     from rknn_client.farm.pool import Farm, Lease
 
 # pytest loads this entry point in every run of a venv holding the project, a board's `[server]`-only
@@ -41,6 +47,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="ADDR",
         help="a board to lease (tcp://HOST:PORT, dns://NAME:PORT, adb:SERIAL); repeatable",
+    )
+    group.addoption(
+        "--rknn-labgrid",
+        nargs="?",
+        const="",
+        metavar="HOST:PORT",
+        help="lease labgrid's places through its coordinator (default: $LG_COORDINATOR, else 127.0.0.1:20408)",
+    )
+    group.addoption(
+        "--rknn-labgrid-tag",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only labgrid places with this tag (repeatable), beside a test's SoC and labels",
+    )
+    group.addoption(
+        "--rknn-labgrid-priority",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="labgrid's reservation priority of this run's tests (default 0)",
     )
     group.addoption(
         "--rknn-lease-timeout", type=float, default=600.0, metavar="S", help="wait S s for a free board"
@@ -75,21 +102,41 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="session")
-def rknn_farm(pytestconfig: pytest.Config) -> Farm:
-    """The farm given on the command line (tests needing it are skipped when none is)."""
+def rknn_farm(pytestconfig: pytest.Config) -> Farm | LabgridFarm:
+    """The farm given on the command line, or labgrid's places (tests needing it are skipped when
+    there is neither)."""
     farm_file = pytestconfig.getoption("rknn_farm")
     addresses = pytestconfig.getoption("rknn_device")
-    if not farm_file and not addresses:
-        pytest.skip("no RKNN farm: give --rknn-farm farm.toml or --rknn-device ADDR")
+    coordinator = pytestconfig.getoption("rknn_labgrid")
+    if coordinator is None and not farm_file and not addresses and "LG_COORDINATOR" in os.environ:
+        coordinator = ""
+    if coordinator is None and not farm_file and not addresses:
+        pytest.skip(
+            "no RKNN farm: give --rknn-farm farm.toml, --rknn-device ADDR or --rknn-labgrid HOST:PORT"
+        )
     from rknn_client.farm.pool import Farm, default_holder
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return Farm.from_sources(
-        farm_file,
-        addresses,
-        holder=default_holder(f"pytest {worker}".strip()),
-        ttl_s=pytestconfig.getoption("rknn_reservation_ttl"),
-    )
+    options = {
+        "holder": default_holder(f"pytest {worker}".strip()),
+        "ttl_s": pytestconfig.getoption("rknn_reservation_ttl"),
+    }
+    if coordinator is None:
+        return Farm.from_sources(farm_file, addresses, **options)
+    if farm_file or addresses:
+        raise pytest.UsageError("give either --rknn-labgrid or --rknn-farm/--rknn-device, not both")
+    from rknn_client.farm.labgrid_farm import LabgridFarm
+
+    tags = dict(_tag(text) for text in pytestconfig.getoption("rknn_labgrid_tag"))
+    priority = pytestconfig.getoption("rknn_labgrid_priority")
+    return LabgridFarm(coordinator or None, tags, priority=priority, **options)
+
+
+def _tag(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise pytest.UsageError(f"--rknn-labgrid-tag {text!r}: expected KEY=VALUE")
+    return key, value
 
 
 @pytest.fixture
@@ -100,9 +147,12 @@ def rknn_soc() -> str | None:
 
 @pytest.fixture
 def rknn_lease(
-    request: pytest.FixtureRequest, rknn_farm: Farm, rknn_soc: str | None, pytestconfig: pytest.Config
-) -> Iterator[Lease]:
-    """An exclusive reservation of a matching board for this test."""
+    request: pytest.FixtureRequest,
+    rknn_farm: Farm | LabgridFarm,
+    rknn_soc: str | None,
+    pytestconfig: pytest.Config,
+) -> Iterator[Lease | PlaceLease]:
+    """An exclusive reservation of a matching board for this test (with labgrid: of its place too)."""
     marker = request.node.get_closest_marker("rknn_labels")
     from rknn_client.farm.pool import NoReachableDevice
 
@@ -126,6 +176,6 @@ def rknn_lease(
 
 
 @pytest.fixture
-def rknn_device(rknn_lease: Lease) -> Device:
+def rknn_device(rknn_lease: Lease | PlaceLease) -> Device:
     """A connected client Device on the leased board (its calls carry the reservation)."""
     return rknn_lease.device

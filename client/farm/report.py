@@ -63,7 +63,7 @@ def _cells(result: DeviceResult) -> list[str]:
     low = result.min_cosine
     lat = result.latency
     return [
-        result.name + (" *" if result.is_reference else ""),
+        result.name + (f" @ {result.host}" if result.host else "") + (" *" if result.is_reference else ""),
         result.soc or "?",
         status(result),
         *([_ms(lat.p50_us), _ms(lat.p90_us), _ms(lat.min_us), _ms(lat.max_us)] if lat else ["-"] * 4),
@@ -72,6 +72,7 @@ def _cells(result: DeviceResult) -> list[str]:
     ]
 
 
+# A labgrid device reads "PLACE @ EXPORTER".
 HEADERS = ["device", "soc", "status", "p50 ms", "p90 ms", "min ms", "max ms", "memory MiB", "min cosine"]
 
 

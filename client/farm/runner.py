@@ -77,6 +77,8 @@ class DeviceResult:
     name: str
     address: str
     labels: dict[str, str]
+    place: str = ""  # labgrid's place (the name), "" outside labgrid
+    host: str = ""  # the labgrid exporter that publishes it
     ok: bool = False
     is_reference: bool = False
     error: str = ""
@@ -144,7 +146,7 @@ def run_on_device(
     """Reserve one device, run, time and measure the model there; failures become the result.
     After `farm.cancel()` it stops at the next step, closing its session and giving its lease back
     itself, and keeps the timed runs done."""
-    result = DeviceResult(entry.name, entry.address, dict(entry.labels))
+    result = DeviceResult(entry.name, entry.address, dict(entry.labels), entry.place, entry.host)
     stage = "reserve"
     times: list[float] = []
 

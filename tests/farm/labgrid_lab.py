@@ -1,5 +1,5 @@
-"""A labgrid lab on loopback for the farm tests: the real coordinator and exporters, RKNN boards as
-RKNNDaemon resources, places tagged with their SoC.
+"""A labgrid lab on loopback for the farm tests: the real coordinator and exporters publishing RKNN
+boards as resources (RKNNDaemon, RKNNAdbDaemon), places with tags.
 
 labgrid (PyPI) pins its own grpcio and protobuf, so it lives in a venv of its own in the user's cache
 folder, made once and reused, the way tests/kserve/tritonclient_venv.py makes tritonclient's (whose
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rknn_client.user_cache import cache_root
-from rknn_server.testing import DaemonProcess
 from tests.adb.fixtures import free_port
 from tests.kserve.tritonclient_venv import make_venv
 
@@ -50,6 +49,14 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = START_
     raise AssertionError(f"never happened: {what}")
 
 
+@dataclass(frozen=True)
+class Resource:
+    """A resource of an exporter's configuration: its class and parameters."""
+
+    cls: str
+    params: Mapping[str, object]
+
+
 @dataclass
 class LabProcess:
     name: str
@@ -77,6 +84,7 @@ class Lab:
         self.root = root
         self.address = f"127.0.0.1:{free_port()}"
         self.processes: list[LabProcess] = []
+        self.matches: dict[str, str] = {}  # group -> the EXPORTER/GROUP/CLASS match of its place
         self.coordinator = self._start("coordinator", ["labgrid-coordinator", "--listen", self.address])
         wait_until(self._coordinator_answers, f"the coordinator listening on {self.address}")
 
@@ -114,21 +122,22 @@ class Lab:
         assert done.returncode == 0, f"labgrid-client {' '.join(args)}: {done.stderr}{done.stdout}"
         return done.stdout
 
-    def add_exporters(self, exporters: Mapping[str, Mapping[str, DaemonProcess]]) -> None:
-        """Exporters (name -> group -> board), each publishing its boards' daemons as RKNNDaemon
-        resources in groups named after the boards; returns once the coordinator lists them all."""
+    def add_exporters(self, exporters: Mapping[str, Mapping[str, Resource]]) -> None:
+        """Exporters (name -> group -> resource), each publishing one resource per group (groups are
+        named after the boards); returns once the coordinator lists them all."""
         started = []
-        for name, boards in exporters.items():
+        for name, groups in exporters.items():
             config = self.root / f"{name}.yaml"
             config.write_text(
                 "".join(
-                    f"{group}:\n  RKNNDaemon:\n    address: 127.0.0.1\n    port: {b.address.rsplit(':', 1)[1]}\n"
-                    for group, b in boards.items()
+                    f"{group}:\n  {r.cls}:\n" + "".join(f"    {k}: {v}\n" for k, v in r.params.items())
+                    for group, r in groups.items()
                 )
             )
             options = ["--coordinator", self.address, "--name", name, "--hostname", "127.0.0.1"]
             started.append(self._start(f"exporter-{name}", ["labgrid-exporter", *options], str(config)))
-        wanted = {f"{name}/{group}/RKNNDaemon" for name, boards in exporters.items() for group in boards}
+            self.matches.update({group: f"{name}/{group}/{r.cls}" for group, r in groups.items()})
+        wanted = {self.matches[group] for groups in exporters.values() for group in groups}
 
         def listed() -> bool:
             assert all(e.process.poll() is None for e in started), [e.log_text() for e in started]
@@ -136,27 +145,38 @@ class Lab:
 
         wait_until(listed, "the exporters' resources at the coordinator")
 
-    def add_places(self, places: Mapping[str, tuple[str, Mapping[str, str]]]) -> None:
-        """Places (name -> (exporter, tags)), each matching the RKNNDaemon of the group of its name on
-        its exporter, made as an admin makes them (side by side: each labgrid-client call takes a while)."""
+    def add_places(self, places: Mapping[str, Mapping[str, str]]) -> None:
+        """Places (name -> tags), each matching the resource of the group of its name, made as an
+        admin makes them (side by side: each labgrid-client call takes a while)."""
 
-        def add(name: str, exporter: str, tags: Mapping[str, str]) -> None:
+        def add(name: str) -> None:
             self.client("-p", name, "create")
-            self.client("-p", name, "add-match", f"{exporter}/{name}/RKNNDaemon")
-            self.client("-p", name, "set-tags", *(f"{k}={v}" for k, v in tags.items()))
+            self.client("-p", name, "add-match", self.matches[name])
+            self.client("-p", name, "set-tags", *(f"{k}={v}" for k, v in places[name].items()))
 
         with ThreadPoolExecutor(len(places)) as pool:
-            list(pool.map(lambda name: add(name, *places[name]), places))
+            list(pool.map(add, places))
 
     def acquired(self) -> dict[str, str]:
         """Place -> who holds it, as `labgrid-client who` shows it (USER HOST PLACE CHANGED)."""
         rows = [line.split() for line in self.client("who").splitlines()[1:]]
         return {row[2]: f"{row[1]}/{row[0]}" for row in rows if row}
 
+    def reservations(self) -> list[dict[str, str]]:
+        """Every reservation the coordinator has, as `labgrid-client reservations` shows it (the
+        fields of each: owner, token, state, prio when not 0, created, timeout)."""
+        found: list[dict[str, str]] = []
+        for line in self.client("reservations").splitlines():
+            if line.startswith("Reservation "):
+                found.append({})
+            elif found and line.startswith("  ") and not line.startswith("    ") and ":" in line:
+                key, value = line.strip().split(":", 1)
+                found[-1][key] = value.strip()
+        return found
+
     def reservation_states(self) -> list[str]:
-        """The state of every reservation the coordinator has, as `labgrid-client reservations` shows it."""
-        lines = self.client("reservations").splitlines()
-        return sorted(line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("state:"))
+        """The state of every reservation the coordinator has."""
+        return sorted(r["state"] for r in self.reservations())
 
     def stop(self) -> None:
         for process in reversed(self.processes):

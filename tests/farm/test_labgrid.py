@@ -1,13 +1,13 @@
-"""`rknn-client farm run --labgrid` on a real labgrid lab: places chosen by tag, held one run at a time,
-shown by `labgrid-client who`, and given back when a run is interrupted or killed."""
+"""`rknn-client farm run --labgrid` and `farm check --labgrid` on a real labgrid lab: places chosen by
+tag (an adb-attached board's too), held one run at a time and the higher priority first, shown by
+`labgrid-client who`, named with their hosts in the report, and given back when a run is interrupted
+or killed."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,56 +16,11 @@ import pytest
 from rknn_client.farm import Farm, Lease
 from rknn_client.farm.labgrid_farm import labgrid_python
 from rknn_client.farm.probe import probe
-from rknn_server.testing import DaemonProcess, start_daemon
 from tests.cli_run import CliRun, cli
-from tests.farm import labgrid_lab
+from tests.farm.labgrid_fixtures import ADB_BOARD, Board, boards, facts, lab
 from tests.farm.labgrid_lab import Lab, wait_until
 
-# Board -> SoC: two rk3588 places on two exporters ("hosts"), one rk3566.
-BOARDS = {"b0": "rk3588", "b1": "rk3588", "b2": "rk3566"}
-EXPORTERS = {"host-a": ("b0", "b2"), "host-b": ("b1",)}
-
-
-@pytest.fixture(scope="module")
-def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DaemonProcess]]:
-    """The boards, shared by the tests of this module as the lab is (each test gives back what it
-    held); started side by side, stopped by PID at the end."""
-    root = tmp_path_factory.mktemp("labgrid-boards")
-
-    def start(board: str) -> DaemonProcess:
-        args = ["--runtime", "host", "--soc", BOARDS[board]]
-        return start_daemon(root / f"{board}-cache", root / f"{board}.log", args)
-
-    with ThreadPoolExecutor(len(BOARDS)) as pool:
-        started = dict(zip(BOARDS, pool.map(start, BOARDS), strict=True))
-    yield started
-    for daemon in started.values():
-        daemon.stop()
-
-
-@pytest.fixture(scope="module")
-def lab(daemons: dict[str, DaemonProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """The lab, with labgrid-client on PATH (as `pipx install labgrid` puts it) and no LG_* variable
-    of the machine's in the way."""
-    bin_dir, reason = labgrid_lab.ensure()
-    if bin_dir is None:
-        pytest.skip(reason)
-    root = tmp_path_factory.mktemp("labgrid-lab")
-    (root / "path").mkdir()
-    (root / "path" / "labgrid-client").symlink_to(bin_dir / "labgrid-client")
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("LG_COORDINATOR", "LG_PLACE", "LG_TOKEN", "LG_ENV"):
-            patch.delenv(name, raising=False)
-        patch.setenv("PATH", f"{root / 'path'}{os.pathsep}{os.environ['PATH']}")
-        lab = Lab(bin_dir, root)
-        try:
-            lab.add_exporters({e: {b: daemons[b] for b in boards} for e, boards in EXPORTERS.items()})
-            lab.add_places(
-                {b: (e, {"soc": BOARDS[b], "rack": "r1"}) for e, boards in EXPORTERS.items() for b in boards}
-            )
-            yield lab
-        finally:
-            lab.stop()
+__all__ = ["boards", "lab"]  # the module's lab, used as fixtures
 
 
 @pytest.fixture
@@ -76,10 +31,10 @@ def image(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def b2_hog(daemons: dict[str, DaemonProcess]) -> Iterator[Lease]:
+def b2_hog(boards: dict[str, Board]) -> Iterator[Lease]:
     """b2's daemon reserved outside labgrid: a run holding place b2 then waits in the daemon's queue,
     holding the place without the CPU a running model would take."""
-    lease = Farm.from_sources(None, [daemons["b2"].url]).acquire(timeout=30, holder="hog")
+    lease = Farm([boards["b2"].entry]).acquire(timeout=30, holder="hog")
     try:
         yield lease
     finally:
@@ -125,22 +80,24 @@ def test_farm_run_runs_on_exactly_the_places_of_the_tag(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     devices = {d["name"]: d for d in json.loads(report.read_text())["devices"]}
-    assert sorted(devices) == ["b0", "b1"]
+    assert sorted(devices) == ["b0", "b1"]  # b1 is the board on host-b's adb
     assert all(d["ok"] and d["agrees"] and d["soc"] == "rk3588" for d in devices.values())
-    assert devices["b0"]["labels"] == {"soc": "rk3588", "rack": "r1"}
+    assert {(d["place"], d["host"]) for d in devices.values()} == {("b0", "host-a"), ("b1", "host-b")}
+    assert devices["b0"]["labels"]["rack"] == "r1" and devices["b1"]["labels"]["runtime"] == "host"
+    assert "b0 @ host-a" in done.stdout and "b1 @ host-b" in done.stdout  # the table names them too
     assert lab.acquired() == {}
     assert lab.reservation_states() == []
 
 
 def test_a_second_run_waits_until_the_first_gives_the_place_back(
     lab: Lab,
-    daemons: dict[str, DaemonProcess],
+    boards: dict[str, Board],
     b2_hog: Lease,
     cnn_model: Path,
     image: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    b2 = Farm.from_sources(None, [daemons["b2"].url]).entries[0]
+    b2 = boards["b2"].entry
     first = rk3566_run(cnn_model, image, "--labgrid", lab.address)
     runs = [first]
     try:
@@ -167,14 +124,14 @@ def test_a_second_run_waits_until_the_first_gives_the_place_back(
 
 
 def test_a_killed_run_gives_its_place_back(
-    lab: Lab, daemons: dict[str, DaemonProcess], b2_hog: Lease, cnn_model: Path, image: Path
+    lab: Lab, boards: dict[str, Board], b2_hog: Lease, cnn_model: Path, image: Path
 ) -> None:
     # Labgrid keeps a lock after its client is gone (labgrid-client exits right after acquiring) ...
     lab.client("-p", "b0", "acquire")
     assert "b0" in lab.acquired()
     lab.client("-p", "b0", "release")
     # ... so a killed run's place is given back by its agent, which sees the run end.
-    b2 = Farm.from_sources(None, [daemons["b2"].url]).entries[0]
+    b2 = boards["b2"].entry
     run = rk3566_run(cnn_model, image, "--labgrid", lab.address)
     try:
         wait_until(lambda: probe(b2).reservation_waiters == 1, "the run queued at b2's daemon")
@@ -185,3 +142,60 @@ def test_a_killed_run_gives_its_place_back(
         stopped([run])
     wait_until(lambda: lab.acquired() == {}, "the killed run's place unlocked")
     wait_until(lambda: lab.reservation_states() == [], "the killed run's reservation cancelled")
+
+
+def test_of_two_waiting_runs_the_higher_priority_gets_the_place_first(
+    lab: Lab, boards: dict[str, Board], b2_hog: Lease, cnn_model: Path, image: Path
+) -> None:
+    lab.client("-p", "b2", "acquire")  # someone holds b2 while both runs queue for it
+    runs: list[CliRun] = []
+    try:
+        runs.append(rk3566_run(cnn_model, image, "--labgrid", lab.address))  # the older one ...
+        wait_until(lambda: lab.reservation_states() == ["waiting"], "the default-priority run queued")
+        runs.append(rk3566_run(cnn_model, image, "--labgrid", lab.address, "--priority", "10"))
+        wait_until(lambda: lab.reservation_states() == ["waiting", "waiting"], "the priority run queued")
+        lab.client("-p", "b2", "release")
+        wait_until(lambda: "acquired" in lab.reservation_states(), "a run locked b2")
+        states = {r.get("prio", "0"): r["state"] for r in lab.reservations()}
+        assert states == {"10.0": "acquired", "0": "waiting"}  # ... is served second
+        wait_until(
+            lambda: probe(boards["b2"].entry).reservation_waiters == 1, "the priority run at b2's daemon"
+        )
+        b2_hog.release()
+        for run in runs[::-1]:
+            code, stdout, stderr = run.finish()
+            assert code == 0, stderr[-3000:]
+            assert "b2 @ host-a" in stdout
+    finally:
+        stopped(runs)
+    assert lab.acquired() == {}
+    assert lab.reservation_states() == []
+
+
+def test_farm_check_reaches_the_places_through_the_coordinator(lab: Lab, boards: dict[str, Board]) -> None:
+    done = cli("farm", "check", "--labgrid", lab.address, "--json")
+    assert done.returncode == 0, done.stderr
+    devices = {d["name"]: d for d in json.loads(done.stdout)["devices"]}
+    assert sorted(devices) == ["b0", "b1", "b2"]
+    assert all(d["reachable"] for d in devices.values())
+    assert (devices[ADB_BOARD]["host"], devices[ADB_BOARD]["address"]) == (
+        "host-b",
+        boards[ADB_BOARD].entry.address,
+    )
+    assert devices["b2"]["soc"] == "rk3566"
+    assert lab.acquired() == {}  # checking reserves nothing
+    # A tag that disagrees with the board, and a place the tags match that has no RKNN board.
+    lab.client("-p", "b0", "set-tags", "runtime_version=librknnrt-0.0")
+    lab.client("-p", "scope", "create")
+    try:
+        lab.client("-p", "scope", "set-tags", "soc=rk3588", "rack=r1")
+        done = cli("farm", "check", "--labgrid", lab.address, "--soc", "rk3588")
+        assert done.returncode == 1, done.stderr
+        assert "b0: labelled runtime_version = 'librknnrt-0.0' but the board reports" in done.stderr
+        assert "place scope has the tags" in done.stderr
+        assert 'name = "b1"' in done.stdout and 'name = "b2"' not in done.stdout  # the places as farm.toml
+    finally:
+        lab.client("-p", "scope", "delete")
+        lab.client(
+            "-p", "b0", "set-tags", f"runtime_version={facts(boards['b0'].status())['runtime_version']}"
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,8 @@ class Venv:
             text=True,
             timeout=timeout,
             cwd=self.root,  # not the checkout: its folders must not be importable by accident
+            # ... nor a labgrid lab of the machine's (LG_COORDINATOR) reachable by its farm plugin
+            env={k: v for k, v in os.environ.items() if not k.startswith("LG_")},
             check=False,
         )
         assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"

@@ -17,6 +17,10 @@
   quantized_algorithm; skipped, saying why, without a toolkit (`rknn-client toolkit install`).
 - the toolkit protocol (bench/legacy_round_trip.py): the unmodified toolkit's `inference()` through
   an emulated adb board against rknn.v1's `Run` of the same model on the same daemon (p50 ratio).
+- peers (bench/peers): KServe, MLServer and PyTriton, each in a venv of its own, serving the same
+  models on the same ONNX Runtime to the same tritonclient, alternated with ours over three rounds
+  (p50/p99, throughput, server CPU per request and RSS as ratios peer/ours); the daemon's start time
+  and RSS per session; perf_analyzer on our dynamic batcher against the same model without it.
 The machine is shared and noisy: each figure is the median of several runs, and only the ratios
 of figures taken side by side in this one run mean anything.
 `python -m bench.run --only NAME` (repeatable) measures only those rows, into
@@ -51,6 +55,7 @@ from bench.adb_forward import measure_adb
 from bench.fidelity import measure_fidelity
 from bench.grpc_ceiling import NoOpServer, measure_ceiling
 from bench.legacy_round_trip import measure_legacy
+from bench.peers.row import measure_peers
 from bench.raw_socket import transfer_seconds
 from bench.shared_memory import bench_shared_memory, shared_memory_on
 from bench.side_by_side import side_by_side
@@ -330,6 +335,7 @@ def _standalone(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         *[(name, functools.partial(bench, work, RESULTS)) for name, bench in throughput.BENCHMARKS],
         ("int8_fidelity", lambda: measure_fidelity(work / "fidelity")),
         ("legacy_round_trip", lambda: measure_legacy(work / "legacy")),
+        ("peers", lambda: measure_peers(work / "peers")),
     ]
 
 

@@ -33,7 +33,7 @@ from rknn_proto import codec, rknn_pb2
 from rknn_proto.manifest import valid_digest
 from rknn_proto.messages import QuantType, TensorAttr, in_layout
 from rknn_server import __version__
-from rknn_server.data_plane import DataPlane, OpenRequest
+from rknn_server.data_plane import DataPlane, OpenRequest, Ran
 from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
 from rknn_server.frames import Declared, take_arrays, wire_outputs
 from rknn_server.kserve.batcher import DynamicBatcher
@@ -42,7 +42,7 @@ from rknn_server.kserve.pbtxt import CONFIG_PBTXT, DeclaredTensor
 from rknn_server.kserve.repository import ModelConfig, ModelFolder, ModelRepository, TensorConfig
 from rknn_server.kserve.session_pools import SessionPools
 from rknn_server.kserve.system_shm import RegionSlot, SystemRegions
-from rknn_server.runtime.base import ModelFormatError
+from rknn_server.runtime.base import InputFormat, ModelFormatError
 from rknn_server.sessions import Session
 
 log = structlog.get_logger("rknn_server.kserve")
@@ -416,7 +416,9 @@ class V2Models:
         triton = folder.config.triton
         key = (folder.name, folder.version)
         if triton is not None and triton.batching is not None:
-            self._batchers[key] = DynamicBatcher(self.plane.run, triton.max_batch_size, triton.batching)
+            self._batchers[key] = DynamicBatcher(
+                self.run_batch, triton.max_batch_size, triton.batching, self.plane.backend.parallel_runs
+            )
         else:
             self._batchers.pop(key, None)
         probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER, shared=True))
@@ -425,6 +427,16 @@ class V2Models:
         finally:
             await self.plane.close(probe.id, REPOSITORY_OWNER)
         return model
+
+    async def run_batch(
+        self, sessions: list[Session], arrays: list[np.ndarray], formats: list[InputFormat]
+    ) -> Ran:
+        """A dynamic batch, in a session of its requests that is not busy, else in one of the first
+        caller's pool (which opens another while the runtime computes more at once to good effect)."""
+        free = next((s for s in sessions if not s.lock.locked()), None)
+        if free is None:
+            free, _ = await self.sessions.get(sessions[0].digest, sessions[0].owner, shared=True)
+        return await self.plane.run(free, arrays, formats)
 
     async def load_all(self) -> None:
         """Load every repository model (start-up); a model that fails is UNAVAILABLE, with the reason."""

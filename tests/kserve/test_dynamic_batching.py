@@ -4,6 +4,7 @@ dynamic_batching run as one batch, and each caller gets exactly its own rows bac
 
 from __future__ import annotations
 
+import asyncio
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +16,11 @@ import pytest
 
 from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
-from rknn_server.kserve.pbtxt import ConfigError, parse_pbtxt
+from rknn_server.data_plane import Ran, RunTimes
+from rknn_server.kserve.batcher import DynamicBatcher
+from rknn_server.kserve.pbtxt import Batching, ConfigError, parse_pbtxt
+from rknn_server.runtime.base import InputFormat
+from rknn_server.sessions import Session
 from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
 from tests.models import identity_of
 
@@ -88,3 +93,34 @@ def test_dynamic_batching_needs_a_batch_dimension_and_sizes_within_it() -> None:
         "m", "max_batch_size: 8\n" + "dynamic_batching { preferred_batch_size: [ 4 ] }"
     ).batching
     assert batching is not None and batching.preferred_batch_sizes == (4,)
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_as_many_batches_run_at_once_as_the_runtime_computes_side_by_side(parallel: int) -> None:
+    """One batch at a time left a 2-core PC computing on one core (batching measured 0.65x the
+    throughput of none): the next batch is gathered and run while one computes, up to `parallel`."""
+    in_flight, most = 0, 0
+    seen: list[list[object]] = []
+
+    async def run(sessions: list[Session], arrays: list[np.ndarray], formats: list[InputFormat]) -> Ran:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        seen.append(list(sessions))
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return Ran([arrays[0] * 2], 1, RunTimes())
+
+    async def main() -> list[Ran]:
+        batcher = DynamicBatcher(run, 2, Batching(max_queue_delay_us=0), parallel)
+        requests = [
+            batcher.run(f"session-{i}", [np.full((1, 4), i, np.float32)], [InputFormat()])  # type: ignore[arg-type]
+            for i in range(8)
+        ]
+        return await asyncio.gather(*requests)
+
+    answers = asyncio.run(main())
+    assert [a.outputs[0][0, 0] for a in answers] == [2.0 * i for i in range(8)]  # each its own rows
+    assert most == parallel
+    assert sorted(len(s) for s in seen) == [2, 2, 2, 2]  # batches of max_batch_size
+    assert sorted(x for s in seen for x in s) == sorted(f"session-{i}" for i in range(8))  # type: ignore[type-var]

@@ -18,9 +18,13 @@ ROUNDS = 3
 CONCURRENCY = 8
 MAX_BATCH = 8
 QUEUE_DELAY_US = 5000
+# Batches of half the callers: two of them compute side by side on our 2 cores (--threads 1), as a
+# Triton user sizes preferred batches to the instances that run them.
+PREFERRED_BATCH = CONCURRENCY // 2
 INTERVAL_MS = 1500
 CONFIGS = {
-    "batched": f"max_batch_size: {MAX_BATCH}\ndynamic_batching {{ max_queue_delay_microseconds: {QUEUE_DELAY_US} }}\n",
+    "batched": f"max_batch_size: {MAX_BATCH}\ndynamic_batching {{ preferred_batch_size: {PREFERRED_BATCH} "
+    f"max_queue_delay_microseconds: {QUEUE_DELAY_US} }}\n",
     "plain": f"max_batch_size: {MAX_BATCH}\n",
 }
 

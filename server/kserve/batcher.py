@@ -104,13 +104,17 @@ class DynamicBatcher:
         self._running.release()
 
     def _take(self) -> list[_Request]:
-        """The next batch: the oldest live request and those after it that fit beside it."""
+        """The next batch: the oldest live request and those after it that fit beside it, up to the
+        largest preferred size (as Triton forms batches: eight waiting with a preferred size of four
+        make two batches, which run side by side), else max_batch_size."""
         self._queue = [r for r in self._queue if not r.done.done()]
         if not self._queue:
             return []
-        first, total, batch, rest = self._queue[0], 0, [], []
+        first, total = self._queue[0], 0
+        batch: list[_Request] = []
+        rest: list[_Request] = []
         for request in self._queue:
-            if request.joins(first) and total + request.size <= self.max_batch_size:
+            if request.joins(first) and (not batch or total + request.size <= self.target):
                 batch.append(request)
                 total += request.size
             else:

@@ -95,10 +95,17 @@ def test_dynamic_batching_needs_a_batch_dimension_and_sizes_within_it() -> None:
     assert batching is not None and batching.preferred_batch_sizes == (4,)
 
 
-@pytest.mark.parametrize("parallel", [1, 2])
-def test_as_many_batches_run_at_once_as_the_runtime_computes_side_by_side(parallel: int) -> None:
+@pytest.mark.parametrize(
+    ("parallel", "max_batch", "preferred"),
+    [(1, 2, ()), (2, 2, ()), (2, 8, (4,))],
+    ids=["1", "2", "preferred"],
+)
+def test_as_many_batches_run_at_once_as_the_runtime_computes_side_by_side(
+    parallel: int, max_batch: int, preferred: tuple[int, ...]
+) -> None:
     """One batch at a time left a 2-core PC computing on one core (batching measured 0.65x the
-    throughput of none): the next batch is gathered and run while one computes, up to `parallel`."""
+    throughput of none): the next batch is gathered and run while one computes, up to `parallel`;
+    batches are of the largest preferred size where there is one (as Triton's), else max_batch_size."""
     in_flight, most = 0, 0
     seen: list[list[object]] = []
 
@@ -112,7 +119,7 @@ def test_as_many_batches_run_at_once_as_the_runtime_computes_side_by_side(parall
         return Ran([arrays[0] * 2], 1, RunTimes())
 
     async def main() -> list[Ran]:
-        batcher = DynamicBatcher(run, 2, Batching(max_queue_delay_us=0), parallel)
+        batcher = DynamicBatcher(run, max_batch, Batching(0, preferred), parallel)
         requests = [
             batcher.run(f"session-{i}", [np.full((1, 4), i, np.float32)], [InputFormat()])  # type: ignore[arg-type]
             for i in range(8)
@@ -122,5 +129,6 @@ def test_as_many_batches_run_at_once_as_the_runtime_computes_side_by_side(parall
     answers = asyncio.run(main())
     assert [a.outputs[0][0, 0] for a in answers] == [2.0 * i for i in range(8)]  # each its own rows
     assert most == parallel
-    assert sorted(len(s) for s in seen) == [2, 2, 2, 2]  # batches of max_batch_size
+    size = max(preferred, default=max_batch)
+    assert [len(s) for s in seen] == [size] * (8 // size)
     assert sorted(x for s in seen for x in s) == sorted(f"session-{i}" for i in range(8))  # type: ignore[type-var]

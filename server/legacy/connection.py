@@ -470,15 +470,15 @@ class LegacyConnection:
         value, text, ack = 0, b"", ACK_SUCC
         try:
             session = self._loaded()
-            runtime = session.runtime
             if subcommand == PERF_RUN:
                 value = round(self.last_run_us)
             elif subcommand == PERF_DETAIL:  # u64 strlen, the text, its NUL
-                text = (await self.plane.in_session(session, runtime.perf, None)).raw_text.encode() + b"\0"
+                # The protocol carries no fix_freq: measured as the board runs (the real server's).
+                text = (await self.plane.perf(session, fix_freq=False)).raw_text.encode() + b"\0"
                 value = len(text) - 1
             elif subcommand == MEMORY_DETAIL:  # u64 1024, the text in a 1 KiB buffer, a NUL
                 value = self.layout.memory_text_bytes
-                memory = memory_text(await self.plane.in_session(session, runtime.memory)).encode()
+                memory = memory_text(await self.plane.memory_of(session)).encode()
                 text = memory[: value - 1].ljust(value + 1, b"\0")
             else:
                 ack = ACK_IOCTL_UNKNOWN_CMD
@@ -543,10 +543,9 @@ class LegacyConnection:
         if inputs is None:
             raise InvalidInput("inference without inputs: the run came before any MsgMultiInput")
         arrays, formats = inputs
-        start = time.perf_counter()
-        outputs = await self.plane.in_session(session, session.runtime.run, arrays, formats)
-        self.last_run_us = (time.perf_counter() - start) * 1e6
-        native = messages.native_outputs(outputs, self.current[1])
+        ran = await self.plane.run(session, arrays, formats)  # timed: the per-model metrics count it
+        self.last_run_us = ran.run_time_us
+        native = messages.native_outputs(ran.outputs, self.current[1])
         if len(native) > self.layout.max_tensors:
             raise ResourceExhausted(
                 f"the model has {len(native)} outputs; the protocol carries at most {self.layout.max_tensors}"

@@ -37,6 +37,7 @@ from tests.legacy.wire_client import (
     finish_outputs,
     header,
 )
+from tests.metrics.conftest import metrics_base, samples, scrape
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 
 SHAPE = (1, 2, 2, 3)
@@ -442,3 +443,19 @@ def test_each_answered_request_is_recorded_like_a_grpc_call(daemon: LegacyDaemon
     assert [e["outcome"] for e in runs] == ["OK", "INVALID_ARGUMENT"]
     assert runs[0]["bytes_in"] > 12 * 4 and runs[0]["bytes_out"] > 12 * 4 and runs[0]["session"]
     assert [e["outcome"] for e in events if e.get("method") == "legacy.LOAD"] == ["OK"]
+
+
+def test_a_run_is_timed_into_the_per_model_metrics_as_every_door_s(
+    legacy_daemon: LegacyDaemonFactory, tmp_path: Path
+) -> None:
+    """The toolkit's runs take the data plane's one run path: queue and compute are observed per model."""
+    daemon = legacy_daemon("--metrics-listen", "tcp://127.0.0.1:0")
+    base = metrics_base(daemon.process)
+    client = connected(daemon)
+    assert client.load(stub_model(tmp_path / "m.rknn")).command == LOAD_ACK
+    for _ in range(3):
+        run_once(client, np.zeros(SHAPE, np.float32))
+    found = scrape(f"{base}/metrics")
+    for family in ("rknn_model_queue_seconds", "rknn_model_compute_seconds"):
+        counts = samples(found[family], f"{family}_count")
+        assert sum(counts.values()) == 3, (family, counts)

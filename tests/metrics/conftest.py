@@ -36,6 +36,11 @@ def start_metrics_daemon(folder: Path, *args: str) -> MetricsDaemon:
         folder / "daemon.log",
         ["--runtime", "host", "--metrics-listen", "tcp://127.0.0.1:0", *args],
     )
+    return MetricsDaemon(daemon, metrics_base(daemon))
+
+
+def metrics_base(daemon: DaemonProcess) -> str:
+    """ "http://127.0.0.1:PORT" of a daemon started with --metrics-listen, from its `metrics on` line."""
     found: list[str] = []
 
     def read() -> None:
@@ -51,7 +56,7 @@ def start_metrics_daemon(folder: Path, *args: str) -> MetricsDaemon:
     if not found:
         daemon.stop()
         raise RuntimeError(f"the daemon did not print its metrics address: {daemon.log_text()[-3000:]}")
-    return MetricsDaemon(daemon, found[0])
+    return found[0]
 
 
 @pytest.fixture

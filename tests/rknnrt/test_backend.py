@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import tempfile
 from pathlib import Path
@@ -344,3 +345,40 @@ def test_plugins_ignored_where_runtime_cannot_register(
     finally:
         model.close()
     assert "cannot register custom operators" in caplog.text
+
+
+def _resident(backend: RknnrtBackend) -> int:
+    """The stand-in's count of weight bytes held for loaded models (each model's once)."""
+    count = backend.library.cdll.rknn_stub_resident_weight
+    count.restype = ctypes.c_uint64
+    return int(count())
+
+
+@pytest.mark.parametrize("lib", ["stub_lib", "stub_mrt_lib"])
+def test_sessions_of_one_model_share_its_weights_through_duplicated_contexts(
+    lib: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """rknn_dup_context: eight callers of one model hold its weights once on the NPU; sessions with
+    other init flags (perf_debug) load their own; each context keeps its own inputs and outputs."""
+    backend = RknnrtBackend(request.getfixturevalue(lib), RK3588, None)
+    path = write_stub_model(tmp_path / "m.rknn", weight=1 << 20)
+    before = _resident(backend)
+    sessions = [backend.open(path, RuntimeOptions()) for _ in range(3)]
+    assert _resident(backend) - before == 1 << 20
+    shape = sessions[0].inputs[0].shape
+    for value, session in enumerate(sessions):
+        (y,) = session.run([np.full(shape, value, np.float32)])
+        np.testing.assert_array_equal(y, np.full(shape, 2 * value + 1, np.float32))
+    if lib == "stub_lib":  # the general API's perf flag: a context of its own
+        profiled = backend.open(path, RuntimeOptions(perf_debug=True))
+        assert _resident(backend) - before == 2 << 20
+        profiled.close()
+    sessions[0].close()  # the first, duplicated from: the others go on with the weights
+    assert _resident(backend) - before == 1 << 20
+    (y,) = sessions[1].run([np.ones(shape, np.float32)])
+    np.testing.assert_array_equal(y, np.full(shape, 3, np.float32))
+    another = backend.open(path, RuntimeOptions())  # duplicated from a session still open
+    assert _resident(backend) - before == 1 << 20
+    for session in [*sessions[1:], another]:
+        session.close()
+    assert _resident(backend) == before

@@ -286,6 +286,7 @@ _INT = ctypes.c_int
 # name -> (restype, argtypes); pointers to structs travel as void* (ctypes.byref or addressof).
 PROTOTYPES: dict[str, tuple[CType, tuple[CType, ...]]] = {
     "rknn_init": (_INT, (_P, _P, _U32, _U32, _P)),
+    "rknn_dup_context": (_INT, (_P, _P)),
     "rknn_destroy": (_INT, (NATIVE.context,)),
     "rknn_query": (_INT, (NATIVE.context, _INT, _P, _U32)),
     "rknn_inputs_set": (_INT, (NATIVE.context, _U32, _P)),

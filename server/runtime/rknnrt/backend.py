@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +22,7 @@ from rknn_server.runtime.base import (
     VersionInfo,
 )
 from rknn_server.runtime.rknnrt.library import RuntimeLibrary
-from rknn_server.runtime.rknnrt.model import RknnrtModel
+from rknn_server.runtime.rknnrt.model import RknnrtModel, init_flags
 from rknn_server.runtime.rknnrt.plugins import DEFAULT_PLUGIN_DIR, load_plugins
 
 
@@ -38,6 +40,10 @@ class RknnrtBackend(Backend):
             plugin_dir if plugin_dir is not None else (default_dir if default_dir.is_dir() else None)
         )
         self._plugins = load_plugins(self._plugin_dir) if self._plugin_dir is not None else ()
+        # The open sessions of each (model file, init flags): a new one duplicates a context of
+        # theirs (rknn_dup_context), so that one model's weights are in NPU memory once.
+        self._families: dict[tuple[str, int], weakref.WeakSet[RknnrtModel]] = {}
+        self._family = threading.Lock()
         symbols = self._library.symbols
         self.capabilities = BackendCapabilities(
             perf_per_layer=self._library.has_general_api,
@@ -67,7 +73,17 @@ class RknnrtBackend(Backend):
             raise ModelFormatError(
                 f"{model_path.name} is not a real RKNN model: {model_container.VIRTUAL_ONLY}"
             )
-        return RknnrtModel(self._library, model_path, options, self._probe, self._plugins, self._plugin_dir)
+        key = (str(model_path), init_flags(options, self._library.has_general_api))
+        with self._family:
+            self._families = {k: f for k, f in self._families.items() if f}  # closed families go
+            family = self._families.setdefault(key, weakref.WeakSet())
+            sibling = next((m for m in family if m.is_open), None)
+            model = RknnrtModel(
+                self._library, model_path, options, self._probe, self._plugins, self._plugin_dir,
+                sibling, self._family,
+            )  # fmt: skip
+            family.add(model)
+        return model
 
     def soc(self) -> str:
         return self._probe.soc

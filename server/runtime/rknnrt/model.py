@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -79,6 +80,17 @@ def check_core_mask(soc: str, mask: int) -> None:
         )
 
 
+def init_flags(options: RuntimeOptions, general: bool) -> int:
+    """rknn_init's flags for a session's options: sessions share a context's weights only when
+    these agree."""
+    flags = abi.InitFlag.PRIOR_HIGH
+    if options.perf_debug and general:
+        flags |= abi.InitFlag.COLLECT_PERF_MASK
+    if options.fallback_prior_device.lower() == "gpu":
+        flags |= abi.InitFlag.EXECUTE_FALLBACK_PRIOR_DEVICE_GPU
+    return int(flags)
+
+
 class RknnrtModel(ModelRuntime):
     """Not thread-safe (the daemon serialises calls per session)."""
 
@@ -90,9 +102,15 @@ class RknnrtModel(ModelRuntime):
         probe: PlatformInfo,
         plugins: Sequence[Plugin] = (),
         plugin_dir: Path | None = None,
+        sibling: RknnrtModel | None = None,
+        family: threading.Lock | None = None,
     ) -> None:
+        """Load the model, or, given a `sibling` session of the same file and init flags, duplicate
+        its context (rknn_dup_context: the two share the model's weights in NPU memory). `family` is
+        the lock its siblings' opens and closes take (a context is not duplicated while destroyed)."""
         self._library = library
         self._lib = library.cdll
+        self._family = family or threading.Lock()
         self._path = model_path
         self._options = options
         self._probe = probe
@@ -103,9 +121,11 @@ class RknnrtModel(ModelRuntime):
         self._last_wall_us = 0.0
         check_core_mask(probe.soc, options.core_mask)
         context = abi.NATIVE.context()
-        ret = self._lib.rknn_init(ctypes.byref(context), str(model_path).encode(), 0, self._flags(), None)
-        if ret < 0:
-            raise ModelFormatError(f"rknn_init failed for {model_path.name}: {abi.error_name(ret)}")
+        if sibling is None or not self._dup(sibling, context):
+            flags = init_flags(options, self._general)
+            ret = self._lib.rknn_init(ctypes.byref(context), str(model_path).encode(), 0, flags, None)
+            if ret < 0:
+                raise ModelFormatError(f"rknn_init failed for {model_path.name}: {abi.error_name(ret)}")
         self._ctx: int | None = int(context.value)
         try:
             self._setup(plugins)
@@ -115,13 +135,22 @@ class RknnrtModel(ModelRuntime):
 
     # --- set-up ---------------------------------------------------------------------------------
 
-    def _flags(self) -> int:
-        flags = abi.InitFlag.PRIOR_HIGH
-        if self._options.perf_debug and self._general:
-            flags |= abi.InitFlag.COLLECT_PERF_MASK
-        if self._options.fallback_prior_device.lower() == "gpu":
-            flags |= abi.InitFlag.EXECUTE_FALLBACK_PRIOR_DEVICE_GPU
-        return int(flags)
+    def _dup(self, sibling: RknnrtModel, context: ctypes._SimpleCData[int]) -> bool:
+        """Whether `context` now shares the sibling's weights (else it loads the file itself)."""
+        if "rknn_dup_context" not in self._library.symbols or sibling._ctx is None:
+            return False
+        source = abi.NATIVE.context(sibling._ctx)
+        ret = self._lib.rknn_dup_context(ctypes.byref(source), ctypes.byref(context))
+        if ret < 0:
+            log.warning(
+                "rknn_dup_context failed (%s); loading %s again", abi.error_name(ret), self._path.name
+            )
+            return False
+        return True
+
+    @property
+    def is_open(self) -> bool:
+        return self._ctx is not None
 
     def _setup(self, plugins: Sequence[Plugin]) -> None:
         self._register(plugins)
@@ -463,5 +492,6 @@ class RknnrtModel(ModelRuntime):
         for mem in self._mems:
             self._lib.rknn_destroy_mem(self._ctx, mem)
         self._mems.clear()
-        self._lib.rknn_destroy(self._ctx)
-        self._ctx = None
+        with self._family:
+            self._lib.rknn_destroy(self._ctx)
+            self._ctx = None

@@ -62,9 +62,15 @@ typedef struct {
     rknn_tensor_mem* io_out[MAX_TENSORS];
     int ran;
     char* perf_text;
+    int* weight_refs; /* contexts sharing this model's weights (rknn_dup_context) */
 } stub_ctx;
 
 static stub_ctx* contexts[MAX_CONTEXTS];
+/* The weight bytes held for all loaded models: a model's once, however many contexts share it. */
+static uint64_t resident_weight;
+
+/* Not in librknnrt: what a test reads to count the models held in memory. */
+uint64_t rknn_stub_resident_weight(void) { return resident_weight; }
 
 static stub_ctx* get_ctx(rknn_context c) {
     if (c == 0 || c > MAX_CONTEXTS) return NULL;
@@ -420,6 +426,17 @@ static uint32_t perf_total(stub_ctx* c) {
 }
 #endif
 
+static int place_ctx(stub_ctx* c, rknn_context* context) {
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        if (!contexts[i]) {
+            contexts[i] = c;
+            *context = (rknn_context)(i + 1);
+            return 0;
+        }
+    }
+    return -1;
+}
+
 int rknn_init(rknn_context* context, void* model, uint32_t size, uint32_t flag, rknn_init_extend* extend) {
     (void)extend;
     if (!context || !model || size != 0) return RKNN_ERR_PARAM_INVALID;
@@ -432,15 +449,43 @@ int rknn_init(rknn_context* context, void* model, uint32_t size, uint32_t flag, 
     c->flags = flag;
     if (c->n_dyn)
         memcpy(c->in[0].dims, c->dyn[c->n_dyn - 1], sizeof c->in[0].dims);
-    for (int i = 0; i < MAX_CONTEXTS; i++) {
-        if (!contexts[i]) {
-            contexts[i] = c;
-            *context = (rknn_context)(i + 1);
-            return RKNN_SUCC;
-        }
+    c->weight_refs = calloc(1, sizeof *c->weight_refs);
+    if (!c->weight_refs || place_ctx(c, context)) {
+        free(c->weight_refs);
+        free(c);
+        return RKNN_ERR_MALLOC_FAIL;
     }
-    free(c);
-    return RKNN_ERR_MALLOC_FAIL;
+    *c->weight_refs = 1;
+    resident_weight += c->weight;
+    return RKNN_SUCC;
+}
+
+/* A new context over the weights of `context_in` (the real runtime shares them between the two):
+   its own inputs, outputs, bound memory, core mask and shape; the model's declarations copied. */
+int rknn_dup_context(rknn_context* context_in, rknn_context* context_out) {
+    stub_ctx* src = context_in ? get_ctx(*context_in) : NULL;
+    if (!src || !context_out) return RKNN_ERR_PARAM_INVALID;
+    stub_ctx* c = malloc(sizeof *c);
+    if (!c) return RKNN_ERR_MALLOC_FAIL;
+    *c = *src;
+    memset(c->in_vals, 0, sizeof c->in_vals);
+    memset(c->in_ready, 0, sizeof c->in_ready);
+    memset(c->out_raw, 0, sizeof c->out_raw);
+    memset(c->io_in, 0, sizeof c->io_in);
+    memset(c->io_out, 0, sizeof c->io_out);
+    c->ran = 0;
+    c->perf_text = NULL;
+    c->n_ops = 0;
+    c->core_mask = 0;
+    c->shape_set = 0;
+    if (c->n_dyn)
+        memcpy(c->in[0].dims, c->dyn[c->n_dyn - 1], sizeof c->in[0].dims);
+    if (place_ctx(c, context_out)) {
+        free(c);
+        return RKNN_ERR_MALLOC_FAIL;
+    }
+    (*c->weight_refs)++;
+    return RKNN_SUCC;
 }
 
 int rknn_destroy(rknn_context context) {
@@ -451,6 +496,10 @@ int rknn_destroy(rknn_context context) {
         free(c->out_raw[i]);
     }
     free(c->perf_text);
+    if (--*c->weight_refs == 0) {
+        resident_weight -= c->weight;
+        free(c->weight_refs);
+    }
     free(c);
     contexts[context - 1] = NULL;
     return RKNN_SUCC;

@@ -324,3 +324,52 @@ def test_the_layer_rules_catch_a_new_module_and_one_that_reaches_up() -> None:
     imports = _tree_imports()
     imports["model_cache"] = [("server/model_cache.py", {"service", "errors"})]
     assert _reaching_up(imports) == ["server/model_cache.py (store) imports rknn_server.service (doors)"]
+
+
+# Where a model's runtime is called to run: the data plane's one timed path, and the shared-memory
+# frames it runs (shm_run prepares a frame whose run the plane calls under the session's lock).
+RUNS_A_MODEL = ("run", "run_into", "bind")
+RUNNERS = {"server/data_plane.py", "server/shm_run.py"}
+
+
+def _model_runs(source: str) -> list[int]:
+    """Lines of `source` that call a runtime's run methods (`<...>runtime.run(...)` and alike)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in RUNS_A_MODEL:
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name in ("runtime", "_runtime"):
+                lines.append(node.lineno)
+    return lines
+
+
+def _doors_running_models(files: dict[str, str]) -> list[str]:
+    return [
+        f"{path}:{line} runs a model outside the data plane (DataPlane.run, in_session)"
+        for path, source in sorted(files.items())
+        if path not in RUNNERS and not path.startswith("server/runtime/")
+        for line in _model_runs(source)
+    ]
+
+
+def _server_sources() -> dict[str, str]:
+    return {
+        str(path.relative_to(ROOT)): path.read_text()
+        for path in (ROOT / "server").rglob("*.py")
+        if not path.name.endswith(("_pb2.py", "_pb2_grpc.py"))
+    }
+
+
+def test_models_run_only_through_the_data_plane() -> None:
+    """Every door's model runs take the one timed path (metrics, records, the session's checks)."""
+    assert _doors_running_models(_server_sources()) == []
+
+
+def test_the_run_rule_catches_a_door_that_runs_a_model_itself() -> None:
+    sources = _server_sources()
+    sources["server/legacy/connection.py"] += (
+        "\n\ndef shortcut(session):\n    return session.runtime.run([], None)\n"
+    )
+    (found,) = _doors_running_models(sources)
+    assert found.startswith("server/legacy/connection.py:") and "outside the data plane" in found

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
+
 from rknn_client.user_cache import cache_root
 from tests.adb.fixtures import free_port
 from tests.kserve.tritonclient_venv import make_venv
@@ -28,14 +30,21 @@ START_TIMEOUT_S = 30.0
 
 
 def venv_dir() -> Path:
-    return cache_root() / f"labgrid-{VERSION}-venv"
+    return cache_root() / f"labgrid-{VERSION}-with-client-deps-venv"
+
+
+def client_requirements() -> list[str]:
+    """What `import rknn_client` needs (pyproject's own dependencies): labgrid's environments import
+    rknn_client.farm.labgrid_driver, which tests/farm/test_labgrid_driver.py runs from this tree."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    return list(project["project"]["dependencies"])
 
 
 def ensure() -> tuple[Path | None, str]:
     """The labgrid venv's bin folder (labgrid-coordinator, -exporter, -client), made if missing;
     else None and why it could not be made."""
     folder = venv_dir()
-    reason = make_venv(folder, [f"labgrid=={VERSION}"])
+    reason = make_venv(folder, [f"labgrid=={VERSION}", *client_requirements()])
     return (None, reason) if reason else (folder / "bin", "")
 
 

@@ -197,7 +197,12 @@ class DataPlane:
                 return self._compute(session, queued, timed, fn, *args)
             finally:
                 session.compute.release()
-        async with session.lock:
+        session.waiting += 1
+        try:
+            await session.lock.acquire()
+        finally:
+            session.waiting -= 1
+        try:
             work = asyncio.get_running_loop().run_in_executor(
                 self.executor, self.alone, session, queued, timed, fn, *args
             )
@@ -208,6 +213,8 @@ class DataPlane:
                 # the reaper cannot free a model mid-call) until the call really ends.
                 await asyncio.wait([work])
                 raise
+        finally:
+            session.lock.release()
 
     def alone(
         self, session: Session, queued: float, timed: RunTimes | None, fn: Callable[..., T], *args: Any

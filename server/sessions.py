@@ -46,6 +46,8 @@ class Session:
     buffers: BufferPool = field(default_factory=BufferPool)
     # Whether its last timed run was quick enough to run the next on the event loop (data_plane.py).
     quick: bool = False
+    # Calls waiting for its lock: where a pool of sessions queues the next one (kserve/session_pools.py).
+    waiting: int = 0
 
     def renew(self) -> None:
         self.last_used = time.monotonic()

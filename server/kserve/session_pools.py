@@ -63,8 +63,12 @@ class SessionPools:
         return self._in_turn(healthy)
 
     def _in_turn(self, sessions: list[Session]) -> Session:
-        """One of a full pool's busy sessions to queue on, each in turn."""
-        return sessions[next(self._turn) % len(sessions)]
+        """The full pool's busy session with the fewest calls queued on it (the first of them from a
+        turning start): a request queued behind a long queue while another session has none would
+        leave a core idle."""
+        start = next(self._turn) % len(sessions)
+        turned = sessions[start:] + sessions[:start]
+        return min(turned, key=lambda s: s.waiting + s.lock.locked())
 
     async def get(self, digest: str, owner: str, shared: bool) -> tuple[Session, bool]:
         """A session of the caller's pool of the model (`shared`: by a repository name) for one

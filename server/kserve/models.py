@@ -285,7 +285,9 @@ class V2Models:
         self.regions = regions  # Triton's system shared memory (None: not offered)
         # (name, version) of repository models with dynamic_batching (two may hold the same bytes)
         self._batchers: dict[tuple[str, str], DynamicBatcher] = {}
-        self.sessions = SessionPools(plane, max_cached_sessions, plane.backend.parallel_runs)
+        # Twice the runs that compute side by side: the next run of each core waits at the runtime's
+        # gate (a thread's hand-off), not in the event loop's queue of a busy session.
+        self.sessions = SessionPools(plane, max_cached_sessions, 2 * plane.backend.parallel_runs)
         self._loaded: dict[str, dict[str, Model]] = {}  # repository models that are ready, by version
         self._unavailable: dict[str, str] = {}  # repository model -> why it is not ready
         # (digest, owner) -> that owner's view of an uploaded model, bounded

@@ -3,9 +3,10 @@
 v2 has no sessions of its own: every request names a model. Each caller gets sessions of a model on
 first use, kept for the requests after; a session runs one call at a time, so a caller's concurrent
 requests (8 perf_analyzer clients of one user, a web server's workers) would queue on one. A pool
-holds up to the runtime's `parallel_runs` sessions (as many runs as compute side by side to good
-effect), opened only when every one it has is busy and only while the daemon's session limits and
-memory budget allow; past that, requests queue on the pool's sessions in turn. Beyond `capacity`
+holds up to `parallel` sessions (V2Models: twice the runtime's `parallel_runs`, the runs that compute
+side by side and one waiting at the runtime's gate for each; sessions of a model share its runtime),
+opened only when every one it has is busy and only while the daemon's session limits and memory
+budget allow; past that, requests queue on the least busy of the pool's sessions. Beyond `capacity`
 sessions in all, the least recently used pool gives its sessions back.
 """
 

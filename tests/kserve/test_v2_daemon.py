@@ -151,7 +151,8 @@ def test_an_rknn_model_on_the_rknnrt_runtime(tmp_path: Path, triton_python: Path
 
 def test_one_callers_concurrent_requests_run_in_a_pool_of_sessions(tmp_path: Path) -> None:
     """With one ONNX Runtime thread a session, as many runs as cores compute at once: a caller's
-    concurrent v2 requests get that many sessions of the model (not one they all queue on), and no more."""
+    concurrent v2 requests get sessions of the model for those and as many waiting at the runtime's
+    gate (not one they all queue on), and no more."""
     parallel = concurrent_runs(1)
     if parallel < 2:
         pytest.skip("one CPU core: one run at a time, so a pool of one")
@@ -174,6 +175,6 @@ def test_one_callers_concurrent_requests_run_in_a_pool_of_sessions(tmp_path: Pat
                 replies = list(pool.map(lambda _: stub.ModelInfer(request, timeout=60), range(40 * parallel)))
         assert all(len(r.raw_output_contents[0]) == 40 for r in replies)
         with connect(running.daemon.url) as device:
-            assert 2 <= device.info(refresh=True).open_sessions <= parallel
+            assert 2 <= device.info(refresh=True).open_sessions <= 2 * parallel
     finally:
         running.daemon.stop()

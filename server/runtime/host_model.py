@@ -236,16 +236,6 @@ def profiled_run_us(events: list[dict], runs: int) -> float:
     return statistics.fmean(spans[-runs:]) if spans else 0.0
 
 
-def _check_budget(name: str, graph: onnx.ModelProto, budget: int) -> None:
-    """Refuse, before ONNX Runtime allocates anything, a model that needs more than the session's budget."""
-    need = onnx_graph.materialized_bytes(graph, onnx_graph.inferred_tensors(graph)) if budget else 0
-    if need > budget:
-        raise OverBudget(
-            f"{name} needs at least {need} bytes to load and run (weights, constants computed at load, "
-            f"live intermediates), over the session budget max_session_memory={budget} (--max-session-memory)"
-        )
-
-
 class LoadedModel:
     """One model file in ONNX Runtime: its graph, InferenceSession and tensor descriptions, shared by
     every session of that file (ONNX Runtime runs one InferenceSession from several threads at once),
@@ -259,13 +249,16 @@ class LoadedModel:
         except Exception as exc:
             raise ModelFormatError(runtime_failure(f"{path.name} is not a loadable ONNX model", exc)) from exc
         check_external_data(self.graph, path.parent)
+        # Shape inference once per model: its budget (each open's), its arena and its memory report.
+        self.tensors = onnx_graph.inferred_tensors(self.graph)
+        self.need = onnx_graph.materialized_bytes(self.graph, self.tensors)
         self.check_budget(budget)
         process = psutil.Process()
         rss_before = process.memory_info().rss
         self.source, quantized = _runnable(None if virtual else path, self.graph)
         # Whether every run does the same work, whatever the caller's input (no dynamic axis, no shape
         # computed from the data). Only then an arena: one input that made a run huge must leave nothing held.
-        self.steady = onnx_graph.shapes_static(self.graph, onnx_graph.inferred_tensors(self.graph))
+        self.steady = onnx_graph.shapes_static(self.graph, self.tensors)
         try:
             self.session = ort.InferenceSession(
                 self.source,
@@ -280,7 +273,13 @@ class LoadedModel:
         self.input_names = [s.name for s in self.inputs]
 
     def check_budget(self, budget: int) -> None:
-        _check_budget(self.path.name, self.graph, budget)
+        """Refuse, before ONNX Runtime allocates anything, a session whose budget the model exceeds."""
+        if budget and self.need > budget:
+            raise OverBudget(
+                f"{self.path.name} needs at least {self.need} bytes to load and run (weights, constants "
+                "computed at load, live intermediates), over the session budget "
+                f"max_session_memory={budget} (--max-session-memory)"
+            )
 
 
 class HostModel(ModelRuntime):
@@ -413,9 +412,8 @@ class HostModel(ModelRuntime):
         return parse_profile(events, PROFILE_RUNS), profiled_run_us(events, PROFILE_RUNS)
 
     def memory(self) -> EvalMemoryResponse:
-        tensors = onnx_graph.inferred_tensors(self._model.graph)
         weights = onnx_graph.initializer_bytes(self._model.graph)
-        internal = onnx_graph.peak_intermediate_bytes(self._model.graph, tensors)
+        internal = onnx_graph.peak_intermediate_bytes(self._model.graph, self._model.tensors)
         model_size = sum(
             p.stat().st_size for p in self._model.path.parent.iterdir() if p.is_file() and p.name != ".main"
         )

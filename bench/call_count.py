@@ -123,10 +123,10 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["RKNN_CLIENT_TOOLKIT"] = "host"
 
+    from rknn_server.config.daemon_config import DaemonConfig
+    from rknn_server.config.listen import parse_listen
     from rknn_server.daemon import serve
-    from rknn_server.daemon_config import DaemonConfig
-    from rknn_server.listen import parse_listen
-    from rknn_server.logs import configure
+    from rknn_server.observe.logs import configure
     from tests import models
 
     configure("json", "error")

@@ -4,7 +4,7 @@ The unmodified RKNN-Toolkit2 (its own venv, its bundled adb, an emulated board w
 `local:transfer_proxy` reaches the daemon's legacy listener) times each `rknn.inference()` of a tiny
 model on the stand-in librknnrt; rknn_client's `Session.run` times the same model and input on the
 same daemon before and after it. The figure is the ratio of the two p50s: what the toolkit listener
-adds to a call (framing, its turnaround floor: server/legacy/connection.py) over the gRPC path.
+adds to a call (framing, its turnaround floor: server/protocols/legacy/connection.py) over the gRPC path.
 Skipped, saying why, without a toolkit (`rknn-client toolkit install --torch-stub`).
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rknn_client import connect
-from rknn_server.legacy.connection import MIN_TURNAROUND_S
+from rknn_server.protocols.legacy.connection import MIN_TURNAROUND_S
 from rknn_server.testing import start_daemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer
 from tests.adb.services import DeviceProfile

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from rknn_proto.version import DEFAULT_PORT
 from rknn_server import __version__
-from rknn_server.daemon_config import DaemonConfig
-from rknn_server.legacy.layouts import DEFAULT_VERSION, RELEASES
-from rknn_server.limits import Limits
-from rknn_server.listen import DEFAULT_LISTEN, ListenAddress, parse_listen, parse_metrics_listen
-from rknn_server.options import CONFIG_ENV, YEAR_S, Bounded, Repeat, document, env_name, parse_layered
+from rknn_server.config.daemon_config import DaemonConfig
+from rknn_server.config.limits import Limits
+from rknn_server.config.listen import DEFAULT_LISTEN, ListenAddress, parse_listen, parse_metrics_listen
+from rknn_server.config.options import CONFIG_ENV, YEAR_S, Bounded, Repeat, document, env_name, parse_layered
+from rknn_server.protocols.legacy.layouts import DEFAULT_VERSION, RELEASES
 
 # Only what the parsers need is imported here: `--help`, a refused option and `health` never load the
 # daemon (its imports cost a board's CPU seconds); serve_main imports it once the options are good.
@@ -41,7 +41,7 @@ def _metrics_listen_arg(text: str) -> ListenAddress:
 
 
 def add_limit_flags(group: argparse._ArgumentGroup, cache: bool) -> None:
-    """The flags of the Limits fields of one --help group, each from its field (server/limits.py): its
+    """The flags of the Limits fields of one --help group, each from its field (server/config/limits.py): its
     name, default (the memory budgets sized to this machine), range and help."""
     defaults = Limits.for_machine()
     for limit in Limits.flags():
@@ -59,7 +59,7 @@ def add_limit_flags(group: argparse._ArgumentGroup, cache: bool) -> None:
 def serve_parser() -> argparse.ArgumentParser:
     """The daemon's options, grouped by topic. A new option is one add_argument call in its group (plus
     its DaemonConfig field in daemon_config): its environment variable, config-file key and the default
-    shown in --help come from server/options.py."""
+    shown in --help come from server/config/options.py."""
     p = argparse.ArgumentParser(
         prog="rknn_server",
         usage=USAGE,
@@ -368,7 +368,7 @@ def serve_main(argv: list[str]) -> int:
         parser.error("--tls-cert and --tls-key go together")
     if args.no_legacy and args.legacy_listen:
         parser.error("--no-legacy and --legacy-listen contradict each other")
-    from rknn_server.legacy.listener import parse_place
+    from rknn_server.protocols.legacy.listener import parse_place
 
     for place in args.legacy_listen or ():
         try:
@@ -379,10 +379,10 @@ def serve_main(argv: list[str]) -> int:
         parser.error("--tls-client-ca needs --tls-cert and --tls-key")
     import structlog
 
-    from rknn_server.auth import SecurityConfigError
     from rknn_server.daemon import run
-    from rknn_server.kserve.repository import RepositoryError
-    from rknn_server.logs import configure
+    from rknn_server.kit.auth import SecurityConfigError
+    from rknn_server.observe.logs import configure
+    from rknn_server.protocols.kserve.repository import RepositoryError
     from rknn_server.runtime.select import BackendUnavailable
 
     configure(args.log_format, args.log_level)
@@ -401,7 +401,7 @@ def serve_main(argv: list[str]) -> int:
 
 def daemon_config(args: argparse.Namespace) -> DaemonConfig:
     """The daemon's settings from the parsed options (each limit's flag has its field's name as dest)."""
-    from rknn_server.auth import TlsFiles
+    from rknn_server.kit.auth import TlsFiles
 
     return DaemonConfig(
         listen=[parse_listen(a) for a in args.listen],

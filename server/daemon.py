@@ -24,34 +24,34 @@ from rknn_proto.kserve import grpc_service_pb2_grpc as v2_grpc
 from rknn_proto.ready import ReadyInfo, listening_line, write_ready_file
 from rknn_proto.version import HTTP2_OPTIONS, MAX_RUN_REPLY_BYTES
 from rknn_server import __version__
-from rknn_server.allocator import reuse_large_buffers
-from rknn_server.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
-from rknn_server.calls import Recorder
-from rknn_server.connections import GateCollector, raise_open_files
-from rknn_server.daemon_config import DaemonConfig
-from rknn_server.data_plane import DataPlane
-from rknn_server.doorbell import Doorbells
-from rknn_server.guard import Guard
-from rknn_server.kserve import grpc_service as v2
-from rknn_server.kserve.models import V2Models
-from rknn_server.kserve.repository import ModelRepository
-from rknn_server.kserve.system_shm import SystemRegions
-from rknn_server.legacy import startup as legacy
-from rknn_server.legacy.connection import LegacyLimits
-from rknn_server.legacy.layouts import RELEASES
-from rknn_server.limits import Limits
-from rknn_server.listen import ListenAddress, ListenError, bind_problem
-from rknn_server.metrics import DaemonMetrics, StateCollector
-from rknn_server.model_cache import ModelCache
-from rknn_server.platform import PlatformInfo, probe_platform
-from rknn_server.reservations import ReservationBook
+from rknn_server.board.allocator import reuse_large_buffers
+from rknn_server.board.platform import PlatformInfo, probe_platform
+from rknn_server.board.telemetry import BoardTelemetry
+from rknn_server.config.daemon_config import DaemonConfig
+from rknn_server.config.limits import Limits
+from rknn_server.config.listen import ListenAddress, ListenError, bind_problem
+from rknn_server.core.data_plane import DataPlane
+from rknn_server.core.shm import SharedMemoryRegistry, ShmLimits
+from rknn_server.kit.auth import AccessPolicy, TlsFiles, TokenTable, listen_policy
+from rknn_server.kit.connections import GateCollector, raise_open_files
+from rknn_server.kit.guard import Guard
+from rknn_server.observe.calls import Recorder
+from rknn_server.observe.metrics import DaemonMetrics, StateCollector
+from rknn_server.protocols.grpc.service import CODECS, RknnService, ServiceConfig
+from rknn_server.protocols.kserve import grpc_service as v2
+from rknn_server.protocols.kserve.models import V2Models
+from rknn_server.protocols.kserve.repository import ModelRepository
+from rknn_server.protocols.kserve.system_shm import SystemRegions
+from rknn_server.protocols.legacy import startup as legacy
+from rknn_server.protocols.legacy.connection import LegacyLimits
+from rknn_server.protocols.legacy.layouts import RELEASES
+from rknn_server.protocols.local.doorbell import Doorbells
 from rknn_server.runtime.backend_hook import load_backend
 from rknn_server.runtime.base import Backend
 from rknn_server.runtime.isolated import IsolatedBackend
 from rknn_server.runtime.select import select_backend
-from rknn_server.service import CODECS, RknnService, ServiceConfig
-from rknn_server.shm import SharedMemoryRegistry, ShmLimits
-from rknn_server.telemetry import BoardTelemetry
+from rknn_server.store.model_cache import ModelCache
+from rknn_server.store.reservations import ReservationBook
 
 log = structlog.get_logger("rknn_server")
 SERVICE_NAME = rknn_pb2.DESCRIPTOR.services_by_name["RknnServer"].full_name
@@ -168,7 +168,7 @@ class _Security:
                 "users) may call without a token or certificate"
             )
         if config.metrics_listen is not None:
-            from rknn_server.http_endpoint import check_exposure
+            from rknn_server.protocols.http.endpoint import check_exposure
 
             warnings += check_exposure(config.metrics_listen, tokens is not None, config.insecure)
         return cls(tokens, access, credentials, bool(exposure), tuple(warnings))
@@ -366,8 +366,8 @@ async def _serve(config: DaemonConfig, stack: contextlib.AsyncExitStack, ready: 
     metrics_url, gates = "", []
     if config.metrics_listen is not None:
         # The HTTP door (and KServe v2 over REST) is imported only where --metrics-listen opens it.
-        from rknn_server.http_endpoint import HttpEndpoint, Routes
-        from rknn_server.kserve.rest import RestV2
+        from rknn_server.protocols.http.endpoint import HttpEndpoint, Routes
+        from rknn_server.protocols.kserve.rest import RestV2
 
         routes = Routes(
             metrics.exposition,

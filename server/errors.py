@@ -71,7 +71,7 @@ class ResourceExhausted(ServiceError):
 
 
 class StreamIdle(ServiceError):
-    """A request stream that sent nothing for --stream-idle-timeout (server/guard.py)."""
+    """A request stream that sent nothing for --stream-idle-timeout (server/kit/guard.py)."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = Reason.STREAM_IDLE

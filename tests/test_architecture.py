@@ -54,9 +54,9 @@ def offenders(folder: str, forbidden: tuple[str, ...]) -> list[str]:
                 "grpc",
                 "google.protobuf",
                 "rknn_proto.rknn_pb2",
-                "rknn_server.service",
+                "rknn_server.protocols.grpc.service",
                 "rknn_server.daemon",
-                "rknn_server.sessions",
+                "rknn_server.core.sessions",
             ),
         ),
     ],
@@ -70,7 +70,7 @@ def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: 
     [
         # The handlers translate protobuf over the data plane: which backend serves is not their business.
         (
-            "server/service.py",
+            "server/protocols/grpc/service.py",
             (
                 "rknn_server.runtime.host",
                 "rknn_server.runtime.rknnrt",
@@ -80,7 +80,7 @@ def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: 
             ),
         ),
         (
-            "server/pipeline.py",
+            "server/protocols/grpc/pipeline.py",
             (
                 "rknn_server.runtime.host",
                 "rknn_server.runtime.rknnrt",
@@ -91,26 +91,26 @@ def test_rooms_import_only_what_the_architecture_allows(folder: str, forbidden: 
         ),
         # The data plane knows no protocol, so a second one (a legacy listener, KServe v2) can call it.
         (
-            "server/data_plane.py",
+            "server/core/data_plane.py",
             (
                 "grpc",
                 "rknn_proto.rknn_pb2",
                 "rknn_proto.rknn_pb2_grpc",
-                "rknn_server.service",
-                "rknn_server.frames",
-                "rknn_server.pipeline",
+                "rknn_server.protocols.grpc.service",
+                "rknn_server.core.frames",
+                "rknn_server.protocols.grpc.pipeline",
             ),
         ),
         # KServe v2's protocol-neutral half is shared by its gRPC and REST forms: it knows neither.
         *(
             (
-                f"server/kserve/{name}.py",
+                f"server/protocols/kserve/{name}.py",
                 (
                     "rknn_proto.kserve",
-                    "rknn_server.http_endpoint",
-                    "rknn_server.kserve.grpc_service",
-                    "rknn_server.kserve.rest",
-                    "rknn_server.service",
+                    "rknn_server.protocols.http.endpoint",
+                    "rknn_server.protocols.kserve.grpc_service",
+                    "rknn_server.protocols.kserve.rest",
+                    "rknn_server.protocols.grpc.service",
                     "rknn_server.runtime.host",
                     "rknn_server.runtime.rknnrt",
                     "rknn_server.runtime.isolated",
@@ -216,36 +216,139 @@ def test_the_compat_layer_uses_only_the_public_client_api() -> None:
     assert bad == {}
 
 
-# The daemon's layers, lowest first: a module imports only modules of its own layer or of layers below
-# it (docs/architecture.md). Every module of server/ is placed here, so a new one must be placed too.
-SERVER_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+# The daemon's folders are its layers, lowest first (docs/architecture.md): every module is listed
+# under its folder, so a new module must be placed (a folder's __init__.py belongs to the folder), and
+# a module imports only modules of its own layer or of layers below it.
+SERVER_LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
+    # the option parser reads these, and `rknn_server --help` imports nothing else
+    ("config", {"": ("__init__",), "config": ("sizes", "options", "limits", "listen", "daemon_config")}),
+    ("board", {"board": ("platform", "telemetry", "peers", "allocator")}),
+    # runtimes import nothing of the daemon above them
     (
-        "config",
-        ("__init__", "sizes", "options", "limits", "listen", "daemon_config"),
-    ),  # the option parser reads these
-    ("board", ("platform", "telemetry")),
-    ("runtime", ("runtime", "freq_pin")),  # runtimes import nothing of the daemon above them
-    ("base", ("errors", "peers", "logs", "allocator", "durability", "block_writer", "reservations")),
-    ("store", ("cache_records", "uploads", "model_cache")),
-    ("observe", ("metrics", "calls")),
-    ("core", ("memory", "sessions", "frames", "data_plane", "shm")),
-    ("kit", ("auth", "connections", "guard", "replies")),  # the front-door kit every door uses
-    (
-        "doors",
-        ("service", "pipeline", "upload_wire", "doorbell", "shm_run", "http_endpoint", "kserve", "legacy"),
+        "runtime",
+        {
+            "runtime": (
+                "base",
+                "redact",
+                "onnx_graph",
+                "external_data",
+                "qdq_outputs",
+                "host_model",
+                "host",
+                "isolated",
+                "backend_hook",
+                "select",
+            ),
+            "runtime/rknnrt": (
+                "abi",
+                "library",
+                "tensors",
+                "plugins",
+                "perf_text",
+                "layer_dumps",
+                "dump_child",
+                "freq_pin",
+                "model",
+                "backend",
+            ),
+        },
     ),
-    ("composition", ("daemon", "cli", "__main__", "testing")),
+    ("errors", {"": ("errors",)}),
+    (
+        "store",
+        {"store": ("durability", "block_writer", "cache_records", "uploads", "model_cache", "reservations")},
+    ),
+    ("observe", {"observe": ("logs", "metrics", "calls")}),
+    ("core", {"core": ("memory", "sessions", "frames", "shm", "data_plane")}),
+    ("kit", {"kit": ("auth", "connections", "guard", "replies")}),  # the front-door kit every door uses
+    (
+        "protocols",
+        {
+            "protocols/grpc": ("service", "pipeline", "upload_wire"),
+            "protocols/local": ("shm_run", "doorbell"),
+            "protocols/http": ("endpoint",),
+            "protocols/kserve": (
+                "datatypes",
+                "pbtxt",
+                "folder",
+                "repository",
+                "session_pools",
+                "batcher",
+                "models",
+                "system_shm",
+                "grpc_service",
+                "rest",
+            ),
+            "protocols/legacy": (
+                "wire",
+                "layouts",
+                "messages",
+                "intake",
+                "startup",
+                "connection",
+                "listener",
+            ),
+        },
+    ),
+    ("composition", {"": ("daemon", "cli", "__main__", "testing")}),
 ]
-# Known exceptions, each with its reason.
+# Known exceptions (importer, imported module), each with its reason.
 LAYER_EXCEPTIONS = {
     # The toolkit releases the listener speaks are data (a name and offsets); the option parser offers them.
-    ("daemon_config", "legacy"),
+    ("server/config/daemon_config.py", "protocols/legacy/layouts"),
 }
 
 
-def _top_imports(path: Path) -> set[str]:
-    """The rknn_server modules `path` imports (their first component under rknn_server), leaving out
-    imports only a type checker runs (`if TYPE_CHECKING:`)."""
+def _placed() -> dict[str, str]:
+    """Each placed module's path under server/ (without .py) -> its layer; folders' __init__ too."""
+    placed: dict[str, str] = {}
+    for layer, folders in SERVER_LAYERS:
+        for folder, modules in folders.items():
+            for module in modules:
+                placed[f"{folder}/{module}".lstrip("/")] = layer
+            parts = folder.split("/") if folder else []
+            for end in range(1, len(parts) + 1):  # a folder's package, and the packages above it
+                placed.setdefault("/".join(parts[:end]) + "/__init__", layer)
+    return placed
+
+
+def _server_modules() -> list[str]:
+    """server/'s modules, as paths under server/ without .py."""
+    return sorted(
+        str(path.relative_to(ROOT / "server").with_suffix("")) for path in (ROOT / "server").rglob("*.py")
+    )
+
+
+def _misplaced(modules: list[str]) -> list[str]:
+    listed = [
+        f"{folder}/{m}".lstrip("/")
+        for _, folders in SERVER_LAYERS
+        for folder, ms in folders.items()
+        for m in ms
+    ]
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    placed = _placed()
+    return (
+        [f"{n} is listed twice" for n in twice]
+        + [f"server/{n}.py is in no folder's list of SERVER_LAYERS" for n in modules if n not in placed]
+        + [f"server/{n}.py is listed but does not exist" for n in sorted(set(placed) - set(modules))]
+    )
+
+
+def _module_of(dotted: str, placed: dict[str, str]) -> str | None:
+    """The placed module or package a dotted `rknn_server...` name imports (its longest known prefix)."""
+    parts = dotted.split(".")[1:]
+    for end in range(len(parts), -1, -1):
+        path = "/".join(parts[:end])
+        for candidate in (path, f"{path}/__init__" if path else "__init__"):
+            if candidate in placed:
+                return candidate
+    return None
+
+
+def _imports_of(path: Path) -> set[str]:
+    """The rknn_server names `path` imports (`from x import y` counts x.y), leaving out imports only a
+    type checker runs (`if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
     skipped: set[int] = set()
     for node in ast.walk(tree):
@@ -255,63 +358,37 @@ def _top_imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
-        modules = (
-            [alias.name for alias in node.names]
-            if isinstance(node, ast.Import)
-            else [node.module]
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
-            else []
-        )
-        for module in modules:
-            if module == "rknn_server":
-                found.add("__init__")
-            elif module.startswith("rknn_server."):
-                found.add(module.split(".")[1])
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name == "rknn_server" or name.startswith("rknn_server.")}
+
+
+def _reaching_up(imports: dict[str, set[str]]) -> list[str]:
+    """Each import of a module of a layer above the importer's (server/ path -> its imports)."""
+    placed = _placed()
+    rank = {layer: index for index, (layer, _) in enumerate(SERVER_LAYERS)}
+    found = []
+    for path, names in sorted(imports.items()):
+        mine = placed[path.removeprefix("server/").removesuffix(".py")]
+        for name in sorted(names):
+            target = _module_of(name, placed)
+            if target is None or (path, target) in LAYER_EXCEPTIONS:
+                continue
+            if rank[placed[target]] > rank[mine]:
+                found.append(f"{path} ({mine}) imports {name} ({placed[target]})")
     return found
 
 
-def _server_units() -> dict[str, list[Path]]:
-    """server/'s modules and subpackages, by the name SERVER_LAYERS places them under."""
-    units: dict[str, list[Path]] = {}
-    for path in sorted((ROOT / "server").glob("*.py")):
-        units[path.stem] = [path]
-    for folder in sorted(p for p in (ROOT / "server").iterdir() if (p / "__init__.py").exists()):
-        units[folder.name] = sorted(folder.rglob("*.py"))
-    return units
-
-
-def _misplaced(units: list[str]) -> list[str]:
-    placed = [name for _, names in SERVER_LAYERS for name in names]
-    twice = sorted({name for name in placed if placed.count(name) > 1})
-    return (
-        [f"{n} is placed twice" for n in twice]
-        + [f"{n} is in no layer of SERVER_LAYERS" for n in sorted(set(units) - set(placed))]
-        + [f"{n} is placed but does not exist" for n in sorted(set(placed) - set(units))]
-    )
-
-
-def _reaching_up(imports: dict[str, list[tuple[str, set[str]]]]) -> list[str]:
-    """Each import of a module of a layer above the importer's (unit -> [(file, its imports)])."""
-    rank = {name: index for index, (_, names) in enumerate(SERVER_LAYERS) for name in names}
-    layer = {name: layer for layer, names in SERVER_LAYERS for name in names}
-    return [
-        f"{path} ({layer[unit]}) imports rknn_server.{imported} ({layer[imported]})"
-        for unit, files in imports.items()
-        for path, names in files
-        for imported in sorted(names)
-        if imported in rank and rank[imported] > rank[unit] and (unit, imported) not in LAYER_EXCEPTIONS
-    ]
-
-
-def _tree_imports() -> dict[str, list[tuple[str, set[str]]]]:
+def _tree_imports() -> dict[str, set[str]]:
     return {
-        unit: [(str(path.relative_to(ROOT)), _top_imports(path)) for path in paths]
-        for unit, paths in _server_units().items()
+        str(path.relative_to(ROOT)): _imports_of(path) for path in sorted((ROOT / "server").rglob("*.py"))
     }
 
 
-def test_every_server_module_is_placed_in_one_layer() -> None:
-    assert _misplaced(list(_server_units())) == []
+def test_every_server_module_is_placed_in_its_folder() -> None:
+    assert _misplaced(_server_modules()) == []
 
 
 def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
@@ -320,16 +397,51 @@ def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
 
 def test_the_layer_rules_catch_a_new_module_and_one_that_reaches_up() -> None:
     """The rules can fail: a module placed nowhere, and the store importing a door, are reported."""
-    assert _misplaced([*_server_units(), "scheduler"]) == ["scheduler is in no layer of SERVER_LAYERS"]
+    assert _misplaced([*_server_modules(), "core/scheduler"]) == [
+        "server/core/scheduler.py is in no folder's list of SERVER_LAYERS"
+    ]
     imports = _tree_imports()
-    imports["model_cache"] = [("server/model_cache.py", {"service", "errors"})]
-    assert _reaching_up(imports) == ["server/model_cache.py (store) imports rknn_server.service (doors)"]
+    imports["server/store/model_cache.py"] = {
+        "rknn_server.protocols.grpc.service.RknnService",
+        "rknn_server.errors",
+    }
+    assert _reaching_up(imports) == [
+        "server/store/model_cache.py (store) imports rknn_server.protocols.grpc.service.RknnService (protocols)"
+    ]
+
+
+# Who is calling is decided in the front-door kit alone (kit/auth.py's AccessPolicy and the
+# connection identities of kit/connections.py): a door never reads a socket's owner or a token itself.
+IDENTITY_SOURCES = ("rknn_server.board.peers", "rknn_server.kit.auth.TokenTable")
+
+
+def _doors_admitting(imports: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{path} decides who is calling outside the kit: imports {name}"
+        for path, names in sorted(imports.items())
+        if path.startswith("server/protocols/")
+        for name in sorted(names)
+        if name.startswith(IDENTITY_SOURCES)
+    ]
+
+
+def test_doors_admit_callers_only_through_the_kit() -> None:
+    assert _doors_admitting(_tree_imports()) == []
+
+
+def test_the_admission_rule_catches_a_door_that_identifies_callers_itself() -> None:
+    imports = _tree_imports()
+    imports["server/protocols/legacy/listener.py"] |= {"rknn_server.board.peers.socket_owner"}
+    assert _doors_admitting(imports) == [
+        "server/protocols/legacy/listener.py decides who is calling outside the kit: "
+        "imports rknn_server.board.peers.socket_owner"
+    ]
 
 
 # Where a model's runtime is called to run: the data plane's one timed path, and the shared-memory
 # frames it runs (shm_run prepares a frame whose run the plane calls under the session's lock).
 RUNS_A_MODEL = ("run", "run_into", "bind")
-RUNNERS = {"server/data_plane.py", "server/shm_run.py"}
+RUNNERS = {"server/core/data_plane.py", "server/protocols/local/shm_run.py"}
 
 
 def _model_runs(source: str) -> list[int]:
@@ -368,8 +480,8 @@ def test_models_run_only_through_the_data_plane() -> None:
 
 def test_the_run_rule_catches_a_door_that_runs_a_model_itself() -> None:
     sources = _server_sources()
-    sources["server/legacy/connection.py"] += (
+    sources["server/protocols/legacy/connection.py"] += (
         "\n\ndef shortcut(session):\n    return session.runtime.run([], None)\n"
     )
     (found,) = _doors_running_models(sources)
-    assert found.startswith("server/legacy/connection.py:") and "outside the data plane" in found
+    assert found.startswith("server/protocols/legacy/connection.py:") and "outside the data plane" in found

@@ -2,7 +2,7 @@
 
 Usage: python tools/legacy_constants.py PATH/TO/librknn_api.so
 
-Prints a `Layout(...)` entry for `server/legacy/layouts.py`: adding a toolkit release is data, not
+Prints a `Layout(...)` entry for `server/protocols/legacy/layouts.py`: adding a toolkit release is data, not
 code. It disassembles three exported functions with binutils' objdump (x86-64 library, Intel
 syntax) and picks the sizes the client checks and the offsets it reads or writes:
   rknn_init2        the acks' fixed sizes, the MODEL_INFO and INPUT_DYNAMIC_RANGE data lengths and

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rknn_proto import model_container
 from rknn_proto.messages import FrequencyList
-from rknn_server.platform import read_frequencies
+from rknn_server.board.platform import read_frequencies
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,

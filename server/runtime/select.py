@@ -6,7 +6,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from rknn_server.platform import PlatformInfo
+from rknn_server.board.platform import PlatformInfo
 from rknn_server.runtime.base import Backend, BackendError
 
 HOST_FALLBACK = "serving the host runtime (ONNX Runtime on the CPU)"

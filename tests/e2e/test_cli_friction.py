@@ -222,7 +222,7 @@ def test_daemon_help_has_no_developer_note() -> None:
         [sys.executable, "-m", "rknn_server", "--help"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0
-    assert "rknn_server.limits" not in result.stdout and "Limits" not in result.stdout
+    assert "rknn_server.config.limits" not in result.stdout and "Limits" not in result.stdout
 
 
 def test_doctor_on_a_dead_loopback_port_advises_a_loopback_daemon() -> None:

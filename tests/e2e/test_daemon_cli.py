@@ -16,7 +16,7 @@ import pytest
 
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_server.cli import serve_parser
-from rknn_server.options import layered_options, parse_layered
+from rknn_server.config.options import layered_options, parse_layered
 from rknn_server.testing import DaemonProcess, clean_environ, start_daemon
 
 GiB, MiB = 1 << 30, 1 << 20

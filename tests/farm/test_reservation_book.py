@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rknn_server.errors import FailedPrecondition, InvalidInput, NotFound
-from rknn_server.reservations import MAX_TTL_S, MIN_TTL_S, Grant, ReservationBook
+from rknn_server.store.reservations import MAX_TTL_S, MIN_TTL_S, Grant, ReservationBook
 
 
 async def reserve(book: ReservationBook, holder: str, ttl_s: float = 30.0, wait_s: float = 0.0) -> Grant:

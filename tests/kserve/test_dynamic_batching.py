@@ -16,11 +16,11 @@ import pytest
 
 from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
-from rknn_server.data_plane import Ran, RunTimes
-from rknn_server.kserve.batcher import DynamicBatcher
-from rknn_server.kserve.pbtxt import Batching, ConfigError, parse_pbtxt
+from rknn_server.core.data_plane import Ran, RunTimes
+from rknn_server.core.sessions import Session
+from rknn_server.protocols.kserve.batcher import DynamicBatcher
+from rknn_server.protocols.kserve.pbtxt import Batching, ConfigError, parse_pbtxt
 from rknn_server.runtime.base import InputFormat
-from rknn_server.sessions import Session
 from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
 from tests.models import identity_of
 

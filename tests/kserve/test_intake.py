@@ -13,12 +13,17 @@ import numpy as np
 import pytest
 
 from rknn_proto.codec import CodecError, LimitExceeded, TensorLimits
+from rknn_server.core.memory import MemoryBudget
 from rknn_server.errors import InvalidInput, NotFound
-from rknn_server.kserve.datatypes import JSON_ELEMENT_BYTES, V2_DTYPES, datatype_of, dtype_of
-from rknn_server.kserve.models import InputTensor, OutputTensor, to_array
-from rknn_server.kserve.repository import ModelRepository, RepositoryError, TensorConfig, parse_config
-from rknn_server.kserve.rest import HEADER_LENGTH, JSON_SLICE, infer_reply
-from rknn_server.memory import MemoryBudget
+from rknn_server.protocols.kserve.datatypes import JSON_ELEMENT_BYTES, V2_DTYPES, datatype_of, dtype_of
+from rknn_server.protocols.kserve.models import InputTensor, OutputTensor, to_array
+from rknn_server.protocols.kserve.repository import (
+    ModelRepository,
+    RepositoryError,
+    TensorConfig,
+    parse_config,
+)
+from rknn_server.protocols.kserve.rest import HEADER_LENGTH, JSON_SLICE, infer_reply
 
 LIMITS = TensorLimits(max_tensor_bytes=1 << 20, max_rank=4)
 

@@ -1,7 +1,7 @@
 """64 MiB tensors over KServe v2 (issue #30): they round-trip byte-exact over gRPC and over REST's binary
 tensor data (`Inference-Header-Content-Length`), with our stubs and the real tritonclient, bounded only
 by the daemon's --max-message-bytes; a reply over that limit, or over the memory budget, is refused
-before compute by the one reply rule (server/replies.py), naming the limit and its flag, and a request
+before compute by the one reply rule (server/kit/replies.py), naming the limit and its flag, and a request
 over it is still refused before it is buffered."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rknn_proto.manifest import FileEntry, file_sha256, manifest_digest
-from rknn_server.metrics import MODEL_LABEL_CHARS
+from rknn_server.observe.metrics import MODEL_LABEL_CHARS
 from tests.kserve.conftest import V2Daemon
 from tests.metrics.conftest import samples, scrape, start_metrics_daemon
 from tests.models import identity_of, small_cnn

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rknn_server.kserve.pbtxt import top_level_fields
-from rknn_server.kserve.repository import ModelRepository, RepositoryError
+from rknn_server.protocols.kserve.pbtxt import top_level_fields
+from rknn_server.protocols.kserve.repository import ModelRepository, RepositoryError
 from tests.conftest import onnx_reference
 from tests.kserve.conftest import V2Daemon
 from tests.kserve.tritonclient_venv import PerfAnalyzer

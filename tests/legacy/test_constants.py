@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rknn_server.legacy.layouts import RELEASES
+from rknn_server.protocols.legacy.layouts import RELEASES
 from tests.legacy.toolkit import Toolkit, installed_toolkits
 
 TOOL = Path(__file__).parents[2] / "tools" / "legacy_constants.py"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rknn_server.legacy.listener import parse_place
-from rknn_server.legacy.startup import plan
+from rknn_server.protocols.legacy.listener import parse_place
+from rknn_server.protocols.legacy.startup import plan
 from rknn_server.testing import start_daemon
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer
 from tests.adb.services import DeviceProfile

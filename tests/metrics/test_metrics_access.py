@@ -13,9 +13,9 @@ import pytest
 
 from rknn_client import connect
 from rknn_client.errors import AuthenticationFailed
-from rknn_server.http_endpoint import check_exposure
-from rknn_server.limits import Limits
-from rknn_server.listen import parse_metrics_listen
+from rknn_server.config.limits import Limits
+from rknn_server.config.listen import parse_metrics_listen
+from rknn_server.protocols.http.endpoint import check_exposure
 from tests.metrics.conftest import MetricsDaemon, get, samples, scrape
 
 TOKEN = "metrics-token-0123456789abcdef"

@@ -79,7 +79,7 @@ def test_a_stalled_call_is_in_flight_then_its_killed_worker_is_counted(
         # The client has its answer a moment before the daemon's handler has quite returned.
         after = _scrape_until(daemon.metrics_url, lambda found: not samples(found["rknn_inflight_calls"]))
 
-    # A local caller without credentials is its uid (server/peers.py).
+    # A local caller without credentials is its uid (server/board/peers.py).
     assert samples(during["rknn_inflight_calls"]) == {(("client", f"uid:{os.getuid()}"),): 1}
     assert samples(during["rknn_worker_lost"], "rknn_worker_lost_total") == {}
     assert failures and f"did not answer run within {CALL_TIMEOUT_S}" in str(failures[0])

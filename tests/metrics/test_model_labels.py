@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rknn_server.metrics import MAX_MODEL_LABELS, OTHER_MODEL, DaemonMetrics
+from rknn_server.observe.metrics import MAX_MODEL_LABELS, OTHER_MODEL, DaemonMetrics
 
 
 def test_models_beyond_the_label_limit_share_one_label() -> None:

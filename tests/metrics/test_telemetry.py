@@ -7,7 +7,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rknn_server.telemetry import BoardTelemetry, npu_load
+from rknn_server.board.telemetry import BoardTelemetry, npu_load
 from tests.rknnrt.fake_sysfs import put, rv1106_board
 
 

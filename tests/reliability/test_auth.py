@@ -24,7 +24,7 @@ from rknn_client.errors import AuthenticationFailed, ConnectionFailed
 from rknn_client.transport.private import start_private_daemon
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import describe_files
-from rknn_server.peers import anonymous_identity, parse_peer
+from rknn_server.board.peers import anonymous_identity, parse_peer
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN, StartDaemon, cnn_input, device, info
 
 HEX = "0" * 64

@@ -22,8 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rknn_proto import manifest, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import FileEntry, manifest_digest
+from rknn_server.store.uploads import BLOCK_BYTES
 from rknn_server.testing import DaemonProcess
-from rknn_server.uploads import BLOCK_BYTES
 from tests.models import onnx_model
 from tests.reliability.conftest import (
     StartDaemon,

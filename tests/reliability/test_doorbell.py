@@ -1,5 +1,5 @@
 """Doorbells against a live daemon: frames without a gRPC call each, the same outputs as the wire,
-and every way in refused but the ticket's owner (server/doorbell.py, client/doorbell.py)."""
+and every way in refused but the ticket's owner (server/protocols/local/doorbell.py, client/doorbell.py)."""
 
 from __future__ import annotations
 

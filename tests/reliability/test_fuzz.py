@@ -24,9 +24,9 @@ from rknn_client.errors import RknnError
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.manifest import entries_of, manifest_digest
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
+from rknn_server.config.limits import CacheLimits
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.limits import CacheLimits
-from rknn_server.model_cache import validate_manifest
+from rknn_server.store.model_cache import validate_manifest
 from tests.reliability.conftest import StartDaemon, cnn_input, device, info, raw_upload, wire_manifest
 from tests.reliability.hostile_models import PLACES, SIZE, reader_model, upload_raw
 

@@ -9,8 +9,8 @@ from dataclasses import fields
 
 from rknn_client import connect
 from rknn_server.cli import serve_parser
-from rknn_server.limits import Limits
-from rknn_server.options import Bounded
+from rknn_server.config.limits import Limits
+from rknn_server.config.options import Bounded
 from tests.reliability.conftest import StartDaemon
 
 # Where the daemon's limit flags live; a `--max-*` flag in any other group counts too.
@@ -50,7 +50,7 @@ def test_every_limit_flag_is_reported_with_its_configured_value(daemons: StartDa
     actions = limit_flags(parser)
     declared = {f.name for f in fields(Limits)}
     unwired = [a.option_strings[-1] for a in actions if a.dest not in declared]
-    assert not unwired, f"limit flags whose dest is no field of rknn_server.limits.Limits: {unwired}"
+    assert not unwired, f"limit flags whose dest is no field of rknn_server.config.limits.Limits: {unwired}"
     assert {a.dest for a in actions} == declared, "a field of Limits that no limit flag sets"
 
     argv = ["--isolation", "process"]  # where --call-timeout is enforced

@@ -15,8 +15,8 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from rknn_proto import rknn_pb2
 from rknn_server.cli import serve_parser
-from rknn_server.limits import Limits
-from rknn_server.options import Bounded, env_name, layered_options, parse_layered
+from rknn_server.config.limits import Limits
+from rknn_server.config.options import Bounded, env_name, layered_options, parse_layered
 from rknn_server.testing import clean_environ
 
 # (config-file key, a bad value as the file writes it, what the error says the option takes)

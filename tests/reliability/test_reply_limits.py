@@ -1,6 +1,6 @@
 """Replies too large for their door (security findings 6 and 7), against a live daemon.
 
-One rule bounds every reply (server/replies.py): a REST reply as JSON (many times its tensor's
+One rule bounds every reply (server/kit/replies.py): a REST reply as JSON (many times its tensor's
 bytes), as binary data, and a v2 gRPC reply are held to --max-message-bytes and the memory budget,
 refused before compute where the model says how large the outputs are, after it otherwise. A shape
 whose dimensions do not fit a 64-bit integer is a 400 / INVALID_ARGUMENT naming it, never a 500.

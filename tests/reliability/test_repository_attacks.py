@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rknn_server.kserve.repository import MAX_CONFIG_BYTES
+from rknn_server.protocols.kserve.repository import MAX_CONFIG_BYTES
 from rknn_server.testing import clean_environ
 from tests.metrics.conftest import MetricsDaemon, start_metrics_daemon
 from tests.models import small_cnn

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rknn_proto.messages import QuantType, dequantize
-from rknn_server.platform import PlatformInfo, probe_platform
+from rknn_server.board.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.base import (
     ExecutionError,
     InputError,

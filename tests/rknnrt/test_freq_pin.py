@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rknn_server.freq_pin import pinned_frequencies
+from rknn_server.runtime.rknnrt.freq_pin import pinned_frequencies
 from tests.rknnrt.fake_sysfs import rk3588_board
 
 CPU0 = "sys/devices/system/cpu/cpufreq/policy0"

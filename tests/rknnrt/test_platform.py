@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rknn_proto.messages import FrequencyList
-from rknn_server.platform import probe_platform, soc_from_compatible
+from rknn_server.board.platform import probe_platform, soc_from_compatible
 from tests.rknnrt.fake_sysfs import put, rk3588_board, rv1106_board
 
 

@@ -11,8 +11,7 @@ from typing import Any
 
 from rknn_proto import model_container
 from rknn_proto.messages import FrequencyList
-from rknn_server.freq_pin import pinned_frequencies
-from rknn_server.platform import PlatformInfo, read_frequencies
+from rknn_server.board.platform import PlatformInfo, read_frequencies
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
@@ -21,6 +20,7 @@ from rknn_server.runtime.base import (
     RuntimeOptions,
     VersionInfo,
 )
+from rknn_server.runtime.rknnrt.freq_pin import pinned_frequencies
 from rknn_server.runtime.rknnrt.library import RuntimeLibrary
 from rknn_server.runtime.rknnrt.model import RknnrtModel, init_flags
 from rknn_server.runtime.rknnrt.plugins import DEFAULT_PLUGIN_DIR, load_plugins

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_server.platform import PlatformInfo
+from rknn_server.board.platform import PlatformInfo
 from rknn_server.runtime.base import BackendError, InputFormat, RuntimeOptions
 from rknn_server.runtime.rknnrt.backend import RknnrtBackend
 

@@ -20,7 +20,7 @@ from rknn_proto.messages import (
     dequantize,
     quantize,
 )
-from rknn_server.platform import NPU_CORES, PlatformInfo
+from rknn_server.board.platform import NPU_CORES, PlatformInfo
 from rknn_server.runtime.base import (
     ExecutionError,
     InputError,

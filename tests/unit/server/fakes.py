@@ -12,7 +12,6 @@ import numpy as np
 
 from rknn_proto.manifest import one_file_manifest
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, TensorAttr
-from rknn_server.model_cache import ModelCache
 from rknn_server.runtime.base import (
     Backend,
     BackendCapabilities,
@@ -21,6 +20,7 @@ from rknn_server.runtime.base import (
     RuntimeOptions,
     VersionInfo,
 )
+from rknn_server.store.model_cache import ModelCache
 
 INPUT = TensorAttr(0, "x", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")
 OUTPUT = TensorAttr(0, "y", (1, 3, 4, 4), np.dtype(np.float32), layout="NCHW")

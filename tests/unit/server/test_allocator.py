@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from rknn_server.allocator import reuse_large_buffers
+from rknn_server.board.allocator import reuse_large_buffers
 
 
 @pytest.mark.skipif(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rknn_server import block_writer
-from rknn_server.block_writer import DEPTH, BlockWriter, WriteQueue
+from rknn_server.store import block_writer
+from rknn_server.store.block_writer import DEPTH, BlockWriter, WriteQueue
 
 PART = 4096 + 17  # sizes that are no multiple of a page land as well
 

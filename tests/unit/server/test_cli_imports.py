@@ -70,8 +70,8 @@ LAZY = (
     "onnxruntime",
     "rknn_server.runtime.host_model",
     "rknn_server.runtime.rknnrt.backend",
-    "rknn_server.http_endpoint",
-    "rknn_server.kserve.rest",
+    "rknn_server.protocols.http.endpoint",
+    "rknn_server.protocols.kserve.rest",
 )
 
 

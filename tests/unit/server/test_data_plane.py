@@ -13,14 +13,14 @@ import pytest
 
 from rknn_proto import codec
 from rknn_proto.reasons import Reason
-from rknn_server import data_plane
-from rknn_server.data_plane import DataPlane, OpenRequest, RunTimes
+from rknn_server.config.limits import CacheLimits, SessionLimits
+from rknn_server.core import data_plane
+from rknn_server.core.data_plane import DataPlane, OpenRequest, RunTimes
 from rknn_server.errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted
-from rknn_server.limits import CacheLimits, SessionLimits
-from rknn_server.metrics import DaemonMetrics
-from rknn_server.model_cache import ModelCache
-from rknn_server.reservations import ReservationBook
+from rknn_server.observe.metrics import DaemonMetrics
 from rknn_server.runtime.base import InputFormat, ModelFormatError, WorkerLost
+from rknn_server.store.model_cache import ModelCache
+from rknn_server.store.reservations import ReservationBook
 from tests.unit.server.fakes import FakeBackend, FakeRuntime, store_model
 
 MODEL = b"not really onnx, the fake backend does not read it" * 10

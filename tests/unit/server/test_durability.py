@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from rknn_proto import manifest
-from rknn_server import model_cache
-from rknn_server.cache_records import RECORD_FILE, read_record
+from rknn_server.config.limits import CacheLimits
 from rknn_server.errors import DataLoss
-from rknn_server.limits import CacheLimits
-from rknn_server.model_cache import ModelCache
+from rknn_server.store import model_cache
+from rknn_server.store.cache_records import RECORD_FILE, read_record
+from rknn_server.store.model_cache import ModelCache
 from tests.unit.server.fakes import store_model
 
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from rknn_proto import codec, framing, rknn_pb2
+from rknn_server.core.frames import Declared, IncomingFrame, check_inputs, take_arrays
+from rknn_server.core.memory import MemoryBudget
+from rknn_server.core.sessions import Session
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.frames import Declared, IncomingFrame, check_inputs, take_arrays
-from rknn_server.memory import MemoryBudget
 from rknn_server.runtime.base import RuntimeOptions
 from rknn_server.runtime.rknnrt import tensors
-from rknn_server.sessions import Session
 from tests.unit.server.fakes import INPUT, FakeRuntime
 
 

@@ -8,10 +8,10 @@ import grpc
 import pytest
 
 from rknn_proto.reasons import REASON_METADATA_KEY
-from rknn_server.auth import AccessPolicy
-from rknn_server.guard import Guard
-from rknn_server.limits import Limits
-from rknn_server.metrics import DaemonMetrics
+from rknn_server.config.limits import Limits
+from rknn_server.kit.auth import AccessPolicy
+from rknn_server.kit.guard import Guard
+from rknn_server.observe.metrics import DaemonMetrics
 
 
 class Aborted(Exception):

@@ -17,11 +17,11 @@ from structlog.testing import capture_logs
 from rknn_proto.framing import TruncatedFrame
 from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY, Reason
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
-from rknn_server.auth import AccessPolicy
+from rknn_server.config.limits import Limits
 from rknn_server.errors import FailedPrecondition
-from rknn_server.guard import Guard, client_identity, current_call
-from rknn_server.limits import Limits
-from rknn_server.metrics import DaemonMetrics
+from rknn_server.kit.auth import AccessPolicy
+from rknn_server.kit.guard import Guard, client_identity, current_call
+from rknn_server.observe.metrics import DaemonMetrics
 
 RKNN_METHOD = "/rknn.v1.RknnServer/Fake"
 OTHER_METHOD = "/inference.GRPCInferenceService/ModelInfer"  # KServe v2: no rknn protocol version

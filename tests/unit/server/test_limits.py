@@ -6,8 +6,8 @@ from dataclasses import asdict, fields
 
 from rknn_proto import rknn_pb2
 from rknn_proto.version import CHUNK_BYTES
-from rknn_server.limits import Limits
-from rknn_server.service import wire_limits
+from rknn_server.config.limits import Limits
+from rknn_server.protocols.grpc.service import wire_limits
 
 
 def distinct() -> Limits:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from rknn_server.cli import serve_parser
+from rknn_server.config.limits import MemoryLimits
+from rknn_server.config.sizes import parse_size
+from rknn_server.core.memory import MemoryBudget
 from rknn_server.errors import ResourceExhausted
-from rknn_server.limits import MemoryLimits
-from rknn_server.memory import MemoryBudget
-from rknn_server.sizes import parse_size
 
 
 @pytest.mark.parametrize(

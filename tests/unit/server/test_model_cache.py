@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from rknn_proto import manifest, rknn_pb2
+from rknn_server.config.limits import CacheLimits
 from rknn_server.errors import Aborted, DataLoss, NotFound, ResourceExhausted
-from rknn_server.limits import CacheLimits
-from rknn_server.model_cache import ModelCache
-from rknn_server.uploads import BLOCK_BYTES, Upload
+from rknn_server.store.model_cache import ModelCache
+from rknn_server.store.uploads import BLOCK_BYTES, Upload
 from tests.unit.server.fakes import store_model
 
 

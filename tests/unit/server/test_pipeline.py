@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from rknn_proto import codec, framing, rknn_pb2
-from rknn_server.data_plane import DataPlane, OpenRequest
+from rknn_server.core.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.pipeline import MAX_REPLY_BYTES, Pipeline, Traffic
+from rknn_server.protocols.grpc.pipeline import MAX_REPLY_BYTES, Pipeline, Traffic
 from tests.unit.server.fakes import OUTPUT, FakeRuntime
 from tests.unit.server.test_data_plane import make_plane
 

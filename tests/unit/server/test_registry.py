@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rknn_server.core.sessions import SessionRegistry
 from rknn_server.errors import ResourceExhausted
 from rknn_server.runtime.base import RuntimeOptions
-from rknn_server.sessions import SessionRegistry
 from tests.unit.server.fakes import FakeRuntime
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rknn_server.platform import PlatformInfo, probe_platform
+from rknn_server.board.platform import PlatformInfo, probe_platform
 from rknn_server.runtime.rknnrt.library import LIBRARY_DIRS, elf_machine
 from rknn_server.runtime.select import BackendUnavailable, select_backend
 from tests.rknnrt.fake_sysfs import rk3588_board

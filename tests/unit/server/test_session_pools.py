@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from rknn_server.kserve.session_pools import SessionPools
+from rknn_server.core.sessions import Session
+from rknn_server.protocols.kserve.session_pools import SessionPools
 from rknn_server.runtime.base import RuntimeOptions
-from rknn_server.sessions import Session
 
 
 def _session(name: str, waiting: int, busy: bool = True) -> Session:

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rknn_server.board.peers import parse_peer
+from rknn_server.core.shm import SharedMemoryRegistry, ShmLimits, refusal
 from rknn_server.errors import InvalidInput, NotFound, PermissionDenied, ResourceExhausted
-from rknn_server.peers import parse_peer
-from rknn_server.shm import SharedMemoryRegistry, ShmLimits, refusal
 
 UID = os.getuid()
 

@@ -18,11 +18,11 @@ import onnxruntime as ort
 import pytest
 
 from rknn_proto.messages import QuantType
+from rknn_server.core.shm import Region, SharedMemoryRegistry, ShmLimits
 from rknn_server.errors import ResourceExhausted
+from rknn_server.protocols.local.shm_run import Slot, _in_place
 from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
 from rknn_server.runtime.host import HostBackend
-from rknn_server.shm import Region, SharedMemoryRegistry, ShmLimits
-from rknn_server.shm_run import Slot, _in_place
 from tests.models import save_graph, small_cnn
 from tests.unit.server.fakes import OUTPUT, FakeRuntime
 

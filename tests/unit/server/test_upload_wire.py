@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from rknn_proto import rknn_pb2
-from rknn_server.upload_wire import Chunk, parse_upload_request, upload_chunk
+from rknn_server.protocols.grpc.upload_wire import Chunk, parse_upload_request, upload_chunk
 
 
 def _chunk_bytes(file_index: int, offset: int, data: bytes) -> bytes:

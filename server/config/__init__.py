@@ -1,0 +1,1 @@
+"""The daemon's configuration: limits, options, listen addresses (the option parser reads only these)."""

@@ -1,0 +1,1 @@
+"""What the daemon reports: metrics, call records, logs."""

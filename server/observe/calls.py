@@ -1,0 +1,59 @@
+"""One call of any protocol the daemon serves, and how it is recorded when it ends: the per-method
+metrics and one `rpc` log event (method, session, bytes in and out, duration, outcome).
+
+The gRPC interceptor (guard.py) records every call of every gRPC service; the RKNN-Toolkit2 listener
+(legacy/), which speaks no gRPC, records each of its requests the same way, so both show in the same
+metrics and the same log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import structlog
+
+from rknn_server.observe.metrics import DaemonMetrics
+
+log = structlog.get_logger("rknn_server.rpc")
+
+
+class Call:
+    """One call being served. Its handler fills in the session and the tensor and model bytes it
+    moved; the recorder turns them into the call's metrics and its log event."""
+
+    __slots__ = ("bytes_in", "bytes_out", "client", "method", "session", "start")
+
+    def __init__(self, method: str, client: str) -> None:
+        self.method = method
+        self.client = client
+        self.session = ""
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.start = time.perf_counter()
+
+
+class Recorder:
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self.metrics = metrics
+        # Read once (the daemon configures logging before serving): the event is not even built when
+        # info events are not logged.
+        self._log = log.is_enabled_for(logging.INFO)
+
+    def done(self, call: Call, outcome: str) -> None:
+        """Record the call's end; `outcome` is its status code's name ("OK", "CANCELLED", ...)."""
+        seconds = time.perf_counter() - call.start
+        self.metrics.rpc_done(call.method, outcome, seconds, call.bytes_in, call.bytes_out)
+        if self._log:
+            log.info(
+                "rpc",
+                method=call.method,
+                session=call.session[:12] or None,
+                bytes_in=call.bytes_in,
+                bytes_out=call.bytes_out,
+                duration_ms=round(seconds * 1000, 3),
+                outcome=outcome,
+            )
+
+
+__all__ = ["Call", "Recorder"]

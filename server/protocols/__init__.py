@@ -1,0 +1,1 @@
+"""The doors: each protocol's adapter over the kit and the data plane."""

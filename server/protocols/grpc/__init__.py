@@ -1,0 +1,1 @@
+"""rknn.v1 over gRPC: the service, its frame pipelines, uploads."""

@@ -1,0 +1,1 @@
+"""The HTTP endpoint: metrics, health, and the routes KServe REST adds."""

@@ -1,0 +1,1 @@
+"""Same-host frames: RunShared over shared memory, doorbells on a unix socket."""

@@ -2,7 +2,7 @@
 
 A limit is one field here, named exactly like its field of `rknn_pb2.Limits` and like the `dest` of
 its `rknn_server` flag, so that the flags build a `Limits` and GetInfo reports it without a list of
-names in between: a field missing from the proto fails at once (tests/unit/server/test_limits.py,
+names in between: a field missing from the proto fails at once (tests/unit/server/config/test_limits.py,
 tests/reliability/test_limits_reported.py). Each field also declares its flag's help and valid range
 (`_limit`); server/cli.py adds the flags from them, and the range is checked alike for a flag, an
 RKNN_SERVER_* variable and a config-file key (options.Bounded). The parts that enforce them get

@@ -288,7 +288,7 @@ def test_a_caller_from_a_non_loopback_address_is_refused(
     address = _own_address()
     if address is None:
         pytest.skip(
-            "this machine has no non-loopback address (the policy is tested in tests/unit/server/test_shm.py)"
+            "this machine has no non-loopback address (the policy is tested in tests/unit/server/core/test_shm.py)"
         )
     daemon = daemons("--listen", f"tcp://{address}:0", "--auth-token-file", str(token_file), listen_tcp=False)
     with grpc.insecure_channel(daemon.address) as channel:

@@ -66,7 +66,7 @@ def test_nchw_input_and_quantized_output(backend: RknnrtBackend, tmp_path: Path)
         out = model.outputs[0]
         assert out.quant_type is QuantType.AFFINE_ASYMMETRIC and (out.zero_point, out.scale) == (-3, 0.5)
         # The runtime takes 4-D inputs in either layout (it is told which), so the intake need not
-        # transpose them: see tests/unit/server/test_frames.py.
+        # transpose them: see tests/unit/server/core/test_frames.py.
         assert model.inputs[0].convertible_layouts == ("NCHW", "NHWC") and out.convertible_layouts == ()
         x_nchw = np.linspace(-50, 60, 12, dtype=np.float32).reshape(1, 3, 2, 2)
         (q,) = model.run([x_nchw], [InputFormat(layout="NCHW")])

@@ -16,8 +16,8 @@ from rknn_proto import codec, framing, rknn_pb2
 from rknn_server.core.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.protocols.grpc.pipeline import MAX_REPLY_BYTES, Pipeline, Traffic
-from tests.unit.server.fakes import OUTPUT, FakeRuntime
 from tests.unit.server.core.test_data_plane import make_plane
+from tests.unit.server.fakes import OUTPUT, FakeRuntime
 
 
 @pytest.fixture

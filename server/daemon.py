@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import grpc
 import structlog
@@ -237,7 +238,7 @@ def _grpc_server(
             *RECEIVE_WINDOW_OPTIONS,
         ],
     )
-    handlers = _GenericHandlersOnly(server)
+    handlers = cast(grpc.aio.Server, _GenericHandlersOnly(server))  # duck-typed: the two methods used
     rknn_pb2_grpc.add_RknnServerServicer_to_server(service, handlers)
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(v2_service, handlers)
     health = health_aio.HealthServicer()

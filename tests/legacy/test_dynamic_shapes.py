@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 
 from tests.adb.fixtures import PrivateAdbServer
 from tests.legacy.conftest import RESTARTS_LOG, LegacyDaemon, LegacyDaemonFactory
-from tests.legacy.toolkit import Toolkit, export_tiny_rknn, find_toolkit
+from tests.legacy.toolkit import Toolkit, export_tiny_rknn, find_toolkit, run_on_board
 from tests.legacy.wire_client import (
     FINISH,
     IOCTL_ACK,
@@ -211,14 +210,7 @@ def test_the_unmodified_toolkit_runs_a_dynamic_rknn_at_two_input_sizes(
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     out = tmp_path / "outputs.json"
-    done = subprocess.run(
-        [str(toolkit.python), str(script), str(model), board.serial, str(out)],
-        env=toolkit_adb.env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_on_board(toolkit, script, [str(model), board.serial, str(out)], toolkit_adb.env, tmp_path)
     detail = done.stdout[-3000:] + done.stderr[-3000:] + daemon.process.log_text()[-3000:]
     assert done.returncode == 0, detail
     assert "expected input len is 0" not in done.stdout and "Catch runtime Crash" not in done.stdout

@@ -13,7 +13,7 @@ import rknn_client
 from rknn_client import RKNN
 from tests.adb.fixtures import PrivateAdbServer
 from tests.legacy.conftest import RESTARTS_LOG, LegacyDaemon, LegacyDaemonFactory
-from tests.legacy.toolkit import Toolkit, find_toolkit
+from tests.legacy.toolkit import Toolkit, find_toolkit, run_on_board
 from tests.rknnrt.stub_build import StubTensor, write_stub_model
 from tests.rknnrt_cases import int8_roundtrip
 
@@ -55,14 +55,7 @@ def run_script(
 ) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "script.py"
     path.write_text(script)
-    return subprocess.run(
-        [str(toolkit.python), str(path), *args],
-        env=adb.env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_on_board(toolkit, path, list(args), adb.env, tmp_path)
 
 
 def run_standard_script(

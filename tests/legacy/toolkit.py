@@ -6,9 +6,11 @@ or at RKNN_TOOLKIT2_PYTHON; the tests skip, saying why, when there is none.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,3 +112,26 @@ def export_tiny_rknn(
         timeout=600,
     )
     return out
+
+
+# The toolkit forwards the host's abstract socket @transfer_proxy, one name per network namespace:
+# two toolkit sessions at once on one machine collide ("cannot bind listener: Address already in
+# use"), whichever pytest worker or checkout they come from. A lock next to that name takes turns.
+_TRANSFER_PROXY_LOCK = Path(tempfile.gettempdir()) / "rknn-tests-host-transfer_proxy.lock"
+
+
+def run_on_board(
+    toolkit: Toolkit, script: Path, args: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """`script` in the toolkit's interpreter, reaching a board through the host's @transfer_proxy
+    while no other test's toolkit holds it."""
+    with _TRANSFER_PROXY_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run(
+            [str(toolkit.python), str(script), *args],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )

@@ -1,7 +1,7 @@
 """Another local user holding many idle connections to a daemon's door (the attacks of security
-findings 4 and 5): a child process run as `nobody`, which connects and then sends nothing.
+findings 4 and 5): child processes run as `nobody`, which connect and then send nothing.
 
-The child (the system's python, stdlib only: the test's venv may be unreadable to that user) reports,
+Each child (the system's python, stdlib only: the test's venv may be unreadable to that user) reports,
 on each line the parent sends, how many of its connections (of those open for over a second) the
 daemon still holds open (neither closed nor answered); with `replace`, it opens a new one for each the daemon let go, as an attacker
 keeping up the pressure would.
@@ -10,6 +10,7 @@ keeping up the pressure would.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -20,8 +21,13 @@ import pytest
 
 NOBODY = 65534
 _CHILD = r"""
-import errno, select, socket, sys, time
+import resource, select, socket, sys, time
 kind, address, count, replace = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+# Room for the sockets whatever soft limit this user was started with (the parent sent no more
+# than the hard limit allows).
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if soft != resource.RLIM_INFINITY and soft != hard:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 def connect():
     if kind == "unix":
@@ -44,7 +50,14 @@ def held(sock):
         return False
 
 born = {}
-socks = [connect() for _ in range(count)]
+socks = []
+try:
+    while len(socks) < count:
+        socks.append(connect())
+except OSError as error:
+    print(f"error: connection {len(socks) + 1} of {count} to {kind}:{address} failed: {error!r} "
+          f"(RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)})", flush=True)
+    sys.exit(1)
 print("ready", flush=True)
 while True:
     ready, _, _ = select.select([sys.stdin], [], [], 0.05)
@@ -65,16 +78,24 @@ while True:
 """
 
 
+# Files a child needs besides its connections (its interpreter, stdio, the select set).
+SPARE_FILES = 64
+
+
 class Hoarder:
-    def __init__(self, process: subprocess.Popen[str]) -> None:
-        self.process = process
+    """The other user's connections, held by one or more children (as many as the hard limit on
+    open files needs: a CI runner's may be 1024): one user's connections all the same to the daemon."""
+
+    def __init__(self, processes: list[subprocess.Popen[str]]) -> None:
+        self.processes = processes
 
     def held(self) -> int:
         """How many of its connections the daemon holds open now."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write("count\n")
-        self.process.stdin.flush()
-        return int(self.process.stdout.readline())
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write("count\n")
+            process.stdin.flush()
+        return sum(int(_line(process)) for process in self.processes)
 
     def settle(self, expected: int, timeout: float = 60.0) -> int:
         """How many the daemon holds once that is `expected` (or at the deadline)."""
@@ -84,30 +105,55 @@ class Hoarder:
         return held
 
 
+def _line(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    return process.stdout.readline().strip()
+
+
+def _shares(count: int) -> list[int]:
+    """`count` split into the connections each child may hold within the hard limit."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    most = count if hard == resource.RLIM_INFINITY else max(1, hard - SPARE_FILES)
+    return [min(most, count - start) for start in range(0, count, most)]
+
+
 @contextmanager
 def hoarding(kind: str, address: str, count: int, replace: bool = False) -> Iterator[Hoarder]:
     """`count` idle connections held by uid 65534 to a unix-abstract NAME or a tcp HOST:PORT."""
     python = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() != 0 or python is None:
         pytest.skip("needs root (to run the other user's client) and a system python3")
-    process = subprocess.Popen(
-        [python, "-I", "-c", _CHILD, kind, address, str(count), "1" if replace else "0"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        user=NOBODY,
-        group=NOBODY,
-        extra_groups=[],
-    )
+    processes: list[subprocess.Popen[str]] = []
     try:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready", "the hoarder could not connect"
-        yield Hoarder(process)
+        for share in _shares(count):
+            processes.append(
+                subprocess.Popen(
+                    [python, "-I", "-c", _CHILD, kind, address, str(share), "1" if replace else "0"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    user=NOBODY,
+                    group=NOBODY,
+                    extra_groups=[],
+                )
+            )
+            if (first := _line(processes[-1])) != "ready":
+                process = processes[-1]
+                process.kill()
+                assert process.stderr is not None
+                raise AssertionError(
+                    f"the hoarder could not connect: {first or 'no line'}"
+                    f" (exit {process.wait()}, stderr: {process.stderr.read()[-2000:]!r})"
+                )
+        yield Hoarder(processes)
     finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.close()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -1,5 +1,6 @@
 """One call of any protocol the daemon serves, and how it is recorded when it ends: the per-method
-metrics and one `rpc` log event (method, session, bytes in and out, duration, outcome).
+metrics and one `rpc` log event (method, session, bytes in and out, frames answered, duration,
+outcome).
 
 The gRPC interceptor (guard.py) records every call of every gRPC service; the RKNN-Toolkit2 listener
 (legacy/), which speaks no gRPC, records each of its requests the same way, so both show in the same
@@ -19,10 +20,11 @@ log = structlog.get_logger("rknn_server.rpc")
 
 
 class Call:
-    """One call being served. Its handler fills in the session and the tensor and model bytes it
-    moved; the recorder turns them into the call's metrics and its log event."""
+    """One call being served. Its handler fills in the session, the tensor and model bytes it
+    moved and the frames it answered, as they happen; the recorder turns them into the call's
+    metrics and its log event."""
 
-    __slots__ = ("bytes_in", "bytes_out", "client", "method", "session", "start")
+    __slots__ = ("bytes_in", "bytes_out", "client", "frames", "method", "session", "start")
 
     def __init__(self, method: str, client: str) -> None:
         self.method = method
@@ -30,6 +32,7 @@ class Call:
         self.session = ""
         self.bytes_in = 0
         self.bytes_out = 0
+        self.frames = 0
         self.start = time.perf_counter()
 
 
@@ -51,6 +54,7 @@ class Recorder:
                 session=call.session[:12] or None,
                 bytes_in=call.bytes_in,
                 bytes_out=call.bytes_out,
+                frames=call.frames or None,
                 duration_ms=round(seconds * 1000, 3),
                 outcome=outcome,
             )

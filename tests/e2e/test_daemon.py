@@ -115,6 +115,7 @@ def test_one_log_event_per_rpc(
     inference = next(e for e in rpcs if e["method"] == "Run")
     assert inference["outcome"] == "OK" and inference["bytes_in"] == 3 * 16 * 16 * 4
     assert inference["bytes_out"] == 40 and inference["session"] and inference["duration_ms"] > 0
+    assert inference["frames"] == 1 and next(e for e in rpcs if e["method"] == "GetInfo")["frames"] is None
     assert {e["method"] for e in rpcs} >= {
         "GetInfo",
         "PrepareUpload",

@@ -26,6 +26,7 @@ from rknn_server.core.frames import IncomingFrame, wire_outputs
 from rknn_server.errors import InvalidInput
 from rknn_server.kit.guard import client_identity
 from rknn_server.kit.replies import ReplyRule, ReplyTooLarge
+from rknn_server.observe.calls import Call
 
 # Frames assembled but not yet running, and frames run but not yet sent (each besides the one in
 # that stage's hands): enough to keep every stage busy, few enough to bound memory.
@@ -50,31 +51,21 @@ class Done:
     wire: list[np.ndarray]
 
 
-@dataclass
-class Traffic:
-    """Bytes moved by one call, for the RPC's log event."""
-
-    bytes_in: int = 0
-    bytes_out: int = 0
-    frames: int = 0
-    session: str = ""
-
-
 class Pipeline:
     def __init__(self, plane: DataPlane) -> None:
         self._plane = plane
 
     # -- The stages ----------------------------------------------------------------------------
 
-    def _start(self, header: rknn_pb2.InferenceHeader, traffic: Traffic) -> IncomingFrame:
+    def _start(self, header: rknn_pb2.InferenceHeader, call: Call) -> IncomingFrame:
         """A frame whose header arrived: its session (the caller's own) and its checked intake."""
         session = self._plane.session(header.session_id, client_identity())
-        traffic.session = session.id
+        call.session = session.id
         return IncomingFrame.start(header, session, self._plane.tensor_limits, self._plane.frame_memory)
 
-    def _reader(self, traffic: Traffic) -> framing.FrameReader[rknn_pb2.InferenceHeader, IncomingFrame]:
+    def _reader(self, call: Call) -> framing.FrameReader[rknn_pb2.InferenceHeader, IncomingFrame]:
         return framing.FrameReader(
-            lambda header: self._start(header, traffic), describe_header="InferenceHeader"
+            lambda header: self._start(header, call), describe_header="InferenceHeader"
         )
 
     async def _run(self, frame: IncomingFrame) -> Done:
@@ -87,20 +78,20 @@ class Pipeline:
         )
 
     @staticmethod
-    def _send(done: Done, traffic: Traffic) -> Iterator[bytes]:
+    def _send(done: Done, call: Call) -> Iterator[bytes]:
         """A frame's serialized response messages (the frame streams' replies are written by framing)."""
         header = rknn_pb2.InferenceResponse(header=done.header).SerializeToString()
         yield from framing.frame_bytes(header, done.wire)
-        traffic.bytes_out += _nbytes(done.wire)
-        traffic.frames += 1
+        call.bytes_out += _nbytes(done.wire)
+        call.frames += 1
 
     # -- One frame -----------------------------------------------------------------------------
 
     async def receive_one(
-        self, requests: AsyncIterator[framing.StreamRequest], traffic: Traffic, method: str
+        self, requests: AsyncIterator[framing.StreamRequest], call: Call, method: str
     ) -> IncomingFrame:
         """The one frame of a request stream (which must end after it)."""
-        reader = self._reader(traffic)
+        reader = self._reader(call)
         try:
             async with aclosing(framing.aread_frames(requests, reader)) as frames:
                 frame = await anext(frames, None)
@@ -113,27 +104,27 @@ class Pipeline:
                     frame.drop()
                     raise
         finally:
-            traffic.bytes_in = reader.bytes
+            call.bytes_in = reader.bytes
         return frame
 
     async def one(
-        self, requests: AsyncIterator[framing.StreamRequest], traffic: Traffic
+        self, requests: AsyncIterator[framing.StreamRequest], call: Call
     ) -> AsyncGenerator[bytes, None]:
         """The Inference RPC: a pipeline of one frame, its stages in series."""
-        done = await self._run(await self.receive_one(requests, traffic, "Inference"))
-        for message in self._send(done, traffic):
+        done = await self._run(await self.receive_one(requests, call, "Inference"))
+        for message in self._send(done, call):
             yield message
 
     async def unary(
-        self, header: rknn_pb2.InferenceHeader, inputs: Sequence[framing.Bytes], traffic: Traffic
+        self, header: rknn_pb2.InferenceHeader, inputs: Sequence[framing.Bytes], call: Call
     ) -> Done:
         """The unary Run: a frame whose inputs came in one message. Outputs too large for one reply
         are refused before computing wherever their size is known (the client sends such frames by
         the stream); a frame with outputs of unknown size is answered whatever they come to, up to
         the one hard limit of a protobuf message."""
-        frame = framing.whole_frame(self._start(header, traffic), inputs, len(header.inputs), "input")
+        frame = framing.whole_frame(self._start(header, call), inputs, len(header.inputs), "input")
         # From the checked header, not len(inputs[i]): each read of a bytes field copies it.
-        traffic.bytes_in = sum([meta.byte_length for meta in header.inputs])
+        call.bytes_in = sum([meta.byte_length for meta in header.inputs])
         known = reply_bytes_bound(frame.session.runtime.outputs, header.native_outputs)
         try:
             RUN_REPLY.check_bytes(known or 0)
@@ -141,28 +132,29 @@ class Pipeline:
             frame.drop()
             raise
         done = await self._run(frame)
-        traffic.bytes_out = _nbytes(done.wire)
-        RUN_REPLY.check_bytes(traffic.bytes_out)
+        call.bytes_out = _nbytes(done.wire)
+        RUN_REPLY.check_bytes(call.bytes_out)
+        call.frames = 1
         return done
 
     # -- Many frames ---------------------------------------------------------------------------
 
     async def stream(
-        self, requests: AsyncIterator[framing.StreamRequest], traffic: Traffic
+        self, requests: AsyncIterator[framing.StreamRequest], call: Call
     ) -> AsyncGenerator[bytes, None]:
         """The InferencePipeline response stream; raises the first error of any stage (frames
         before it were sent)."""
         ready: asyncio.Queue[IncomingFrame | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
         done: asyncio.Queue[Done | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
         tasks = [
-            asyncio.create_task(self._receive(requests, ready, traffic)),
+            asyncio.create_task(self._receive(requests, ready, call)),
             asyncio.create_task(self._execute(ready, done)),
         ]
         try:
             while (item := await done.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                for message in self._send(item, traffic):
+                for message in self._send(item, call):
                     yield message
         finally:
             for task in tasks:
@@ -173,20 +165,20 @@ class Pipeline:
         self,
         requests: AsyncIterator[framing.StreamRequest],
         ready: asyncio.Queue[IncomingFrame | BaseException | None],
-        traffic: Traffic,
+        call: Call,
     ) -> None:
-        reader = self._reader(traffic)
+        reader = self._reader(call)
         try:
             async with aclosing(framing.aread_frames(requests, reader)) as frames:
                 async for frame in frames:
-                    traffic.bytes_in = reader.bytes
+                    call.bytes_in = reader.bytes
                     await ready.put(frame)
                     del frame  # a later error's traceback must not keep this frame's buffers alive
             await ready.put(None)
         except Exception as exc:
             await ready.put(exc)
         finally:
-            traffic.bytes_in = reader.bytes
+            call.bytes_in = reader.bytes
 
     async def _execute(
         self,

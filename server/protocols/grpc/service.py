@@ -29,7 +29,7 @@ from rknn_server.core.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.errors import FailedPrecondition, InvalidInput
 from rknn_server.kit.guard import Codecs, client_identity, current_call
 from rknn_server.observe.calls import Call
-from rknn_server.protocols.grpc.pipeline import Pipeline, Traffic
+from rknn_server.protocols.grpc.pipeline import Pipeline
 from rknn_server.protocols.grpc.upload_wire import Chunk, parse_upload_request, upload_chunk
 from rknn_server.protocols.local.doorbell import TICKET_TTL_S, Doorbells
 from rknn_server.protocols.local.shm_run import prepare, run_shared
@@ -90,7 +90,7 @@ CODECS: Mapping[str, Codecs] = MappingProxyType(
 )
 
 
-_Frames = Callable[[Pipeline, AsyncIterator[framing.StreamRequest], Traffic], AsyncGenerator[bytes, None]]
+_Frames = Callable[[Pipeline, AsyncIterator[framing.StreamRequest], Call], AsyncGenerator[bytes, None]]
 # A servicer method (self, request_iterator, context); `...`: the generated base types its arguments
 # more loosely than the handler takes them.
 _FrameHandler = Callable[..., AsyncGenerator[bytes, None]]
@@ -98,20 +98,16 @@ _FrameHandler = Callable[..., AsyncGenerator[bytes, None]]
 
 def _frame_stream(frames: _Frames) -> _FrameHandler:
     """The handler of a frame-moving streaming RPC: `frames` (a Pipeline method) over the service's
-    pipeline, the call's traffic in its record."""
+    pipeline, the bytes it moves in the call's record."""
 
     async def handler(
         self: RknnService,
         request_iterator: AsyncIterator[framing.StreamRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncGenerator[bytes, None]:
-        call, traffic = current_call(), Traffic()
-        try:
-            async with aclosing(frames(self.pipeline, request_iterator, traffic)) as responses:
-                async for response in responses:
-                    yield response
-        finally:
-            _account(call, traffic)
+        async with aclosing(frames(self.pipeline, request_iterator, current_call())) as responses:
+            async for response in responses:
+                yield response
 
     return handler
 
@@ -278,19 +274,14 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
     async def Run(  # type: ignore[override]  # its messages are read and written by framing (CODECS)
         self, request: framing.UnaryFrame[rknn_pb2.InferenceHeader], context: grpc.aio.ServicerContext
     ) -> bytes:
-        traffic = Traffic()
-        try:
-            done = await self.pipeline.unary(request.header, framing.in_place(request.tensors), traffic)
-        finally:
-            _account(current_call(), traffic)
+        done = await self.pipeline.unary(request.header, framing.in_place(request.tensors), current_call())
         return framing.run_response_bytes(done.header, done.wire)
 
     async def DumpLayers(  # its requests are read by framing (CODECS)
         self, request_iterator: AsyncIterator[framing.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rknn_pb2.DumpLayersResponse]:
-        call, traffic = current_call(), Traffic()
-        frame = await self.pipeline.receive_one(request_iterator, traffic, "DumpLayers")
-        _account(call, traffic)
+        call = current_call()
+        frame = await self.pipeline.receive_one(request_iterator, call, "DumpLayers")
         async with aclosing(self.plane.layers(frame.session, frame.inputs(), frame.formats())) as layers:
             async for layer in layers:
                 wire = codec.wire_array(layer.array)
@@ -441,12 +432,6 @@ def _close_claimed(step: asyncio.Future[Upload]) -> None:
     """Release an upload claimed by a call that ended before it could take it."""
     if not step.cancelled() and step.exception() is None:
         step.result().close()
-
-
-def _account(call: Call, traffic: Traffic) -> None:
-    call.session = traffic.session
-    call.bytes_in = traffic.bytes_in
-    call.bytes_out = traffic.bytes_out
 
 
 async def _first(iterator: AsyncIterator[T], what: str) -> T:

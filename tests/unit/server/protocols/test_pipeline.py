@@ -15,7 +15,8 @@ import pytest
 from rknn_proto import codec, framing, rknn_pb2
 from rknn_server.core.data_plane import DataPlane, OpenRequest
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.protocols.grpc.pipeline import MAX_REPLY_BYTES, Pipeline, Traffic
+from rknn_server.observe.calls import Call
+from rknn_server.protocols.grpc.pipeline import MAX_REPLY_BYTES, Pipeline
 from tests.unit.server.core.test_data_plane import make_plane
 from tests.unit.server.fakes import OUTPUT, FakeRuntime
 
@@ -73,14 +74,16 @@ def test_inference_is_a_one_frame_pipeline(tmp_path, executor) -> None:
     async def main() -> None:
         _, pipeline, sid = await opened(tmp_path, executor)
         x = image()
-        traffic = Traffic()
-        one = [m async for m in pipeline.one(stream(frame(sid, x, 7)), traffic)]
-        many = [m async for m in pipeline.stream(stream(frame(sid, x, 7)), Traffic())]
+        call = Call("Inference", "uid:0")
+        one = [m async for m in pipeline.one(stream(frame(sid, x, 7)), call)]
+        many = [
+            m async for m in pipeline.stream(stream(frame(sid, x, 7)), Call("InferencePipeline", "uid:0"))
+        ]
         assert [(i, a.tobytes()) for i, a in outputs(one)] == [(i, a.tobytes()) for i, a in outputs(many)]
         ((frame_id, y),) = outputs(one)
         assert frame_id == 7
         np.testing.assert_array_equal(y, x * 2)
-        assert (traffic.bytes_in, traffic.bytes_out, traffic.frames) == (x.nbytes, x.nbytes, 1)
+        assert (call.bytes_in, call.bytes_out, call.frames) == (x.nbytes, x.nbytes, 1)
 
     asyncio.run(main())
 
@@ -93,9 +96,9 @@ def test_inference_refuses_a_second_frame_and_an_empty_stream(tmp_path, executor
         runtime.running.clear()
         two = frame(sid, image(0), 1) + frame(sid, image(1), 2)
         with pytest.raises(InvalidInput, match="Inference takes one frame"):
-            [m async for m in pipeline.one(stream(two), Traffic())]
+            [m async for m in pipeline.one(stream(two), Call("InferencePipeline", "uid:0"))]
         with pytest.raises(InvalidInput, match="empty; expected an InferenceHeader"):
-            [m async for m in pipeline.one(stream([]), Traffic())]
+            [m async for m in pipeline.one(stream([]), Call("InferencePipeline", "uid:0"))]
         assert not runtime.running.is_set()  # nothing was computed
         await all_given_back(plane)
 
@@ -107,12 +110,12 @@ def test_the_pipeline_answers_every_frame_in_order(tmp_path, executor) -> None:
         _, pipeline, sid = await opened(tmp_path, executor)
         xs = [image(i) for i in range(5)]
         messages = [m for i, x in enumerate(xs) for m in frame(sid, x, i + 1)]
-        traffic = Traffic()
-        got = outputs([m async for m in pipeline.stream(stream(messages), traffic)])
+        call = Call("Inference", "uid:0")
+        got = outputs([m async for m in pipeline.stream(stream(messages), call)])
         assert [i for i, _ in got] == [1, 2, 3, 4, 5]
         for (_, y), x in zip(got, xs, strict=True):
             np.testing.assert_array_equal(y, x * 2)
-        assert traffic.frames == 5 and traffic.bytes_in == sum(x.nbytes for x in xs)
+        assert call.frames == 5 and call.bytes_in == sum(x.nbytes for x in xs)
 
     asyncio.run(main())
 
@@ -123,7 +126,7 @@ def test_a_stream_ending_inside_a_frame_answers_the_earlier_ones_then_fails(tmp_
         messages = frame(sid, image(0), 1) + frame(sid, image(1), 2)[:1]
         got: list[bytes] = []
         with pytest.raises(framing.TruncatedFrame, match="the stream ended inside frame 2"):
-            async for message in pipeline.stream(stream(messages), Traffic()):
+            async for message in pipeline.stream(stream(messages), Call("InferencePipeline", "uid:0")):
                 got.append(message)
         assert [i for i, _ in outputs(got)] == [1]
         await all_given_back(plane)
@@ -136,13 +139,15 @@ def test_unary_run_goes_through_the_same_intake(tmp_path, executor) -> None:
         plane, pipeline, sid = await opened(tmp_path, executor)
         x = image()
         head = frame(sid, x)[0].header
-        done = await pipeline.unary(head, [x.tobytes()], Traffic())
+        done = await pipeline.unary(head, [x.tobytes()], Call("InferencePipeline", "uid:0"))
         np.testing.assert_array_equal(done.wire[0], x * 2)
         with pytest.raises(InvalidInput, match="has shape"):
             wrong = np.zeros((1, 3, 4, 5), np.float32)
-            await pipeline.unary(frame(sid, wrong)[0].header, [wrong.tobytes()], Traffic())
+            await pipeline.unary(
+                frame(sid, wrong)[0].header, [wrong.tobytes()], Call("InferencePipeline", "uid:0")
+            )
         with pytest.raises(framing.TruncatedFrame, match="input 0: 100 of 192 bytes"):
-            await pipeline.unary(head, [x.tobytes()[:100]], Traffic())
+            await pipeline.unary(head, [x.tobytes()[:100]], Call("InferencePipeline", "uid:0"))
         await all_given_back(plane)
 
     asyncio.run(main())
@@ -157,11 +162,13 @@ def test_unary_run_refuses_outputs_known_too_large_before_computing(tmp_path, ex
         runtime.running.clear()
         x = image()
         with pytest.raises(ResourceExhausted, match=r"too large for one Run message.*streaming Inference"):
-            await pipeline.unary(frame(sid, x)[0].header, [x.tobytes()], Traffic())
+            await pipeline.unary(frame(sid, x)[0].header, [x.tobytes()], Call("InferencePipeline", "uid:0"))
         assert not runtime.running.is_set()
         # An output of unknown size is computed and answered, whatever its size turns out to be.
         runtime.outputs = [replace(OUTPUT, shape=(1, -1, 4, 4))]
-        done = await pipeline.unary(frame(sid, x)[0].header, [x.tobytes()], Traffic())
+        done = await pipeline.unary(
+            frame(sid, x)[0].header, [x.tobytes()], Call("InferencePipeline", "uid:0")
+        )
         assert runtime.running.is_set() and done.wire[0].nbytes == x.nbytes
 
     asyncio.run(main())

@@ -298,6 +298,8 @@ def test_two_clients_at_once_each_run_their_own_model(daemon: LegacyDaemon, tmp_
             "input 0 (image) is 32 bytes; shape [1, 2, 2, 3] of float32 takes 48",
         ),
         ([np.ones(SHAPE, np.float32)] * 2, "2 inputs were sent; the model has 1 (image)"),
+        # rknn_inputs_set converts float16, int8, uint8 and int16 data, not int32 (the one intake's rule)
+        ([np.ones(SHAPE, np.int32)], "input 0 (image) is int32; the model expects float32"),
     ],
 )
 def test_inputs_that_contradict_the_model_get_the_set_input_ack_and_the_run_fails(

@@ -30,7 +30,13 @@ CRASH_BYTES = 0x1070
 SET_INPUT_SHAPE_BYTES, ATTR_BYTES = 0xB4F0, 0x169
 ACK_FAIL, ACK_INVALD_INPUT = 1, 3
 # rknn_tensor_type / rknn_tensor_format codes.
-TYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int8): 2, np.dtype(np.uint8): 3}
+TYPE_CODES = {
+    np.dtype(np.float32): 0,
+    np.dtype(np.float16): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.uint8): 3,
+    np.dtype(np.int32): 6,
+}
 NHWC = 1
 
 

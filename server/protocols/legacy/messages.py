@@ -17,6 +17,7 @@ import structlog
 
 from rknn_proto.codec import TensorLimits
 from rknn_proto.messages import TensorAttr, in_layout, quantize
+from rknn_server.core.frames import Declared, take_arrays
 from rknn_server.errors import InvalidInput, ResourceExhausted
 from rknn_server.protocols.legacy import layouts
 from rknn_server.protocols.legacy.layouts import Layout
@@ -180,7 +181,13 @@ def echo_input_shapes(answer: bytearray, layout: Layout, request: bytes | memory
 def unpack_inputs(
     message: bytes | memoryview, layout: Layout, specs: Sequence[TensorAttr], limits: TensorLimits
 ) -> tuple[list[np.ndarray], list[InputFormat]]:
-    """The arrays (views of `message`) and formats of a MsgMultiInput, checked against the model."""
+    """The arrays (views of `message`) and formats of a MsgMultiInput, through the one frame intake.
+
+    What only this protocol needs is read here: the counts, sizes and offsets of the message, and
+    the real server's tolerance of an input longer than the model's (librknnrt takes the first
+    bytes). Each input is then declared in the layout it was sent in and checked like every other
+    door's (`frames.take_arrays`); what that refuses (a type the runtime cannot take) contradicts
+    the model as MODEL_INFO described it, as rknn_inputs_set would say."""
     (count,) = struct.unpack_from("<I", message, layout.input_count_at)
     if count != len(specs):
         raise InputMismatch(
@@ -190,12 +197,10 @@ def unpack_inputs(
     sizes = struct.unpack_from(f"<{count}I", message, layout.input_sizes_at)
     offsets = struct.unpack_from(f"<{count}I", message, layout.input_offsets_at)
     arrays: list[np.ndarray] = []
-    formats: list[InputFormat] = []
+    declared: list[Declared] = []
     for i, spec in enumerate(specs):
         size, offset = sizes[i], offsets[i]
-        fmt = message[layout.input_formats_at + i]
         kind = message[layout.input_types_at + i]
-        pass_through = bool(message[layout.input_pass_through_at + i])
         if size > limits.max_tensor_bytes:
             raise ResourceExhausted(
                 f"input {i} ({spec.name}) is {size} bytes; the limit is max_tensor_bytes={limits.max_tensor_bytes}"
@@ -206,12 +211,12 @@ def unpack_inputs(
             )
         if kind not in _TYPE_CODES:
             raise InputMismatch(f"input {i} ({spec.name}) has tensor type {kind}, not an rknn_tensor_type")
-        dtype = numpy_dtype(kind)
         if spec.is_dynamic:
             raise InvalidInput(
                 f"input {i} ({spec.name}) has a dynamic shape {list(spec.shape)}; not supported here"
             )
-        sent_layout = _LAYOUT_NAMES.get(fmt, spec.layout)
+        dtype = numpy_dtype(kind)
+        sent_layout = _LAYOUT_NAMES.get(message[layout.input_formats_at + i], spec.layout)
         shape = in_layout(spec.shape, spec.layout.upper(), sent_layout)
         needed = math.prod(shape) * dtype.itemsize
         if size < needed:
@@ -222,8 +227,11 @@ def unpack_inputs(
             log.warning("legacy_input_longer", input=i, name=spec.name, size=size, used=needed)
         array = np.frombuffer(message, dtype, math.prod(shape), layout.input_data_at + offset).reshape(shape)
         arrays.append(array)
-        formats.append(InputFormat(layout=sent_layout, pass_through=pass_through))
-    return arrays, formats
+        declared.append(Declared.of(array, sent_layout, bool(message[layout.input_pass_through_at + i])))
+    try:
+        return take_arrays(specs, arrays, declared)
+    except InvalidInput as refused:
+        raise InputMismatch(str(refused)) from None
 
 
 def native_outputs(outputs: Sequence[np.ndarray], specs: Sequence[TensorAttr]) -> list[np.ndarray]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from demo.models import save_mobilenet_v2
 from rknn_client import connect
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.transport.adb import open_adb
 from rknn_proto.ready import tcp_address
 from rknn_server.testing import start_daemon

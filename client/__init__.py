@@ -12,17 +12,18 @@ from rknn_client.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from rknn_client.api import Device, Session, connect
     from rknn_client.compat.lite import RKNNLite
     from rknn_client.compat.rknn import RKNN
+    from rknn_client.device import Device, connect
+    from rknn_client.session import Session
 
 __all__ = ["RKNN", "Device", "RKNNLite", "Session", "__version__", "connect"]
 __getattr__ = lazy_exports(
     __name__,
     {
-        "Device": "rknn_client.api",
-        "Session": "rknn_client.api",
-        "connect": "rknn_client.api",
+        "Device": "rknn_client.device",
+        "Session": "rknn_client.session",
+        "connect": "rknn_client.device",
         "RKNNLite": "rknn_client.compat.lite",
         "RKNN": "rknn_client.compat.rknn",
     },

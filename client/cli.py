@@ -27,10 +27,10 @@ from typing import cast
 import numpy as np
 
 from rknn_client import __version__
-from rknn_client.api import Device, Session, connect
 from rknn_client.board_commands import add_board_commands, add_token_option
 from rknn_client.cli_parser import Parser, add_json_option, parse
 from rknn_client.compat.inputs import PreparedInputs, prepare
+from rknn_client.device import Device, connect
 from rknn_client.errors import RknnError, advice
 from rknn_client.farm.cli import add_farm_commands
 from rknn_client.input_files import InputFileError, check_input_files, image_size, read_input_files
@@ -39,6 +39,7 @@ from rknn_client.load.drivers import Frame
 from rknn_client.load.output import csv_text, sweep_json, sweep_text
 from rknn_client.progress import byte_bar
 from rknn_client.report import memory_text, perf_text, readable_size
+from rknn_client.session import Session
 from rknn_client.timing import measure, sample_inputs
 from rknn_client.toolkit.cli import add_toolkit_commands
 from rknn_client.transport.base import TransportError

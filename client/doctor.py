@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import adbutils
 
-from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
+from rknn_client.device import Device
 from rknn_client.errors import AuthenticationFailed, RknnError
 from rknn_client.negotiate import check_versions
 from rknn_client.transport.adb import (

@@ -20,7 +20,7 @@ from rknn_client.errors import InvalidInput, RknnError, from_rpc_error
 from rknn_proto import framing, rknn_pb2
 
 if TYPE_CHECKING:
-    from rknn_client.api import OutputFrame, Session
+    from rknn_client.session import OutputFrame, Session
 
 _END = object()
 # How long closing a drained pipeline waits for the daemon to end the call before cancelling it.

@@ -47,7 +47,8 @@ from rknn_proto.messages import TensorAttr
 from rknn_proto.reasons import Reason
 
 if TYPE_CHECKING:
-    from rknn_client.api import Device, Session
+    from rknn_client.device import Device
+    from rknn_client.session import Session
 
 ENV = "RKNN_SHM"
 SHM_DIR = Path("/dev/shm")

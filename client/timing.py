@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_client.api import Session
+from rknn_client.session import Session
 
 
 @dataclass(frozen=True)

@@ -145,10 +145,21 @@ def test_a_board_install_pulls_in_nothing_pc_only() -> None:
     assert "armv7l" in uvloop, "uvloop has no armv7 wheels: it must be optional there"
 
 
-# The client's one way to a daemon is `Device` (client/api.py): credentials, the protocol version and
+# The client's one way to a daemon is `Device` (client/device.py): credentials, the protocol version and
 # the error mapping are applied there, so nothing else holds a stub or reaches into a Device's privates.
-DEVICE_MODULES = {"client/api.py", "client/transport/health.py"}
-DEVICE_PRIVATES = {"_stub", "_channel", "_call"}
+DEVICE_MODULES = {"client/device.py", "client/transport/health.py"}
+# Everything of Device that is not its public calls (Session, in session.py, uses only those).
+DEVICE_PRIVATES = {
+    "_stub",
+    "_channel",
+    "_call",
+    "_rpc",
+    "_frame_stream",
+    "_frame_streams",
+    "_negotiate",
+    "_info",
+    "_run_call",
+}
 STUB_MODULES = ("rknn_proto.rknn_pb2_grpc", "grpc_health.v1.health_pb2_grpc")
 
 
@@ -190,13 +201,25 @@ def _foreign_privates(tree: ast.Module, names: set[str] | None = None) -> list[s
     ]
 
 
-def test_only_the_device_module_talks_to_the_stub() -> None:
+def _device_rule_breaches(sources: dict[str, ast.Module]) -> dict[str, list[str]]:
     bad = {
         module: [*_stub_uses(tree), *_foreign_privates(tree, DEVICE_PRIVATES)]
-        for module, tree in _client_sources().items()
+        for module, tree in sources.items()
         if module not in DEVICE_MODULES
     }
-    assert {module: found for module, found in bad.items() if found} == {}
+    return {module: found for module, found in bad.items() if found}
+
+
+def test_only_the_device_module_talks_to_the_stub() -> None:
+    assert _device_rule_breaches(_client_sources()) == {}
+
+
+def test_the_device_rule_catches_a_session_reaching_into_the_device() -> None:
+    sources = _client_sources()
+    sources["client/session.py"].body += ast.parse(
+        "def shortcut(session):\n    return session.device._rpc('Run', None, b'')\n"
+    ).body
+    assert _device_rule_breaches(sources) == {"client/session.py": ["line 2: session.device._rpc"]}
 
 
 def test_the_compat_layer_uses_only_the_public_client_api() -> None:
@@ -207,7 +230,8 @@ def test_the_compat_layer_uses_only_the_public_client_api() -> None:
         private_imports = [
             f"line {node.lineno}: imports {alias.name} from {node.module}"
             for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.module == "rknn_client.api"
+            if isinstance(node, ast.ImportFrom)
+            and node.module in ("rknn_client.device", "rknn_client.session")
             for alias in node.names
             if alias.name.startswith("_")
         ]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rknn_client.accuracy.errors import AccuracyError
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_proto.messages import LayerDump
 
 

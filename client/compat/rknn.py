@@ -2,7 +2,7 @@
 
 `from rknn.api import RKNN` becomes `from rknn_client import RKNN`. Every call returns what the
 toolkit returns (0 / -1, lists, strings, dicts, None on failure) and logs why it failed; the work
-is done by the idiomatic API underneath (rknn_client.api).
+is done by the idiomatic API underneath (rknn_client.device, rknn_client.session).
 
 When a real RKNN-Toolkit2 is found (rknn_client.toolkit), the conversion and simulator methods run in it
 through the bridge instead, and `init_runtime(target=...)` uploads the `.rknn` it compiled; the path is
@@ -31,7 +31,6 @@ from rknn_client.accuracy.capture import load_model
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
 from rknn_client.accuracy.steps import Steps
-from rknn_client.api import Device, Session, connect
 from rknn_client.compat import aliases
 from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.config_rules import ConfigError, normalization
@@ -41,10 +40,12 @@ from rknn_client.compat.rknn_file import ModelFileKind, inspect
 from rknn_client.compat.shapes import batched, check_dynamic, dynamic_sets, nchw_shape, with_free_dims
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.compat.toolkit_route import ModeError, ToolkitRoute, choose_mode
+from rknn_client.device import Device, connect
 from rknn_client.errors import RknnError, advice
 from rknn_client.pipeline import Pipeline
 from rknn_client.progress import byte_bar
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
+from rknn_client.session import Session
 from rknn_client.toolkit import Missing
 from rknn_client.transport.base import TransportError
 from rknn_proto import model_container

@@ -22,7 +22,7 @@ from labgrid.driver.common import Driver
 from labgrid.factory import target_factory
 from labgrid.resource.common import Resource
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.transport.tcp import tcp_endpoint
 
 

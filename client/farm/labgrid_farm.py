@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.errors import RknnError
 from rknn_client.farm.inventory import DeviceEntry, FarmConfigError, parse_address, tcp_address
 from rknn_client.farm.pool import CANCEL_GRACE_S, AcquireTimeout, Cancelled, Farm, Lease, NoMatchingDevice

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.errors import FailedPrecondition, NotFound, RknnError
 from rknn_client.farm.inventory import DeviceEntry, gather
 from rknn_client.farm.probe import DeviceStatus, open_device, probe

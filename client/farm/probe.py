@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.errors import RknnError
 from rknn_client.farm.auth import AuthError, auth_token
 from rknn_client.farm.inventory import DeviceEntry

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from rknn_client.api import Device
+    from rknn_client.device import Device
     from rknn_client.farm.labgrid_farm import LabgridFarm, PlaceLease
     from rknn_client.farm.pool import Farm, Lease
 

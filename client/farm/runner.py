@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.farm.compare import cosine_similarity
 from rknn_client.farm.inventory import DeviceEntry
 from rknn_client.farm.pool import Cancelled, Farm, NoMatchingDevice, NoReachableDevice

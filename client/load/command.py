@@ -12,7 +12,7 @@ import contextlib
 import sys
 from collections.abc import Callable
 
-from rknn_client.api import DeviceInfo, Session
+from rknn_client.device import DeviceInfo
 from rknn_client.errors import RknnError
 from rknn_client.load import ranges
 from rknn_client.load.ctrl_c import CtrlC, watching
@@ -30,6 +30,7 @@ from rknn_client.load.drivers import (
     runner,
 )
 from rknn_client.load.output import progress_line, step_name, window_line
+from rknn_client.session import Session
 from rknn_client.transport.base import TransportError
 
 DEFAULT_MAX_IN_FLIGHT = 4

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rknn_client.api import Session
 from rknn_client.errors import RknnError
 from rknn_client.load.ctrl_c import UNWATCHED, CtrlC
 from rknn_client.load.windows import Kind, Outcome, Window, is_stable
+from rknn_client.session import Session
 from rknn_client.transport.base import TransportError
 
 # A request still unanswered this long after the load stopped is left behind (counted as unresolved).

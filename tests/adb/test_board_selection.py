@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rknn_client import RKNN
-from rknn_client.api import connect
+from rknn_client.device import connect
 from rknn_client.transport.adb import AdbDeviceAmbiguous, AdbDeviceNotFound
 from rknn_client.transport.resolve import ENV_SERVER
 from tests.adb.conftest import MakeBoard

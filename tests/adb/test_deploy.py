@@ -20,7 +20,6 @@ import psutil
 import pytest
 
 from rknn_client import __version__
-from rknn_client.api import Device
 from rknn_client.board_shell import BoardShell
 from rknn_client.cli import main
 from rknn_client.deploy.board import BoardFacts, DeployRefused
@@ -33,6 +32,7 @@ from rknn_client.deploy.install import (
     _install_launcher,
     deploy,
 )
+from rknn_client.device import Device
 from rknn_client.transport.adb import connect_adb_server, open_adb
 from rknn_client.transport.security import ENV_TOKEN
 from tests.adb.conftest import MakeBoard

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rknn_client import RKNN
-from rknn_client.api import connect
+from rknn_client.device import connect
 from rknn_client.errors import VersionMismatch
 from rknn_proto.version import PROTOCOL_VERSION
 from tests.adb.conftest import FakeDaemonFactory, MakeBoard

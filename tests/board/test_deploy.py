@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from rknn_client import __version__
-from rknn_client.api import Device
 from rknn_client.deploy.install import INSTALL_DIR, LAUNCHER_MARK, PID_FILE, TOOLKIT_LAUNCHER
+from rknn_client.device import Device
 from rknn_client.transport.adb import open_adb
 from tests.adb.fixtures import EmulatedBoard, PrivateAdbServer
 from tests.board.conftest import DAEMON_ENV, CrossStub, daemon_boards, equip, rootfs_of

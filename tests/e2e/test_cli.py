@@ -15,8 +15,8 @@ import pytest
 
 from demo.models import save_mobilenet_v2
 from rknn_client import digest_cache
-from rknn_client.api import connect
 from rknn_client.compat.rknn import RKNN
+from rknn_client.device import connect
 from rknn_client.errors import FailedPrecondition, advice
 from rknn_client.input_files import read_image
 from rknn_client.transport.adb import adb_server_running

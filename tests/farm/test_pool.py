@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import HealthServicer
 
-from rknn_client.api import connect
+from rknn_client.device import connect
 from rknn_client.errors import FailedPrecondition, VersionMismatch
 from rknn_client.farm import (
     AcquireTimeout,

@@ -7,7 +7,7 @@ import json
 import urllib.request
 from pathlib import Path
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.transport.tcp import tcp_endpoint
 from tests import models
 from tests.metrics.conftest import get, start_metrics_daemon

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.errors import AuthenticationFailed, ConnectionFailed
 from rknn_client.transport.private import start_private_daemon
 from rknn_proto import rknn_pb2, rknn_pb2_grpc

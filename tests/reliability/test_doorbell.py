@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rknn_client import shared_memory
-from rknn_client.api import Device, Session
+from rknn_client.device import Device
 from rknn_client.doorbell import DoorbellLost
 from rknn_client.errors import NotFound, SessionLost
+from rknn_client.session import Session
 from rknn_proto import rknn_pb2
 from rknn_server.testing import DaemonProcess, start_daemon
 from tests.reliability.conftest import (

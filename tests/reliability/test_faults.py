@@ -15,8 +15,8 @@ import numpy as np
 import psutil
 import pytest
 
-from rknn_client.api import Device
 from rknn_client.compat.rknn import RKNN
+from rknn_client.device import Device
 from rknn_client.errors import FailedPrecondition, RuntimeFailure, SessionLost
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import manifest, rknn_pb2, rknn_pb2_grpc
@@ -39,7 +39,7 @@ PATIENCE_S = 90.0
 
 UPLOAD_AND_STALL = """
 import sys, time
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.transport.tcp import tcp_endpoint
 
 def progress(done, total):
@@ -140,7 +140,7 @@ def test_client_killed_mid_inference_frees_its_sessions_within_the_idle_timeout(
     code = f"""
 import sys
 import numpy as np
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.transport.tcp import tcp_endpoint
 dev = Device(tcp_endpoint(sys.argv[1]))
 sessions = [dev.load(sys.argv[2]) for _ in range(3)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-import rknn_client.api
+import rknn_client.device
 from rknn_client.errors import ResourceExhausted
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from tests.reliability.conftest import OTHER_TOKEN, TOKEN, StartDaemon, cnn_input, device, info, weighty_model
@@ -40,7 +40,7 @@ def test_limits_are_reported_and_enforced_per_client(
             bob.load(cnn)
         weighty = weighty_model(tmp_path / "weighty.onnx", 1)
         with monkeypatch.context() as older:  # a client that sends 1 MiB chunks whatever the limit
-            older.setattr(rknn_client.api, "upload_chunk_bytes", lambda limits: 1 << 20)
+            older.setattr(rknn_client.device, "upload_chunk_bytes", lambda limits: 1 << 20)
             with pytest.raises(ResourceExhausted, match="max_chunk_bytes=65536"):
                 bob.upload(weighty)
         assert not bob.upload(weighty).cached  # this client follows the daemon's limit

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_server.testing import DaemonProcess
 from tests.reliability.conftest import StartDaemon, cnn_input, info

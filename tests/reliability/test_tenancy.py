@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 import pytest
 
-from rknn_client.api import Device
+from rknn_client.device import Device
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.kserve import grpc_service_pb2 as pb

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rknn_client.api import Session
 from rknn_client.errors import InvalidInput
+from rknn_client.session import Session
 from rknn_proto import codec, rknn_pb2
 
 SHAPE = (1, 3, 4, 4)
@@ -30,7 +30,7 @@ def session() -> Session:
             )
         ],
     )
-    return Session(SimpleNamespace(_info=None), reply, native_outputs=False)  # type: ignore[arg-type]
+    return Session(SimpleNamespace(instance_id=""), reply, native_outputs=False)  # type: ignore[arg-type]
 
 
 def frame(s: Session, x: np.ndarray, **options: object) -> tuple[rknn_pb2.InferenceHeader, list[np.ndarray]]:

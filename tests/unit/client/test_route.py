@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rknn_client.api import DeviceInfo, Session
+from rknn_client.device import DeviceInfo
+from rknn_client.session import Session
 from rknn_proto import codec, rknn_pb2
 from rknn_proto.version import PROTOCOL_VERSION, RUN_RPC_VERSION
 
@@ -38,7 +39,7 @@ def session(outputs: list[list[int]], daemon: DeviceInfo, quantized: bool = Fals
             for i, shape in enumerate(outputs)
         ],
     )
-    device = SimpleNamespace(info=device_info, _info=None)
+    device = SimpleNamespace(info=device_info, instance_id="")
     made = Session(device, reply, native_outputs=False)  # type: ignore[arg-type]
     made.asked = asked  # type: ignore[attr-defined]
     return made

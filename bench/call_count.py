@@ -1,7 +1,9 @@
 """Count the Python calls one `RKNN.inference` makes, from the client down to the backend's `run` and
-back, with the daemon served on this process's main thread (its real `serve`, a real loopback port).
+back, with the daemon served on this process's main thread (its real `serve`, a real loopback port);
+with `--door toolkit`, one run of the RKNN-Toolkit2 protocol (MsgMultiInput then MsgRun, as the real
+toolkit sends them, on the daemon's toolkit listener) instead.
 
-    .venv/bin/python -m bench.call_count [--runs 20]
+    .venv/bin/python -m bench.call_count [--runs 20] [--door toolkit]
 
 Every thread is profiled (`sys.setprofile`/`threading.setprofile`), but only while an inference is being
 measured; the calls inside the backend's own `run` (ONNX Runtime's Python wrapper) are not the path and
@@ -15,6 +17,7 @@ import asyncio
 import os
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -26,14 +29,16 @@ from typing import Any
 
 import numpy as np
 
-RUN_FILE = os.path.join("runtime", "host.py")
+# The backend's own run, by door: ONNX Runtime's wrapper, or the C stand-in for librknnrt behind ctypes.
+RUN_FILES = {"rknn.v1": os.path.join("runtime", "host.py"), "toolkit": os.path.join("rknnrt", "model.py")}
 
 
 class CallCounter:
     """Python function calls per side while `on`; calls nested in the backend's `run` kept apart."""
 
-    def __init__(self, client_thread: int) -> None:
+    def __init__(self, client_thread: int, run_file: str) -> None:
         self.on = False
+        self.run_file = run_file
         self.client_thread = client_thread
         self.counts: Counter[str] = Counter()
         self.modules: Counter[str] = Counter()  # path calls by package (rknn_*, grpc, structlog, ...)
@@ -45,7 +50,7 @@ class CallCounter:
             return
         thread = threading.get_ident()
         code = frame.f_code
-        is_run = code.co_name == "run" and code.co_filename.endswith(RUN_FILE)
+        is_run = code.co_name == "run" and code.co_filename.endswith(self.run_file)
         depth = self._inside.get(thread, 0)
         if event == "return":
             if is_run and depth:
@@ -116,10 +121,65 @@ def client(url: str, model: Path, runs: int, top: int, counter: CallCounter, res
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def toolkit_model(folder: Path) -> Path:
+    """A .rknn the stand-in runs: one 1x16x16x3 NHWC float input, like the CNN's image."""
+    from tests.rknnrt.stub_build import StubTensor, write_stub_model
+
+    return write_stub_model(
+        folder / "model.rknn",
+        inputs=[StubTensor("image", "FP32", "NHWC", (1, 16, 16, 3))],
+        outputs=[StubTensor("score", "FP32", "NHWC", (1, 16, 16, 3))],
+    )
+
+
+def toolkit_client(
+    address: str, model: Path, runs: int, top: int, counter: CallCounter, result: dict[str, Any]
+) -> None:
+    """The toolkit's requests of one run, written by the tests' wire client (no toolkit code runs here)."""
+    from tests.legacy.wire_client import FINISH, WireClient
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                wire = WireClient(address)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert wire.open() == 0
+        loaded = wire.load(model.read_bytes())
+        assert loaded.ack == 0, loaded.text()
+        image = np.zeros((1, 16, 16, 3), np.float32)  # NHWC, as the toolkit sends 4-D inputs
+        for _ in range(2):
+            wire.set_inputs([image])
+            assert wire.run().command == FINISH
+        counter.client_thread = threading.get_ident()
+        counter.on = True
+        for _ in range(runs):
+            wire.set_inputs([image])
+            reply = wire.run()
+        counter.on = False
+        result_code = struct.unpack_from("<I", reply.data, 0x74)[0]  # MsgFinish: frame id, then the result
+        assert reply.command == FINISH and result_code == 0, reply.text()
+        wire.sock.close()
+        result["counts"] = {k: v / runs for k, v in counter.counts.items()}
+        result["modules"] = {k: v / runs for k, v in counter.modules.most_common(8)}
+        result["functions"] = {k: v / runs for k, v in counter.functions.most_common(top)}
+    except BaseException as exc:
+        result["error"] = exc
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--top", type=int, default=0, help="also list the N functions called most")
+    parser.add_argument(
+        "--door", choices=("rknn.v1", "toolkit"), default="rknn.v1", help="RKNN.inference, or a toolkit run"
+    )
     args = parser.parse_args()
     os.environ["RKNN_CLIENT_TOOLKIT"] = "host"
 
@@ -128,24 +188,37 @@ def main() -> int:
     from rknn_server.daemon import serve
     from rknn_server.observe.logs import configure
     from tests import models
+    from tests.rknnrt.fake_sysfs import rk3588_board
+    from tests.rknnrt.stub_build import build_stub
 
-    configure("json", "error")
+    configure("json", "warning" if args.door == "toolkit" else "error")
     with tempfile.TemporaryDirectory(prefix="rknn-call-count-") as tmp:
         folder = Path(tmp)
-        model = models.small_cnn(folder / "small_cnn.onnx")
         port = free_port()
-        counter = CallCounter(0)
+        counter = CallCounter(0, RUN_FILES[args.door])
         result: dict[str, Any] = {}
         threading.setprofile(counter)
+        legacy = f"rknn-call-count-{os.getpid()}"
+        if args.door == "toolkit":  # the toolkit loads .rknn models: librknnrt's stand-in runs them
+            model = toolkit_model(folder)
+            target, address = toolkit_client, "\0" + legacy
+            runtime = {
+                "runtime": "rknnrt",
+                "runtime_lib": build_stub(folder / "stub"),
+                "sysfs_root": rk3588_board(folder / "board"),
+                "legacy_listen": (f"unix-abstract:{legacy}",),
+            }
+        else:
+            model = models.small_cnn(folder / "small_cnn.onnx")
+            target, address = client, f"tcp://127.0.0.1:{port}"
+            runtime = {"runtime": "host", "legacy_listen": ()}
         worker = threading.Thread(
-            target=client,
-            args=(f"tcp://127.0.0.1:{port}", model, args.runs, args.top, counter, result),
-            daemon=True,
+            target=target, args=(address, model, args.runs, args.top, counter, result), daemon=True
         )
         worker.start()
         sys.setprofile(counter)
         config = DaemonConfig(
-            listen=[parse_listen(f"tcp://127.0.0.1:{port}")], runtime="host", model_cache=folder / "cache"
+            listen=[parse_listen(f"tcp://127.0.0.1:{port}")], model_cache=folder / "cache", **runtime
         )
         asyncio.run(serve(config))
         sys.setprofile(None)
@@ -155,7 +228,8 @@ def main() -> int:
         raise result["error"]
     counts = result["counts"]
     path = counts.get("client", 0) + counts.get("daemon", 0)
-    print(f"Python calls per RKNN.inference, excluding the backend's run (average of {args.runs}):")
+    what = "toolkit-protocol run" if args.door == "toolkit" else "RKNN.inference"
+    print(f"Python calls per {what}, excluding the backend's run (average of {args.runs}):")
     for name in ("client", "daemon", "inside the backend's run"):
         print(f"  {name:26s} {counts.get(name, 0):8.1f}")
     print(f"  {'path total':26s} {path:8.1f}")

@@ -34,7 +34,7 @@ from rknn_server.observe.calls import Call, Recorder
 from rknn_server.protocols.legacy import layouts, messages, wire
 from rknn_server.protocols.legacy.intake import ModelIntake
 from rknn_server.protocols.legacy.layouts import Layout
-from rknn_server.protocols.legacy.wire import Command, Header, ProtocolError
+from rknn_server.protocols.legacy.wire import COMMAND_NAMES, Command, Header, ProtocolError
 from rknn_server.runtime.base import InputError, InputFormat, InputShapes, WorkerLost
 
 log = structlog.get_logger("rknn_server.legacy")
@@ -233,7 +233,7 @@ class LegacyConnection:
         most = self._most(header.command)
         if length > most:
             raise ProtocolError(
-                f"a {Command(header.command).name} message of {length} bytes; the limit for it is {most} bytes"
+                f"a {COMMAND_NAMES[header.command]} message of {length} bytes; the limit for it is {most} bytes"
             )
         if header.command == Command.LOAD and length < _LOAD_HEADER_BYTES:
             raise ProtocolError(f"a LOAD message of {length} bytes; the model size follows its header")
@@ -242,11 +242,11 @@ class LegacyConnection:
             raise ProtocolError(
                 f"a request for context {header.context}; this connection's is {self.context}"
             )
-        log.debug("legacy_request", place=self.name, command=Command(header.command).name, size=length)
+        log.debug("legacy_request", place=self.name, command=COMMAND_NAMES[header.command], size=length)
         self.unread = length - _LOAD_HEADER_BYTES if header.command == Command.LOAD else 0
         message = np.empty(length - self.unread, np.uint8)
         try:
-            self.plane.frame_memory.hold([message], f"a {Command(header.command).name} message")
+            self.plane.frame_memory.hold([message], f"a {COMMAND_NAMES[header.command]} message")
         except ResourceExhausted as exc:  # its body stays unread: the connection ends after the report
             raise ProtocolError(str(exc)) from None
         view = message.data.cast("B")
@@ -269,7 +269,7 @@ class LegacyConnection:
                 self.writer.write(wire.frame(self._ack(Command.SET_INPUT_ACK, header, ACK_INVALD_INPUT)))
             return
         # Recorded like a gRPC call (calls.py): the metrics and one `rpc` event per answered request.
-        call = Call(f"legacy.{Command(command).name}", self.owner)
+        call = Call(f"legacy.{COMMAND_NAMES[command]}", self.owner)
         call.bytes_in, self.inputs_bytes = len(message) + self.unread + self.inputs_bytes, 0
         outcome = "OK"
         try:
@@ -277,7 +277,7 @@ class LegacyConnection:
         except Exception as exc:
             code, text = status_of(exc)
             outcome = code.name
-            log.warning("legacy_request_failed", place=self.name, command=Command(command).name, error=text)
+            log.warning("legacy_request_failed", place=self.name, command=COMMAND_NAMES[command], error=text)
             answer = self._refusal(header, message, exc, text)
         if _reader_thread_takes(header, message):
             await asyncio.sleep(MIN_TURNAROUND_S - (time.perf_counter() - call.start))
@@ -336,7 +336,7 @@ class LegacyConnection:
         if expected is None or size == expected:
             return
         known = ", ".join(layouts.RELEASES)
-        what = f"this toolkit sends a {Command(command).name} request of {size} bytes; RKNN-Toolkit2 {self.layout.toolkit} sends {expected}"
+        what = f"this toolkit sends a {COMMAND_NAMES[command]} request of {size} bytes; RKNN-Toolkit2 {self.layout.toolkit} sends {expected}"
         matching = layouts.releases_sending(command, size)
         if matching:
             raise OtherRelease(

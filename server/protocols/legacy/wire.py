@@ -47,6 +47,11 @@ class Command(IntEnum):
     SET_INPUT_ACK = 18  # sent only when inputs are refused
 
 
+# Each command's name by its code, for log events and call records: looked up per message, where an
+# enum's construction would cost a few Python calls each time.
+COMMAND_NAMES = {int(command): command.name for command in Command}
+
+
 class ProtocolError(Exception):
     """The peer broke the protocol; the message says what was expected (it may reach the client)."""
 

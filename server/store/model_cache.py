@@ -102,7 +102,20 @@ def _last_activity(path: Path) -> float:
     return max([path.stat().st_mtime, *(st.st_mtime for st in _files(path))])
 
 
-def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> None:
+@dataclass(frozen=True)
+class CheckedManifest:
+    """A manifest `validate_manifest` accepted, with its size: what the cache's steps of an upload
+    take, so that each request's manifest is checked once, however many steps it goes through."""
+
+    manifest: rknn_pb2.ModelManifest
+    total_bytes: int
+
+    @property
+    def digest(self) -> str:
+        return self.manifest.digest
+
+
+def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> CheckedManifest:
     """Reject a manifest that is malformed, inconsistent or too large, saying what was expected.
 
     Runs before anything touches the disk; the count is checked before anything iterates the files."""
@@ -144,6 +157,7 @@ def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> 
         raise InvalidInput(
             f"model digest {manifest.digest} does not match its file list (expected {expected})"
         )
+    return CheckedManifest(manifest, total)
 
 
 @dataclass
@@ -218,7 +232,10 @@ class ModelCache:
     def prepare(self, manifest: rknn_pb2.ModelManifest, owner: str | None = None) -> tuple[bool, list[int]]:
         """(cached, held bytes per file) for a model about to be uploaded by `owner`: cached only for
         an owner, held only for the one who began the partial upload (anyone else sends every byte)."""
-        validate_manifest(manifest, self.limits)
+        return self._prepare(validate_manifest(manifest, self.limits), owner)
+
+    def _prepare(self, checked: CheckedManifest, owner: str | None) -> tuple[bool, list[int]]:
+        manifest = checked.manifest
         if self.may_use(manifest.digest, owner):
             with self._lock:
                 self.stats.hits += 1
@@ -252,9 +269,11 @@ class ModelCache:
         A concurrent upload, a cache hit (for an owner) or bytes that vanished since PrepareUpload is
         ABORTED (the client asks again); no room is RESOURCE_EXHAUSTED. A model cached for others only
         is uploaded in full, which makes `owner` an owner too."""
-        validate_manifest(manifest, self.limits)
-        digest = manifest.digest
-        claim = Claim(declared=sum(f.size for f in manifest.files))
+        return self._begin(validate_manifest(manifest, self.limits), start_offsets, owner)
+
+    def _begin(self, checked: CheckedManifest, start_offsets: list[int], owner: str | None) -> Upload:
+        manifest, digest = checked.manifest, checked.digest
+        claim = Claim(declared=checked.total_bytes)
         with self._lock:
             if digest in self._claims:
                 raise Aborted(
@@ -262,7 +281,7 @@ class ModelCache:
                 )
             self._claims[digest] = claim
         try:
-            cached, held = self.prepare(manifest, owner)
+            cached, held = self._prepare(checked, owner)
             if cached:
                 raise Aborted(
                     f"model {digest} is already cached; call PrepareUpload again: no upload is needed"
@@ -378,9 +397,10 @@ class ModelCache:
     def adopt(self, manifest: rknn_pb2.ModelManifest, path: Path, owner: str) -> None:
         """Take a one-file model the daemon received whole (its bytes at `path`, moved, not copied) as
         `owner`'s upload of it: verified and committed, or, cached already, `owner` becomes an owner."""
-        if self.prepare(manifest, owner)[0]:
+        checked = validate_manifest(manifest, self.limits)
+        if self._prepare(checked, owner)[0]:
             return
-        upload = self.begin_upload(manifest, [0] * len(manifest.files), owner)
+        upload = self._begin(checked, [0] * len(manifest.files), owner)
         try:
             upload.adopt(path)
             upload.finish()

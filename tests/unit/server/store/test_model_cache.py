@@ -198,3 +198,29 @@ def test_only_files_still_being_written_are_held_open(tmp_path: Path) -> None:
     upload.close()
     cache.close()  # the model made durable: the syncer's handles are closed too
     assert _open_under(tmp_path) == []
+
+
+def test_each_request_checks_its_manifest_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload's begin (which also asks what the cache holds) and a whole model's adoption each
+    validate the manifest once: the steps after the first take the checked one."""
+    from rknn_server.store import model_cache
+
+    checks: list[str] = []
+    real = model_cache.validate_manifest
+
+    def counted(wire: rknn_pb2.ModelManifest, limits: CacheLimits) -> model_cache.CheckedManifest:
+        checks.append(wire.digest)
+        return real(wire, limits)
+
+    monkeypatch.setattr(model_cache, "validate_manifest", counted)
+    cache = ModelCache(tmp_path / "c", CacheLimits())
+    data = os.urandom(100)
+    man = manifest_of(data)
+    upload = cache.begin_upload(man, [0])
+    upload.close()
+    assert checks == [man.digest]
+    staged = tmp_path / "whole.onnx"
+    staged.write_bytes(data)
+    checks.clear()
+    cache.adopt(man, staged, "uid:1000")
+    assert checks == [man.digest] and cache.main_file(man.digest, "uid:1000").read_bytes() == data

@@ -434,6 +434,15 @@ def test_the_layer_rules_catch_a_new_module_and_one_that_reaches_up() -> None:
     ]
 
 
+def test_an_upload_knows_nothing_of_the_cache_that_begins_it() -> None:
+    """No call cycle in the store: the cache begins an upload and hands it a `Destination` (its
+    folder, its commit, its release); uploads.py imports nothing of model_cache, not even for types."""
+    tree = ast.parse((ROOT / "server/store/uploads.py").read_text())
+    modules = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    modules |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not [name for name in modules if "model_cache" in name]
+
+
 # Who is calling is decided in the front-door kit alone (kit/auth.py's AccessPolicy and the
 # connection identities of kit/connections.py): a door never reads a socket's owner or a token itself.
 IDENTITY_SOURCES = ("rknn_server.board.peers", "rknn_server.kit.auth.TokenTable")

@@ -75,7 +75,7 @@ from rknn_server.store.cache_records import (
     write_record,
 )
 from rknn_server.store.durability import Syncer, sync_path
-from rknn_server.store.uploads import UPLOADER_MARKER, Claim, Upload
+from rknn_server.store.uploads import UPLOADER_MARKER, Claim, Destination, Upload
 
 log = structlog.get_logger("rknn_server.cache")
 # Names the main file of a complete model; a dot name, so no model file can collide with it.
@@ -303,7 +303,12 @@ class ModelCache:
                 )
             claim.on_disk = sum(held)
             self._make_room(digest)
-            return Upload(self, manifest, list(start_offsets), claim, owner)
+            destination = Destination(
+                self.partial_dir(digest),
+                commit=lambda: self.commit(manifest, owner),
+                release=lambda: self.end_upload(digest),
+            )
+            return Upload(destination, manifest, list(start_offsets), claim, owner)
         except BaseException:
             self.end_upload(digest)
             raise

@@ -17,17 +17,13 @@ import errno
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rknn_proto import rknn_pb2
 from rknn_server.errors import DataLoss, InvalidInput, ResourceExhausted
 from rknn_server.store.block_writer import BlockWriter, WriteQueue
-
-if TYPE_CHECKING:
-    from rknn_server.store.model_cache import ModelCache
 
 _HASH_READ_BYTES = 1 << 20
 # Chunks are gathered into blocks this large before they are hashed and written: few large writes
@@ -48,6 +44,17 @@ class Claim:
     on_disk: int = 0
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where an upload goes, as the cache gave it: its partial folder, the commit of its verified
+    bytes (the committed model's main file) and the release of its claim. The upload knows nothing
+    else of the cache, and the cache calls it only to begin it."""
+
+    folder: Path
+    commit: Callable[[], Path]
+    release: Callable[[], None]
+
+
 @dataclass
 class Block:
     """Accepted chunks not yet on disk, in order: (file index, bytes)."""
@@ -63,17 +70,17 @@ class Upload:
 
     def __init__(
         self,
-        cache: ModelCache,
+        destination: Destination,
         manifest: rknn_pb2.ModelManifest,
         start_offsets: list[int],
         claim: Claim,
         owner: str | None = None,
     ) -> None:
-        self._cache = cache
+        self._destination = destination
         self._claim = claim
         self.manifest = manifest
         self.owner = owner
-        self._dir = cache.partial_dir(manifest.digest)
+        self._dir = destination.folder
         self._hashers = []
         self._accepted = []  # bytes checked and taken per file, on disk or in the block
         for f, start in zip(manifest.files, start_offsets, strict=True):
@@ -225,7 +232,7 @@ class Upload:
                     f"bytes of {f.name!r} hash to {actual}, not the declared sha256 {f.sha256}; "
                     "the partial upload was discarded"
                 )
-        return self._cache.commit(self.manifest, self.owner)
+        return self._destination.commit()
 
     def _discard(self) -> None:
         self._discarded = True
@@ -253,4 +260,4 @@ class Upload:
         with contextlib.suppress(OSError, ResourceExhausted):
             self.store(self.take())
         self._close_handles()
-        self._cache.end_upload(self.manifest.digest)
+        self._destination.release()

@@ -1,7 +1,8 @@
 """One running upload into the model cache: chunks gathered into large blocks, each hashed once and
 written in one call while the next chunks arrive.
 
-The event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes to the
+`receive` runs an upload's steps for a door (the UploadModel handler only parses and bounds its
+chunks): the event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes to the
 executor (`store`), which queues the write of the received views themselves to the partial file (one
 call, in the upload's write thread) and hashes those same views meanwhile (hashlib lets go of the GIL
 for them), so that receiving, hashing and writing overlap instead of taking turns, and every byte is
@@ -12,14 +13,17 @@ The uploader (`owner`) becomes an owner of the model once every byte verified (m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterable, Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rknn_proto import rknn_pb2
 from rknn_server.errors import DataLoss, InvalidInput, ResourceExhausted
@@ -261,3 +265,42 @@ class Upload:
             self.store(self.take())
         self._close_handles()
         self._destination.release()
+
+
+# One chunk of a model's bytes as a door received it: (file index, offset, data).
+Part = tuple[int, int, bytes | memoryview]
+
+
+async def receive(begin: Callable[[], Upload], executor: Executor, parts: AsyncIterable[Part]) -> Upload:
+    """A whole upload: `begin` (claim the model) in the executor, then `parts` gathered on the event
+    loop while the executor hashes and writes the block before, then the verified commit; returns
+    the upload, ended. Its claim dies with the call whatever point a cancellation hits: a step still
+    running in the executor when the call ends releases it once it is done."""
+    loop = asyncio.get_running_loop()
+    step: asyncio.Future[Any] = loop.run_in_executor(executor, begin)
+    try:
+        upload: Upload = await asyncio.shield(step)
+    except BaseException:
+        step.add_done_callback(_close_claimed)
+        raise
+    try:
+        async for file_index, offset, data in parts:
+            block = upload.accept(file_index, offset, data)
+            if block is not None:
+                await asyncio.shield(step)
+                step = loop.run_in_executor(executor, upload.store, block)
+        await asyncio.shield(step)
+        step = loop.run_in_executor(executor, upload.finish)
+        await asyncio.shield(step)
+    finally:
+        if step.done():
+            upload.close()
+        else:
+            step.add_done_callback(lambda _: upload.close())
+    return upload
+
+
+def _close_claimed(step: asyncio.Future[Upload]) -> None:
+    """Release an upload claimed by a call that ended before it could take it."""
+    if not step.cancelled() and step.exception() is None:
+        step.result().close()

@@ -9,12 +9,11 @@ its call on `current_call()`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -34,7 +33,7 @@ from rknn_server.protocols.grpc.upload_wire import Chunk, parse_upload_request, 
 from rknn_server.protocols.local.doorbell import TICKET_TTL_S, Doorbells
 from rknn_server.protocols.local.shm_run import prepare, run_shared
 from rknn_server.store.reservations import ReservationBook
-from rknn_server.store.uploads import Upload
+from rknn_server.store.uploads import Part, receive
 
 T = TypeVar("T")
 
@@ -194,44 +193,27 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
         if isinstance(first, Chunk) or first.WhichOneof("part") != "header":
             raise InvalidInput("the first UploadModel message must be an UploadHeader")
         header = first.header
-        loop = asyncio.get_running_loop()
-        # The claim on the model dies with this call whatever point a cancellation hits: a step
-        # still running in the executor when the call ends releases it once it is done.
-        step: asyncio.Future[Any] = loop.run_in_executor(
+        owner = client_identity()
+        upload = await receive(
+            lambda: self.plane.cache.begin_upload(header.manifest, list(header.start_offsets), owner),
             self.plane.executor,
-            self.plane.cache.begin_upload,
-            header.manifest,
-            list(header.start_offsets),
-            client_identity(),
+            self._upload_parts(request_iterator, call),
         )
-        try:
-            upload: Upload = await asyncio.shield(step)
-        except BaseException:
-            step.add_done_callback(_close_claimed)
-            raise
-        try:
-            # One block is hashed and written in the executor while the next one is received.
-            async for message in request_iterator:
-                chunk = upload_chunk(message)
-                if chunk is None:
-                    raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
-                check_chunk(len(chunk.data), self.plane.tensor_limits)
-                block = upload.accept(*chunk)
-                call.bytes_in += len(chunk.data)
-                if block is not None:
-                    await asyncio.shield(step)
-                    step = loop.run_in_executor(self.plane.executor, upload.store, block)
-            await asyncio.shield(step)
-            step = loop.run_in_executor(self.plane.executor, upload.finish)
-            await asyncio.shield(step)
-        finally:
-            if step.done():
-                upload.close()
-            else:
-                step.add_done_callback(lambda _: upload.close())
         return rknn_pb2.UploadModelResponse(
             digest=header.manifest.digest, received_bytes=upload.received_bytes
         )
+
+    async def _upload_parts(
+        self, messages: AsyncIterator[rknn_pb2.UploadModelRequest], call: Call
+    ) -> AsyncIterator[Part]:
+        """The chunks after an UploadModel's header, each checked against the chunk limit."""
+        async for message in messages:
+            chunk = upload_chunk(message)
+            if chunk is None:
+                raise InvalidInput("after the header, UploadModel takes only UploadChunk messages")
+            check_chunk(len(chunk.data), self.plane.tensor_limits)
+            call.bytes_in += len(chunk.data)
+            yield chunk
 
     # -- Sessions ----------------------------------------------------------------------------
 
@@ -426,12 +408,6 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             ticket=self.doorbells.open(uid, frame),
             ticket_ttl_s=TICKET_TTL_S,
         )
-
-
-def _close_claimed(step: asyncio.Future[Upload]) -> None:
-    """Release an upload claimed by a call that ended before it could take it."""
-    if not step.cancelled() and step.exception() is None:
-        step.result().close()
 
 
 async def _first(iterator: AsyncIterator[T], what: str) -> T:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -83,6 +85,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def measure(
+    counter: CallCounter, runs: int, top: int, result: dict[str, Any], steps: Sequence[Callable[[], Any]]
+) -> Any:
+    """One run's `steps` (callables the counter does not see themselves: bound methods, partials),
+    `runs` times with the counter on (on this thread: the client's); the counts per run go into
+    `result`; returns the last step's last answer."""
+    counter.client_thread = threading.get_ident()
+    counter.on = True
+    for _ in range(runs):
+        for step in steps:
+            answer = step()
+    counter.on = False
+    result["counts"] = {k: v / runs for k, v in counter.counts.items()}
+    result["modules"] = {k: v / runs for k, v in counter.modules.most_common(8)}
+    result["functions"] = {k: v / runs for k, v in counter.functions.most_common(top)}
+    return answer
+
+
 def client(url: str, model: Path, runs: int, top: int, counter: CallCounter, result: dict[str, Any]) -> None:
     from rknn_client import connect
     from rknn_client.compat.rknn import RKNN
@@ -105,16 +125,9 @@ def client(url: str, model: Path, runs: int, top: int, counter: CallCounter, res
         image = np.zeros((16, 16, 3), np.uint8)
         for _ in range(2):
             rknn.inference(inputs=[image])
-        counter.client_thread = threading.get_ident()
-        counter.on = True
-        for _ in range(runs):
-            outputs = rknn.inference(inputs=[image])
-        counter.on = False
+        outputs = measure(counter, runs, top, result, [functools.partial(rknn.inference, inputs=[image])])
         assert outputs is not None
         rknn.release()
-        result["counts"] = {k: v / runs for k, v in counter.counts.items()}
-        result["modules"] = {k: v / runs for k, v in counter.modules.most_common(8)}
-        result["functions"] = {k: v / runs for k, v in counter.functions.most_common(top)}
     except BaseException as exc:
         result["error"] = exc
     finally:
@@ -155,18 +168,10 @@ def toolkit_client(
         for _ in range(2):
             wire.set_inputs([image])
             assert wire.run().command == FINISH
-        counter.client_thread = threading.get_ident()
-        counter.on = True
-        for _ in range(runs):
-            wire.set_inputs([image])
-            reply = wire.run()
-        counter.on = False
+        reply = measure(counter, runs, top, result, [functools.partial(wire.set_inputs, [image]), wire.run])
         result_code = struct.unpack_from("<I", reply.data, 0x74)[0]  # MsgFinish: frame id, then the result
         assert reply.command == FINISH and result_code == 0, reply.text()
         wire.sock.close()
-        result["counts"] = {k: v / runs for k, v in counter.counts.items()}
-        result["modules"] = {k: v / runs for k, v in counter.modules.most_common(8)}
-        result["functions"] = {k: v / runs for k, v in counter.functions.most_common(top)}
     except BaseException as exc:
         result["error"] = exc
     finally:

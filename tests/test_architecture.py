@@ -154,7 +154,6 @@ DEVICE_PRIVATES = {
     "_channel",
     "_call",
     "_rpc",
-    "_frame_stream",
     "_frame_streams",
     "_negotiate",
     "_info",

@@ -2,12 +2,13 @@
 written in one call while the next chunks arrive.
 
 `receive` runs an upload's steps for a door (the UploadModel handler only parses and bounds its
-chunks): the event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes to the
-executor (`store`), which queues the write of the received views themselves to the partial file (one
-call, in the upload's write thread) and hashes those same views meanwhile (hashlib lets go of the GIL
-for them), so that receiving, hashing and writing overlap instead of taking turns, and every byte is
-hashed once and copied by nobody but the kernel. A file is created by its first bytes, never from the
-header; resuming re-hashes the bytes already held; a full disk discards this upload's bytes and says so.
+chunks): the event loop only checks and gathers chunks (`accept`); a full block (`BLOCK_BYTES`) goes
+to the executor (`store`), which queues the write of the received views themselves to the partial
+file (one call, in the upload's write thread) and hashes those same views meanwhile (hashlib lets go
+of the GIL for them), so that receiving, hashing and writing overlap instead of taking turns, and
+every byte is hashed once and copied by nobody but the kernel. A file is created by its first bytes,
+never from the header; resuming re-hashes the bytes already held; a full disk discards this upload's
+bytes and says so.
 The uploader (`owner`) becomes an owner of the model once every byte verified (model_cache.py).
 """
 

@@ -194,19 +194,21 @@ class RknnService(rknn_pb2_grpc.RknnServerServicer):
             raise InvalidInput("the first UploadModel message must be an UploadHeader")
         header = first.header
         owner = client_identity()
-        upload = await receive(
-            lambda: self.plane.cache.begin_upload(header.manifest, list(header.start_offsets), owner),
-            self.plane.executor,
-            self._upload_parts(request_iterator, call),
-        )
+        async with aclosing(self._upload_parts(request_iterator, call)) as parts:
+            upload = await receive(
+                lambda: self.plane.cache.begin_upload(header.manifest, list(header.start_offsets), owner),
+                self.plane.executor,
+                parts,
+            )
         return rknn_pb2.UploadModelResponse(
             digest=header.manifest.digest, received_bytes=upload.received_bytes
         )
 
     async def _upload_parts(
         self, messages: AsyncIterator[rknn_pb2.UploadModelRequest], call: Call
-    ) -> AsyncIterator[Part]:
-        """The chunks after an UploadModel's header, each checked against the chunk limit."""
+    ) -> AsyncGenerator[Part, None]:
+        """The chunks after an UploadModel's header, each checked against the chunk limit (closed by
+        the handler whenever the upload ends, so the request stream is let go at once)."""
         async for message in messages:
             chunk = upload_chunk(message)
             if chunk is None:

@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 from rknn_proto import rknn_pb2
 from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY
 from rknn_server.core.data_plane import DataPlane
-from rknn_server.core.shm import SharedMemoryRegistry
+from rknn_server.core.shm import Region, SharedMemoryRegistry
 from rknn_server.errors import InvalidInput, NotFound, error_metadata, status_of
 from rknn_server.kit.connections import unix_peer_uid
 from rknn_server.observe.metrics import DaemonMetrics
@@ -276,35 +276,42 @@ class Doorbells:
                         )
                         return "the client sent something else than a DoorbellRing"
                     last = message
-                self._frame(bell, frame_id, connection)
+                found_closed = self._frame(bell, frame_id, connection)
                 bell.frames += 1
-                if any(region.closed for region in bell.frame.regions):
+                if found_closed:
                     # A session that closed takes its regions with it: that, if so, is why it ended.
                     return bell.ended_by or "a region of its frames was unregistered"
         except OSError as exc:
             return bell.ended_by or f"connection lost ({exc.strerror})"
         return bell.ended_by or "closed by the client"
 
-    def _frame(self, bell: _Bell, frame_id: int, connection: socket.socket) -> None:
-        """Run one frame and answer it. What only the daemon needs (the regions' use counts, its
-        metrics) comes after the answer is sent, while the client reads its outputs."""
+    def _frame(self, bell: _Bell, frame_id: int, connection: socket.socket) -> bool:
+        """Run one frame and answer it; whether it found a region closed (and so refused it), which
+        ends the doorbell. A region unregistered after the answer went out ends it at the next ring,
+        refused NOT_FOUND: hanging up at once would leave that ring unanswered. What only the daemon
+        needs (the regions' use counts, its metrics) comes after the answer is sent, while the
+        client reads its outputs."""
         regions = bell.frame.regions
         queued = time.perf_counter()
         self.registry.acquire(regions)
         try:
-            code, answer, started, ended = self._answer(bell, frame_id, queued)
+            closed = next((region for region in regions if region.closed), None)
+            code, answer, started, ended = self._answer(bell, frame_id, queued, closed)
             connection.send(answer)
         finally:
             self.registry.release(regions)
         if code == "OK":
             self.metrics.model_run(bell.frame.session.digest, started - queued, ended - started)
         self.metrics.doorbell_frame(code)
+        return closed is not None
 
-    def _answer(self, bell: _Bell, frame_id: int, queued: float) -> tuple[str, bytes, float, float]:
-        """(status name, answer, when the run started and ended) of one frame, its regions held."""
+    def _answer(
+        self, bell: _Bell, frame_id: int, queued: float, closed: Region | None
+    ) -> tuple[str, bytes, float, float]:
+        """(status name, answer, when the run started and ended) of one frame, its regions held; a
+        frame with a region closed is refused."""
         frame = bell.frame
         try:
-            closed = next((r for r in frame.regions if r.closed), None)
             if closed is not None:
                 raise NotFound(
                     f"shared-memory region {closed.key!r} was unregistered; open a doorbell for the new one"

@@ -31,7 +31,8 @@ from bench import ring_floor
 from bench.grpc_ceiling import measure_frame_calls
 from bench.side_by_side import side_by_side
 from demo.models import save_mobilenet_v2
-from rknn_client import connect, shared_memory
+from rknn_client import connect
+from rknn_client.local import shared_memory
 from rknn_server.runtime.host import default_threads
 from rknn_server.runtime.host_model import session_options
 from rknn_server.testing import DaemonProcess, start_daemon

@@ -21,10 +21,11 @@ from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 
-from rknn_client import __version__, shared_memory
+from rknn_client import __version__
 from rknn_client.digest_cache import DigestCache
-from rknn_client.doorbell import Doorbell
 from rknn_client.errors import RknnError, VersionMismatch, from_rpc_error
+from rknn_client.local import shared_memory
+from rknn_client.local.doorbell import Doorbell
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
 from rknn_client.reservation import PendingReservation, Reservation
@@ -312,7 +313,7 @@ class Device:
     def release_session(self, session_id: str) -> None:
         self._call("Release", self._stub.Release, rknn_pb2.ReleaseRequest(session_id=session_id))
 
-    # -- Shared-memory tensors (client/shared_memory.py drives these) ---------------------------
+    # -- Shared-memory tensors (client/local/shared_memory.py drives these) ---------------------------
 
     def register_shared_memory(
         self, request: rknn_pb2.RegisterSharedMemoryRequest
@@ -335,7 +336,7 @@ class Device:
         return self._call("RunShared", self._stub.RunShared, rknn_pb2.RunRequest(header=header))
 
     def open_doorbell(self, header: rknn_pb2.InferenceHeader) -> Doorbell:
-        """A doorbell ringing frames of this RunShared header without a call each (client/doorbell.py)."""
+        """A doorbell ringing frames of this RunShared header without a call each (client/local/doorbell.py)."""
         reply = self._call(
             "OpenDoorbell", self._stub.OpenDoorbell, rknn_pb2.OpenDoorbellRequest(header=header)
         )

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 import numpy as np
 
-from rknn_client import shared_memory
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, from_rpc_error
+from rknn_client.local import shared_memory
 from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_proto import codec, convert, framing, rknn_pb2
 from rknn_proto.buffers import BufferPool

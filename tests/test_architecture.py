@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -322,44 +323,181 @@ LAYER_EXCEPTIONS = {
 }
 
 
-def _placed() -> dict[str, str]:
-    """Each placed module's path under server/ (without .py) -> its layer; folders' __init__ too."""
-    placed: dict[str, str] = {}
-    for layer, folders in SERVER_LAYERS:
-        for folder, modules in folders.items():
-            for module in modules:
-                placed[f"{folder}/{module}".lstrip("/")] = layer
-            parts = folder.split("/") if folder else []
-            for end in range(1, len(parts) + 1):  # a folder's package, and the packages above it
-                placed.setdefault("/".join(parts[:end]) + "/__init__", layer)
-    return placed
+# The client's folders, lowest first: the library (Device, Session and what they stand on: transports,
+# same-host frames), the features built on it (each may use another, never the commands), and the
+# commands (`rknn-client`, `python -m rknn_client.exec`). A feature's own subcommands (farm/cli.py,
+# toolkit/cli.py) live in its folder; the commands only gather them.
+CLIENT_LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
+    (
+        "library",
+        {
+            "": (
+                "__init__",
+                "lazy",
+                "user_cache",
+                "errors",
+                "negotiate",
+                "model_files",
+                "digest_cache",
+                "progress",
+                "upload_stream",
+                "reservation",
+                "timing",
+                "report",
+                "input_files",
+                "pipeline",
+                "session",
+                "device",
+            ),
+            "transport": ("base", "security", "resolve", "tcp", "adb", "private", "health"),
+            "local": ("doorbell", "shared_memory"),
+        },
+    ),
+    (
+        "features",
+        {
+            "boards": ("shell", "doctor", "devices"),
+            "deploy": ("board", "bundle", "install"),
+            "toolkit": ("locate", "install", "bridge", "worker", "cli"),
+            "accuracy": (
+                "errors",
+                "preprocess",
+                "layers",
+                "fusion",
+                "quantize",
+                "calibrate",
+                "build",
+                "capture",
+                "runtime_side",
+                "compare",
+                "text_dump",
+                "summary",
+                "report",
+                "analysis",
+                "steps",
+                "session",
+                "single",
+            ),
+            "compat": (
+                "aliases",
+                "config_rules",
+                "core_masks",
+                "custom_op",
+                "inputs",
+                "lite",
+                "onnx_build",
+                "onnx_edit",
+                "rknn",
+                "rknn_file",
+                "shapes",
+                "toolkit_log",
+                "toolkit_route",
+            ),
+            "load": ("ranges", "windows", "drivers", "ctrl_c", "output", "command"),
+            "farm": (
+                "auth",
+                "inventory",
+                "probe",
+                "pool",
+                "progress",
+                "compare",
+                "report",
+                "runner",
+                "check",
+                "labgrid_agent",
+                "labgrid_driver",
+                "labgrid_farm",
+                "pytest_plugin",
+                "cli",
+            ),
+        },
+    ),
+    ("commands", {"cli": ("parser", "boards", "commands", "__main__"), "": ("exec",)}),
+]
 
 
-def _server_modules() -> list[str]:
-    """server/'s modules, as paths under server/ without .py."""
-    return sorted(
-        str(path.relative_to(ROOT / "server").with_suffix("")) for path in (ROOT / "server").rglob("*.py")
-    )
+@dataclass(frozen=True)
+class Tree:
+    """One package's source folder, its import name and its layers (lowest first)."""
+
+    folder: str
+    package: str
+    layers: list[tuple[str, dict[str, tuple[str, ...]]]]
+    exceptions: frozenset[tuple[str, str]] = frozenset()
+
+    def placed(self) -> dict[str, str]:
+        """Each placed module's path under the folder (without .py) -> its layer; folders' __init__ too."""
+        placed: dict[str, str] = {}
+        for layer, folders in self.layers:
+            for folder, modules in folders.items():
+                for module in modules:
+                    placed[f"{folder}/{module}".lstrip("/")] = layer
+                parts = folder.split("/") if folder else []
+                for end in range(1, len(parts) + 1):  # a folder's package, and the packages above it
+                    placed.setdefault("/".join(parts[:end]) + "/__init__", layer)
+        return placed
+
+    def modules(self) -> list[str]:
+        """The folder's modules, as paths under it without .py (package data such as the toolkit's
+        torch-stub, in no importable folder, left out)."""
+        found = []
+        for path in (ROOT / self.folder).rglob("*.py"):
+            relative = path.relative_to(ROOT / self.folder).with_suffix("")
+            if all(part.isidentifier() for part in relative.parts):
+                found.append(str(relative))
+        return sorted(found)
+
+    def misplaced(self, modules: list[str]) -> list[str]:
+        listed = [
+            f"{folder}/{m}".lstrip("/")
+            for _, folders in self.layers
+            for folder, ms in folders.items()
+            for m in ms
+        ]
+        twice = sorted({name for name in listed if listed.count(name) > 1})
+        placed = self.placed()
+        return (
+            [f"{n} is listed twice" for n in twice]
+            + [
+                f"{self.folder}/{n}.py is in no folder's list of its layers"
+                for n in modules
+                if n not in placed
+            ]
+            + [
+                f"{self.folder}/{n}.py is listed but does not exist"
+                for n in sorted(set(placed) - set(modules))
+            ]
+        )
+
+    def imports(self) -> dict[str, set[str]]:
+        """Each module's path -> the names of this package it imports."""
+        return {
+            f"{self.folder}/{module}.py": _imports_of(ROOT / self.folder / f"{module}.py", self.package)
+            for module in self.modules()
+        }
+
+    def reaching_up(self, imports: dict[str, set[str]]) -> list[str]:
+        """Each import of a module of a layer above the importer's (path -> its imports)."""
+        placed = self.placed()
+        rank = {layer: index for index, (layer, _) in enumerate(self.layers)}
+        found = []
+        for path, names in sorted(imports.items()):
+            mine = placed[path.removeprefix(f"{self.folder}/").removesuffix(".py")]
+            for name in sorted(names):
+                target = _module_of(name, placed)
+                if target is None or (path, target) in self.exceptions:
+                    continue
+                if rank[placed[target]] > rank[mine]:
+                    found.append(f"{path} ({mine}) imports {name} ({placed[target]})")
+        return found
 
 
-def _misplaced(modules: list[str]) -> list[str]:
-    listed = [
-        f"{folder}/{m}".lstrip("/")
-        for _, folders in SERVER_LAYERS
-        for folder, ms in folders.items()
-        for m in ms
-    ]
-    twice = sorted({name for name in listed if listed.count(name) > 1})
-    placed = _placed()
-    return (
-        [f"{n} is listed twice" for n in twice]
-        + [f"server/{n}.py is in no folder's list of SERVER_LAYERS" for n in modules if n not in placed]
-        + [f"server/{n}.py is listed but does not exist" for n in sorted(set(placed) - set(modules))]
-    )
+SERVER = Tree("server", "rknn_server", SERVER_LAYERS, frozenset(LAYER_EXCEPTIONS))
+CLIENT = Tree("client", "rknn_client", CLIENT_LAYERS)
 
 
 def _module_of(dotted: str, placed: dict[str, str]) -> str | None:
-    """The placed module or package a dotted `rknn_server...` name imports (its longest known prefix)."""
+    """The placed module or package a dotted name imports (its longest known prefix)."""
     parts = dotted.split(".")[1:]
     for end in range(len(parts), -1, -1):
         path = "/".join(parts[:end])
@@ -369,9 +507,9 @@ def _module_of(dotted: str, placed: dict[str, str]) -> str | None:
     return None
 
 
-def _imports_of(path: Path) -> set[str]:
-    """The rknn_server names `path` imports (`from x import y` counts x.y), leaving out imports only a
-    type checker runs (`if TYPE_CHECKING:`)."""
+def _imports_of(path: Path, package: str) -> set[str]:
+    """The names of `package` that `path` imports (`from x import y` counts x.y), leaving out imports
+    only a type checker runs (`if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
     skipped: set[int] = set()
     for node in ast.walk(tree):
@@ -385,51 +523,44 @@ def _imports_of(path: Path) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name == "rknn_server" or name.startswith("rknn_server.")}
+    return {name for name in found if name == package or name.startswith(f"{package}.")}
 
 
-def _reaching_up(imports: dict[str, set[str]]) -> list[str]:
-    """Each import of a module of a layer above the importer's (server/ path -> its imports)."""
-    placed = _placed()
-    rank = {layer: index for index, (layer, _) in enumerate(SERVER_LAYERS)}
-    found = []
-    for path, names in sorted(imports.items()):
-        mine = placed[path.removeprefix("server/").removesuffix(".py")]
-        for name in sorted(names):
-            target = _module_of(name, placed)
-            if target is None or (path, target) in LAYER_EXCEPTIONS:
-                continue
-            if rank[placed[target]] > rank[mine]:
-                found.append(f"{path} ({mine}) imports {name} ({placed[target]})")
-    return found
+@pytest.mark.parametrize("tree", [SERVER, CLIENT], ids=["server", "client"])
+def test_every_module_is_placed_in_its_folder(tree: Tree) -> None:
+    assert tree.misplaced(tree.modules()) == []
 
 
-def _tree_imports() -> dict[str, set[str]]:
-    return {
-        str(path.relative_to(ROOT)): _imports_of(path) for path in sorted((ROOT / "server").rglob("*.py"))
-    }
-
-
-def test_every_server_module_is_placed_in_its_folder() -> None:
-    assert _misplaced(_server_modules()) == []
-
-
-def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
-    assert _reaching_up(_tree_imports()) == []
+@pytest.mark.parametrize("tree", [SERVER, CLIENT], ids=["server", "client"])
+def test_each_layer_imports_only_itself_and_the_layers_below(tree: Tree) -> None:
+    assert tree.reaching_up(tree.imports()) == []
 
 
 def test_the_layer_rules_catch_a_new_module_and_one_that_reaches_up() -> None:
     """The rules can fail: a module placed nowhere, and the store importing a door, are reported."""
-    assert _misplaced([*_server_modules(), "core/scheduler"]) == [
-        "server/core/scheduler.py is in no folder's list of SERVER_LAYERS"
+    assert SERVER.misplaced([*SERVER.modules(), "core/scheduler"]) == [
+        "server/core/scheduler.py is in no folder's list of its layers"
     ]
-    imports = _tree_imports()
+    imports = SERVER.imports()
     imports["server/store/model_cache.py"] = {
         "rknn_server.protocols.grpc.service.RknnService",
         "rknn_server.errors",
     }
-    assert _reaching_up(imports) == [
+    assert SERVER.reaching_up(imports) == [
         "server/store/model_cache.py (store) imports rknn_server.protocols.grpc.service.RknnService (protocols)"
+    ]
+
+
+def test_the_client_rules_catch_a_stray_module_and_a_library_that_imports_a_command() -> None:
+    assert CLIENT.misplaced([*CLIENT.modules(), "helpers"]) == [
+        "client/helpers.py is in no folder's list of its layers"
+    ]
+    imports = CLIENT.imports()
+    imports["client/session.py"] |= {"rknn_client.cli.commands.main"}
+    imports["client/deploy/install.py"] |= {"rknn_client.cli.parser.Parser"}
+    assert CLIENT.reaching_up(imports) == [
+        "client/deploy/install.py (features) imports rknn_client.cli.parser.Parser (commands)",
+        "client/session.py (library) imports rknn_client.cli.commands.main (commands)",
     ]
 
 
@@ -458,11 +589,11 @@ def _doors_admitting(imports: dict[str, set[str]]) -> list[str]:
 
 
 def test_doors_admit_callers_only_through_the_kit() -> None:
-    assert _doors_admitting(_tree_imports()) == []
+    assert _doors_admitting(SERVER.imports()) == []
 
 
 def test_the_admission_rule_catches_a_door_that_identifies_callers_itself() -> None:
-    imports = _tree_imports()
+    imports = SERVER.imports()
     imports["server/protocols/legacy/listener.py"] |= {"rknn_server.board.peers.socket_owner"}
     assert _doors_admitting(imports) == [
         "server/protocols/legacy/listener.py decides who is calling outside the kit: "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rknn_client.board_shell import BoardShell
-from rknn_client.doctor import VENDOR_FIX, VENDOR_SCRIPTS, is_vendor_binary
+from rknn_client.boards.doctor import VENDOR_FIX, VENDOR_SCRIPTS, is_vendor_binary
+from rknn_client.boards.shell import BoardShell
 from rknn_client.errors import ErrorWithFix
 
 INSTALL_DIR = "/opt/rknn-server"

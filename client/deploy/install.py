@@ -16,7 +16,8 @@ from pathlib import Path
 import adbutils
 
 from rknn_client import __version__
-from rknn_client.board_shell import BoardShell
+from rknn_client.boards.doctor import TOKEN_FIX
+from rknn_client.boards.shell import BoardShell
 from rknn_client.deploy.board import (
     INSTALL_DIR,
     DeployError,
@@ -28,7 +29,6 @@ from rknn_client.deploy.board import (
 )
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, build_bundle
 from rknn_client.device import Device
-from rknn_client.doctor import TOKEN_FIX
 from rknn_client.errors import AuthenticationFailed, RknnError
 from rknn_client.transport.adb import connect_adb_server, find_device, open_adb, require_ready
 from rknn_client.transport.base import TransportError

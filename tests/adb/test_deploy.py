@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from rknn_client import __version__
-from rknn_client.board_shell import BoardShell
+from rknn_client.boards.shell import BoardShell
 from rknn_client.cli import main
 from rknn_client.deploy.board import BoardFacts, DeployRefused
 from rknn_client.deploy.bundle import Bundle, BundleBuilder, download_command, only

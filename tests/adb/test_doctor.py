@@ -1,4 +1,4 @@
-"""client/doctor.py: each link broken in turn, over the real adb and an emulated board."""
+"""client/boards/doctor.py: each link broken in turn, over the real adb and an emulated board."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from rknn_client.boards.doctor import TOOLKIT_LAUNCHER, Check, diagnose, format_report
 from rknn_client.deploy.install import launcher_script
-from rknn_client.doctor import TOOLKIT_LAUNCHER, Check, diagnose, format_report
 from rknn_client.transport.adb import adb_server_running
 from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto.version import PROTOCOL_VERSION

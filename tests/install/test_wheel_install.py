@@ -64,7 +64,7 @@ class Venv:
 
 
 def _source_files() -> set[str]:
-    """Every file the three packages consist of, as wheel paths (rknn_client/cli.py, ...)."""
+    """Every file the three packages consist of, as wheel paths (rknn_client/cli/commands.py, ...)."""
     files = set()
     for folder, package in PACKAGES.items():
         for path in (ROOT / folder).rglob("*"):

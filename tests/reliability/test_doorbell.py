@@ -1,5 +1,5 @@
 """Doorbells against a live daemon: frames without a gRPC call each, the same outputs as the wire,
-and every way in refused but the ticket's owner (server/protocols/local/doorbell.py, client/doorbell.py)."""
+and every way in refused but the ticket's owner (server/protocols/local/doorbell.py, client/local/doorbell.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rknn_client import shared_memory
 from rknn_client.device import Device
-from rknn_client.doorbell import DoorbellLost
 from rknn_client.errors import NotFound, SessionLost
+from rknn_client.local import shared_memory
+from rknn_client.local.doorbell import DoorbellLost
 from rknn_client.session import Session
 from rknn_proto import rknn_pb2
 from rknn_server.testing import DaemonProcess, start_daemon

@@ -24,9 +24,10 @@ import onnx
 import pytest
 from onnx import helper
 
-from rknn_client import RKNN, shared_memory
+from rknn_client import RKNN
 from rknn_client.device import Device
 from rknn_client.errors import InvalidInput
+from rknn_client.local import shared_memory
 from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.ready import read_ready_file

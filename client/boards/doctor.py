@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import adbutils
 
-from rknn_client.board_shell import BoardShell
+from rknn_client.boards.shell import BoardShell
 from rknn_client.device import Device
 from rknn_client.errors import AuthenticationFailed, RknnError
 from rknn_client.negotiate import check_versions

@@ -5,7 +5,7 @@ rknn-client run MODEL --input a.npy|b.npz|img.jpg [--input ...] [--output-dir DI
 rknn-client perf MODEL [--runs N] [--warmup N] [--input FILE] [--no-perf-debug] [--json]
 rknn-client perf MODEL --concurrency N | --concurrency-range A:B[:S] | --request-rate-range A:B[:S] [--json|--csv]
 rknn-client mem MODEL [--json]
-rknn-client devices [--json] | doctor [--device ID] [--json] | deploy --device ID   (rknn_client.board_commands)
+rknn-client devices [--json] | doctor [--device ID] [--json] | deploy --device ID   (rknn_client.cli.boards)
 rknn-client accuracy MODEL --input IMG [IMG...] --dataset dataset.txt --output-dir DIR [--mean M,M,M] [--json]
 rknn-client farm devices|run ...   (see rknn_client.farm.cli)
 rknn-client exec script.py [args]   (an unmodified toolkit script; see rknn_client.exec)
@@ -27,8 +27,8 @@ from typing import cast
 import numpy as np
 
 from rknn_client import __version__
-from rknn_client.board_commands import add_board_commands, add_token_option
-from rknn_client.cli_parser import Parser, add_json_option, parse
+from rknn_client.cli.boards import add_board_commands, add_token_option
+from rknn_client.cli.parser import Parser, add_json_option, parse
 from rknn_client.compat.inputs import PreparedInputs, prepare
 from rknn_client.device import Device, connect
 from rknn_client.errors import RknnError, advice
@@ -482,7 +482,3 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 
 import adbutils
 
-from rknn_client.board_shell import BoardShell
+from rknn_client.boards.doctor import TOKEN_FIX
+from rknn_client.boards.shell import BoardShell
 from rknn_client.device import Device
-from rknn_client.doctor import TOKEN_FIX
 from rknn_client.errors import AuthenticationFailed, RknnError
 from rknn_client.transport.adb import (
     AdbDeviceInfo,

@@ -17,7 +17,7 @@ outputs copied out of it (the region is reused by the next frame), or lent as vi
 caller that asks (`lend_outputs`). A model with a dynamic output
 size keeps to the wire (its outputs' room is unknown).
 
-Each frame is rung on the session's doorbell (client/doorbell.py: one unix-socket message each way,
+Each frame is rung on the session's doorbell (client/local/doorbell.py: one unix-socket message each way,
 no gRPC call) where the daemon offers one, else sent as one RunShared call (`use_doorbell`).
 """
 
@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rknn_client.doorbell import Doorbell, DoorbellLost
 from rknn_client.errors import InvalidInput, NotFound, ResourceExhausted, RknnError, SessionLost
+from rknn_client.local.doorbell import Doorbell, DoorbellLost
 from rknn_proto import codec, rknn_pb2
 from rknn_proto.messages import TensorAttr
 from rknn_proto.reasons import Reason
@@ -58,7 +58,7 @@ MIN_REGION_BYTES = 1 << 20
 DOORBELL_RETRY_S = 5.0
 ROOMS_KEPT = 8  # the input shapes whose outputs' sizes a session remembers (learn_room)
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
-log = logging.getLogger("rknn_client.shared_memory")
+log = logging.getLogger("rknn_client.local.shared_memory")
 
 
 def enabled_by_env() -> bool:

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rknn_client.cli_parser import add_json_option
-from rknn_client.devices import adb_problem, devices_table, survey
-from rknn_client.doctor import diagnose, format_report
+from rknn_client.boards.devices import adb_problem, devices_table, survey
+from rknn_client.boards.doctor import diagnose, format_report
+from rknn_client.cli.parser import add_json_option
 from rknn_client.transport.base import TransportError
 from rknn_client.transport.security import ENV_TOKEN
 from rknn_proto.version import DEFAULT_ABSTRACT_SOCKET

@@ -1,0 +1,1 @@
+"""Same-host frames: tensors in shared memory (shared_memory.py) rung on a doorbell (doorbell.py)."""

@@ -98,7 +98,7 @@ async def _maintain_cache(cache: ModelCache, executor: ThreadPoolExecutor, confi
     while True:
         await asyncio.sleep(period)
         try:
-            await loop.run_in_executor(executor, cache.expire_partials)
+            await loop.run_in_executor(executor, cache.quota.expire_partials)
             if config.verify_interval_s > 0:
                 await loop.run_in_executor(executor, cache.verify_due, config.verify_interval_s)
         except Exception:

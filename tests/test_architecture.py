@@ -280,7 +280,19 @@ SERVER_LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ("errors", {"": ("errors",)}),
     (
         "store",
-        {"store": ("durability", "block_writer", "cache_records", "uploads", "model_cache", "reservations")},
+        {
+            "store": (
+                "durability",
+                "block_writer",
+                "cache_records",
+                "manifests",
+                "uploads",
+                "quota",
+                "verification",
+                "model_cache",
+                "reservations",
+            )
+        },
     ),
     ("observe", {"observe": ("logs", "metrics", "calls")}),
     ("core", {"core": ("memory", "sessions", "frames", "shm", "data_plane")}),

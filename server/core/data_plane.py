@@ -143,13 +143,13 @@ class DataPlane:
             max_memory_bytes=self.memory.max_session_memory,
         )
         self.registry.reserve(request.owner)
-        self.cache.pin(request.digest)
+        self.cache.quota.pin(request.digest)
         try:
             await self.blocking(self.cache.verify, request.digest)
             runtime = await self.blocking(self.backend.open, path, options)
         except BaseException:
             self.registry.unreserve(request.owner)
-            self.cache.unpin(request.digest)
+            self.cache.quota.unpin(request.digest)
             raise
         return self.registry.add(request.digest, options, runtime, request.owner)
 
@@ -177,7 +177,7 @@ class DataPlane:
         try:
             self.registry.close(session, reason)
         finally:
-            self.cache.unpin(session.digest)
+            self.cache.quota.unpin(session.digest)
             for listener in self.on_close:
                 listener(session.id)
 

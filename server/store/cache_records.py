@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 RECORD_FILE = ".verified"
+# Names the main file of a complete model; a dot name, so no model file can collide with it.
+MAIN_FILE_MARKER = ".main"
 OWNERS_FILE = ".owners"
 # Owners remembered per model, the most recent kept: an identity dropped beyond it uploads again.
 MAX_OWNERS = 256

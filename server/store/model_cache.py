@@ -7,22 +7,15 @@ A model only appears under models/ by an atomic rename once every file's hash an
 verified, so a half-written model is never used. Bytes go to disk as they arrive (a file is created
 by its first bytes, never from the header): nothing holds a whole model in memory.
 
-The quota covers everything on disk: complete models, the partial bytes of abandoned uploads, and
-the declared size of every upload in progress (reserved when it starts, so that concurrent uploads
-cannot overcommit). A new upload first makes room by evicting, oldest first, unpinned models and
-abandoned partial uploads; partial uploads idle longer than `partial_ttl_s` are dropped whenever the
-cache looks. Models used by a live session are pinned and never evicted. The free space of the disk
-is checked the same way, so a cache on a disk smaller than its quota refuses clearly instead of
-filling it; a full disk while writing still discards that upload's bytes and fails with a clear error.
-
-Files are written through the page cache and a committed model is synced to the disk in the
-background (`rknn_server.store.durability`): its record is written only once it is durable, and until then
-the stamps taken when it verified on arrival stand in for it, in memory.
-
-Before a session opens a model its files are checked against their last verification (a record
-beside them: size, mtime, inode and hash per file, kept across restarts); changed files are hashed
-again. `verify_due` re-hashes models on a schedule and `verify_all` at start-up (--verify-cache):
-a model damaged on disk is removed and reported instead of loaded.
+Its parts, each in its own module: the manifest checked once per request (manifests.py), the room
+(quota.py: one quota and the disk's free space over complete models, abandoned partial uploads and
+the uploads in progress; least recently used first evicted, models pinned by live sessions never),
+and what was last verified of each model (verification.py: the record beside its files, or what was
+verified on arrival until the background sync makes it durable). Before a session opens a model its
+files are checked against that; changed files are hashed again. `verify_due` re-hashes models on a
+schedule and `verify_all` at start-up (--verify-cache): a model damaged on disk is removed and
+reported instead of loaded. A full disk while writing discards that upload's bytes and fails with a
+clear error.
 
 Tenancy: content addressing shares the bytes, never the access. A model belongs to the identities
 that uploaded its bytes (its owners, kept beside it across restarts, cache_records.py); a caller
@@ -40,146 +33,46 @@ import os
 import shutil
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from rknn_proto import rknn_pb2
-from rknn_proto.manifest import (
-    FileEntry,
-    entries_of,
-    file_sha256,
-    manifest_digest,
-    valid_digest,
-    valid_file_name,
-)
+from rknn_proto.manifest import valid_digest
 from rknn_proto.reasons import Reason
 from rknn_server.config.limits import CacheLimits
-from rknn_server.errors import (
-    Aborted,
-    DataLoss,
-    InvalidInput,
-    NotFound,
-    ResourceExhausted,
-)
+from rknn_server.errors import Aborted, DataLoss, InvalidInput, NotFound
 from rknn_server.store.cache_records import (
-    OWNERS_FILE,
+    MAIN_FILE_MARKER,
     FileStamp,
     Record,
     read_owners,
-    read_record,
     stamp_of,
     write_owners,
-    write_record,
 )
-from rknn_server.store.durability import Syncer, sync_path
+from rknn_server.store.durability import sync_path
+from rknn_server.store.manifests import CheckedManifest, validate_manifest
+from rknn_server.store.quota import CacheStats, Quota
 from rknn_server.store.uploads import UPLOADER_MARKER, Claim, Destination, Upload
+from rknn_server.store.verification import Verifications
 
 log = structlog.get_logger("rknn_server.cache")
-# Names the main file of a complete model; a dot name, so no model file can collide with it.
-MAIN_FILE_MARKER = ".main"
 # Damaged models remembered (digest -> when) so that a client asking for one hears why it is gone.
 _DAMAGED_REMEMBERED = 256
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """A complete model or an abandoned partial upload, as a candidate for eviction."""
-
-    path: Path
-    size: int
-    last_used: float
-
-
-def _files(path: Path) -> list[os.stat_result]:
-    """Stats of the data files of a model or partial folder (not the cache's dot files)."""
-    return [f.stat() for f in path.iterdir() if f.is_file() and not f.name.startswith(".")]
-
-
-def _last_activity(path: Path) -> float:
-    return max([path.stat().st_mtime, *(st.st_mtime for st in _files(path))])
-
-
-@dataclass(frozen=True)
-class CheckedManifest:
-    """A manifest `validate_manifest` accepted, with its size: what the cache's steps of an upload
-    take, so that each request's manifest is checked once, however many steps it goes through."""
-
-    manifest: rknn_pb2.ModelManifest
-    total_bytes: int
-
-    @property
-    def digest(self) -> str:
-        return self.manifest.digest
-
-
-def validate_manifest(manifest: rknn_pb2.ModelManifest, limits: CacheLimits) -> CheckedManifest:
-    """Reject a manifest that is malformed, inconsistent or too large, saying what was expected.
-
-    Runs before anything touches the disk; the count is checked before anything iterates the files."""
-    if not valid_digest(manifest.digest):
-        raise InvalidInput(f"model digest {manifest.digest[:80]!r} is not 64 lower-case hex characters")
-    if not manifest.files:
-        raise InvalidInput("model manifest lists no files; expected the main model file first")
-    if len(manifest.files) > limits.max_model_files:
-        raise ResourceExhausted(
-            f"model manifest lists {len(manifest.files)} files, over the limit "
-            f"max_model_files={limits.max_model_files} (daemon option --max-model-files)"
-        )
-    repeated = sorted(n for n, count in Counter(f.name for f in manifest.files).items() if count > 1)
-    if repeated:
-        raise InvalidInput(f"model manifest repeats file names {repeated[:5]}; expected each name once")
-    for f in manifest.files:
-        if not valid_file_name(f.name):
-            raise InvalidInput(
-                f"model file name {f.name[:200]!r} is not allowed; expected 1 to 128 letters, digits, "
-                "'.', '_' and '-', not starting with '.' or '-'"
-            )
-        if not valid_digest(f.sha256):
-            raise InvalidInput(
-                f"sha256 of {f.name!r} ({f.sha256[:80]!r}) is not 64 lower-case hex characters"
-            )
-    total = sum(f.size for f in manifest.files)
-    if total > limits.max_model_bytes:
-        raise ResourceExhausted(
-            f"model is {total} bytes, over the limit max_model_bytes={limits.max_model_bytes} "
-            "(daemon option --max-model-bytes)"
-        )
-    if total > limits.quota_bytes:
-        raise ResourceExhausted(
-            f"model is {total} bytes, over the model cache quota "
-            f"model_cache_quota_bytes={limits.quota_bytes} (daemon option --cache-quota)"
-        )
-    expected = manifest_digest(entries_of(manifest))
-    if expected != manifest.digest:
-        raise InvalidInput(
-            f"model digest {manifest.digest} does not match its file list (expected {expected})"
-        )
-    return CheckedManifest(manifest, total)
-
-
-@dataclass
-class CacheStats:
-    """Counts read by the metrics: uploads skipped as the model was cached (hits), models stored, evicted."""
-
-    hits: int = 0
-    stored: int = 0
-    evictions: int = 0
-
-
 class ModelCache:
+    """The store's layout, tenancy and the steps of an upload; its room (`quota`: claims, pins,
+    eviction) and what it last verified of each model (`verifications`) are its parts."""
+
     def __init__(self, root: Path, limits: CacheLimits) -> None:
         self.root = root
         self.limits = limits
         self.stats = CacheStats()
+        self.quota = Quota(root, limits, self.stats)
+        self.verifications = Verifications(root / "models")
         self._lock = threading.Lock()
-        self._pins: Counter[str] = Counter()
-        self._claims: dict[str, Claim] = {}
         self._damaged: dict[str, tuple[str, ...]] = {}  # digest -> its owners, when removed as damaged
-        self._arrived: dict[str, Record] = {}  # committed, not yet durable: what was verified on arrival
-        self._syncer = Syncer()
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(root, 0o700)
         for sub in ("models", "partial", "staging"):
@@ -188,7 +81,7 @@ class ModelCache:
         shutil.rmtree(root / "staging", ignore_errors=True)
         (root / "staging").mkdir(mode=0o700)
         self._sweep()
-        self.expire_partials()
+        self.quota.expire_partials()
 
     def _sweep(self) -> None:
         """Drop what a killed daemon may have left that is not a well-formed entry."""
@@ -241,7 +134,7 @@ class ModelCache:
                 self.stats.hits += 1
             self.touch(manifest.digest)
             return True, [0] * len(manifest.files)
-        self.expire_partials()
+        self.quota.expire_partials()
         partial = self.partial_dir(manifest.digest)
         if not self._began(partial, owner):
             return False, [0] * len(manifest.files)
@@ -274,12 +167,7 @@ class ModelCache:
     def _begin(self, checked: CheckedManifest, start_offsets: list[int], owner: str | None) -> Upload:
         manifest, digest = checked.manifest, checked.digest
         claim = Claim(declared=checked.total_bytes)
-        with self._lock:
-            if digest in self._claims:
-                raise Aborted(
-                    f"model {digest} is being uploaded by another call; call PrepareUpload again once it finishes"
-                )
-            self._claims[digest] = claim
+        self.quota.claim(digest, claim)
         try:
             cached, held = self._prepare(checked, owner)
             if cached:
@@ -302,20 +190,16 @@ class ModelCache:
                     "file (call PrepareUpload first and resume from what it returns)"
                 )
             claim.on_disk = sum(held)
-            self._make_room(digest)
+            self.quota.make_room(digest)
             destination = Destination(
                 self.partial_dir(digest),
                 commit=lambda: self.commit(manifest, owner),
-                release=lambda: self.end_upload(digest),
+                release=lambda: self.quota.release(digest),
             )
             return Upload(destination, manifest, list(start_offsets), claim, owner)
         except BaseException:
-            self.end_upload(digest)
+            self.quota.release(digest)
             raise
-
-    def end_upload(self, digest: str) -> None:
-        with self._lock:
-            self._claims.pop(digest, None)
 
     def commit(self, manifest: rknn_pb2.ModelManifest, owner: str | None = None) -> Path:
         """Move a verified upload into the store (its room was reserved when it began); `owner`, who
@@ -346,10 +230,7 @@ class ModelCache:
                 self.grant(manifest.digest, owner)
         else:
             os.replace(staging, target)
-            record = Record(time.time(), tuple(stamps))
-            with self._lock:
-                self._arrived[manifest.digest] = record
-            self._syncer.submit(lambda: self._make_durable(manifest.digest, record))
+            self.verifications.arrived(manifest.digest, Record(time.time(), tuple(stamps)))
         shutil.rmtree(partial, ignore_errors=True)
         with self._lock:
             self._damaged.pop(manifest.digest, None)
@@ -358,46 +239,9 @@ class ModelCache:
             self.stats.stored += 1
         return target / manifest.files[0].name
 
-    def _make_durable(self, digest: str, record: Record) -> None:
-        """In the syncer: sync a committed model's files, marker and folders, then write its record.
-        A model evicted meanwhile is left alone; one that cannot be synced is removed (its bytes on
-        the disk are not known to be the ones verified)."""
-        folder = self.model_dir(digest)
-        try:
-            for path in (
-                *(folder / f.name for f in record.files),
-                folder / MAIN_FILE_MARKER,
-                folder / OWNERS_FILE,
-                folder,
-                folder.parent,
-            ):
-                sync_path(path)
-            if read_record(folder) is None and record.describes(
-                [stamp_of(folder / f.name) for f in record.files]
-            ):
-                write_record(folder, list(record.files), record.verified_at)
-        except FileNotFoundError:
-            pass  # evicted or replaced since it was committed
-        except OSError as exc:
-            log.error("model_not_durable", digest=digest, error=exc.strerror, action="removed")
-            shutil.rmtree(folder, ignore_errors=True)
-        finally:
-            with self._lock:
-                if self._arrived.get(digest) is record:
-                    del self._arrived[digest]
-
-    def _record(self, digest: str) -> Record | None:
-        """What the cache last verified of a model: its record, else what it verified on arrival
-        and has not yet made durable."""
-        record = read_record(self.model_dir(digest))
-        if record is None:
-            with self._lock:
-                record = self._arrived.get(digest)
-        return record
-
     def close(self) -> None:
         """Make durable the models committed so far (at a clean stop)."""
-        self._syncer.close()
+        self.verifications.close()
 
     def adopt(self, manifest: rknn_pb2.ModelManifest, path: Path, owner: str) -> None:
         """Take a one-file model the daemon received whole (its bytes at `path`, moved, not copied) as
@@ -439,49 +283,13 @@ class ModelCache:
         )
 
     def verify(self, digest: str, rehash: bool = False) -> None:
-        """Check a cached model's files against its digest; remove it (DATA_LOSS) if damaged.
-
-        Files unchanged since their last verification (same size, mtime and inode) are trusted
-        unless `rehash`."""
-        folder = self.model_dir(digest)
-        stamps: list[tuple[str, int, int, int]] = []
-        hashes: list[str] = []
-        started = time.monotonic()
+        """Check a cached model's files against its digest (verification.py); remove it (DATA_LOSS)
+        if damaged."""
         try:
-            main = (folder / MAIN_FILE_MARKER).read_text()
-            names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-            if main not in names:
-                raise FileNotFoundError(main)
-            paths = [folder / main, *(folder / n for n in names if n != main)]
-            stamps = [stamp_of(p) for p in paths]
-            record = self._record(digest)
-            if not rehash and record is not None and record.describes(stamps):
-                remembered = [FileEntry(f.name, f.size, f.sha256) for f in record.files]
-                if manifest_digest(remembered) == digest:
-                    return
-            started = time.monotonic()
-            hashes = [file_sha256(p) for p in paths]
-        except OSError:
-            if not folder.exists():
-                raise self._not_cached(digest) from None
-            hashes = []
-        entries = [FileEntry(name, size, h) for (name, size, _, _), h in zip(stamps, hashes, strict=False)]
-        intact = bool(hashes) and manifest_digest(entries) == digest
-        if hashes:
-            log.info(
-                "model_hashed",
-                digest=digest[:12],
-                bytes=sum(e.size for e in entries),
-                duration_ms=round((time.monotonic() - started) * 1000, 1),
-                intact=intact,
-            )
-        if intact:
-            with self._lock:
-                syncing = digest in self._arrived  # its record follows once it is durable
-            if not syncing:
-                with contextlib.suppress(OSError):  # a record not written only means hashing again next time
-                    write_record(folder, [FileStamp(*s, h) for s, h in zip(stamps, hashes, strict=True)])
-            return
+            if self.verifications.intact(digest, rehash):
+                return
+        except FileNotFoundError:
+            raise self._not_cached(digest) from None
         self._remove_damaged(digest)
         raise DataLoss(
             f"model {digest} in the daemon's cache is damaged (its files no longer hash to its digest); "
@@ -509,7 +317,7 @@ class ModelCache:
         now = time.time()
         due = []
         for digest in self.cached_digests():
-            record = self._record(digest)
+            record = self.verifications.last(digest)
             if record is None or now - record.verified_at >= max_age_s:
                 due.append(digest)
         return self._verify(due)
@@ -529,73 +337,3 @@ class ModelCache:
         now = time.time()
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.model_dir(digest), (now, now))
-
-    def pin(self, digest: str) -> None:
-        with self._lock:
-            self._pins[digest] += 1
-
-    def unpin(self, digest: str) -> None:
-        with self._lock:
-            self._pins[digest] -= 1
-            if self._pins[digest] <= 0:
-                del self._pins[digest]
-
-    def expire_partials(self) -> None:
-        """Drop abandoned partial uploads idle for longer than partial_ttl_s."""
-        ttl = self.limits.partial_ttl_s
-        if ttl <= 0:
-            return
-        with self._lock:
-            cutoff = time.time() - ttl
-            for entry in self._partials():
-                if entry.last_used < cutoff:
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                    log.info("partial_upload_expired", digest=entry.path.name[:12], bytes=entry.size)
-
-    def _partials(self) -> list[_Entry]:
-        """Abandoned partial uploads (not claimed by a running upload). Call with the lock held."""
-        entries = []
-        for d in (self.root / "partial").iterdir():
-            if d.name in self._claims or not d.is_dir():
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                entries.append(_Entry(d, sum(st.st_size for st in _files(d)), _last_activity(d)))
-        return entries
-
-    def _models(self) -> list[_Entry]:
-        entries = []
-        for d in (self.root / "models").iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                entries.append(_Entry(d, sum(st.st_size for st in _files(d)), d.stat().st_mtime))
-        return entries
-
-    def _make_room(self, digest: str) -> None:
-        """Evict abandoned partial uploads and unpinned models, least recently used first, until
-        every claimed upload fits both the quota and the disk's free space."""
-        with self._lock:
-            partials, models = self._partials(), self._models()
-            used = sum(e.size for e in partials + models) + sum(c.declared for c in self._claims.values())
-            pending = sum(max(0, c.declared - c.on_disk) for c in self._claims.values())
-            free = shutil.disk_usage(self.root).free
-            evictable = partials + [m for m in models if self._pins[m.path.name] <= 0]
-            for entry in sorted(evictable, key=lambda e: e.last_used):
-                if used <= self.limits.quota_bytes and pending <= free:
-                    break
-                shutil.rmtree(entry.path, ignore_errors=True)
-                used -= entry.size
-                free += entry.size
-                self.stats.evictions += entry.path.parent.name == "models"
-                log.info(
-                    "cache_evicted", path=f"{entry.path.parent.name}/{entry.path.name[:12]}", bytes=entry.size
-                )
-            if used > self.limits.quota_bytes:
-                raise ResourceExhausted(
-                    f"model cache is full: {used - self._claims[digest].declared} bytes held by models in use "
-                    f"and uploads in progress, {self._claims[digest].declared} more needed, quota "
-                    f"model_cache_quota_bytes={self.limits.quota_bytes} (daemon option --cache-quota)"
-                )
-            if pending > free:
-                raise ResourceExhausted(
-                    f"the disk holding the model cache has {free} bytes free, and uploads in progress need "
-                    f"{pending}; free space on the board or lower the quota (daemon option --cache-quota)"
-                )

@@ -26,7 +26,7 @@ from rknn_proto.manifest import entries_of, manifest_digest
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
 from rknn_server.config.limits import CacheLimits
 from rknn_server.errors import InvalidInput, ResourceExhausted
-from rknn_server.store.model_cache import validate_manifest
+from rknn_server.store.manifests import validate_manifest
 from tests.reliability.conftest import StartDaemon, cnn_input, device, info, raw_upload, wire_manifest
 from tests.reliability.hostile_models import PLACES, SIZE, reader_model, upload_raw
 

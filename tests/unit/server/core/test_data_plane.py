@@ -49,7 +49,7 @@ def make_plane(tmp_path: Path, executor: ThreadPoolExecutor, **limits: float) ->
 
 
 def pins(plane: DataPlane, digest: str) -> int:
-    return plane.cache._pins[digest]
+    return plane.cache.quota.pinned(digest)
 
 
 def runtime_of(plane: DataPlane, session_id: str, owner: str) -> FakeRuntime:

@@ -14,7 +14,7 @@ import pytest
 from rknn_proto import manifest
 from rknn_server.config.limits import CacheLimits
 from rknn_server.errors import DataLoss
-from rknn_server.store import model_cache
+from rknn_server.store import verification
 from rknn_server.store.cache_records import RECORD_FILE, read_record
 from rknn_server.store.model_cache import ModelCache
 from tests.unit.server.fakes import store_model
@@ -31,14 +31,14 @@ class HeldSync:
 @pytest.fixture
 def held_sync(monkeypatch: pytest.MonkeyPatch) -> HeldSync:
     held = HeldSync()
-    real = model_cache.sync_path
+    real = verification.sync_path
 
     def sync(path: Path) -> None:
         assert held.release.wait(30)
         held.synced.append(path)
         real(path)
 
-    monkeypatch.setattr(model_cache, "sync_path", sync)
+    monkeypatch.setattr(verification, "sync_path", sync)
     return held
 
 
@@ -46,7 +46,7 @@ def _no_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(path: Path) -> str:
         raise AssertionError(f"hashed {path.name} again")
 
-    monkeypatch.setattr(model_cache, "file_sha256", refuse)
+    monkeypatch.setattr(verification, "file_sha256", refuse)
 
 
 def test_the_record_follows_the_sync_and_the_model_is_trusted_meanwhile(
@@ -83,7 +83,7 @@ def test_a_model_that_cannot_be_synced_is_removed(tmp_path: Path, monkeypatch: p
     def failing(path: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(model_cache, "sync_path", failing)
+    monkeypatch.setattr(verification, "sync_path", failing)
     cache = ModelCache(tmp_path / "c", CacheLimits())
     digest = store_model(cache, os.urandom(5000))
     cache.close()

@@ -68,14 +68,14 @@ def test_lru_eviction_spares_pinned_models(tmp_path: Path) -> None:
     old, pinned = store_model(cache, os.urandom(1000)), store_model(cache, os.urandom(1000))
     os.utime(cache.model_dir(old), (1, 1))
     os.utime(cache.model_dir(pinned), (0, 0))
-    cache.pin(pinned)
+    cache.quota.pin(pinned)
     newest = store_model(cache, os.urandom(1000))
     assert cache.has(pinned) and cache.has(newest) and not cache.has(old)
     with pytest.raises(ResourceExhausted, match="model_cache_quota_bytes=2500"):
-        cache.pin(newest)
+        cache.quota.pin(newest)
         store_model(cache, os.urandom(1000))
-    cache.unpin(pinned)
-    cache.unpin(newest)
+    cache.quota.unpin(pinned)
+    cache.quota.unpin(newest)
     store_model(cache, os.urandom(1000))
 
 

@@ -399,6 +399,7 @@ CLIENT_LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
                 "lite",
                 "onnx_build",
                 "onnx_edit",
+                "rknn_state",
                 "rknn",
                 "rknn_file",
                 "shapes",

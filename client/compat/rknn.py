@@ -26,7 +26,7 @@ import onnx
 
 from rknn_client import __version__
 from rknn_client.accuracy.analysis import AnalysisResult, analyse, prepare_output_dir
-from rknn_client.accuracy.build import BuiltModels, QuantConfig, build_models
+from rknn_client.accuracy.build import QuantConfig, build_models
 from rknn_client.accuracy.capture import load_model
 from rknn_client.accuracy.preprocess import input_specs, load_inputs
 from rknn_client.accuracy.runtime_side import dump_runtime_layers
@@ -36,11 +36,12 @@ from rknn_client.compat import inputs as input_rules
 from rknn_client.compat.config_rules import ConfigError, normalization
 from rknn_client.compat.core_masks import NpuCoreMasks
 from rknn_client.compat.onnx_build import BuildError, prepare_model, set_input_shapes
-from rknn_client.compat.rknn_file import ModelFileKind, inspect
+from rknn_client.compat.rknn_file import inspect
+from rknn_client.compat.rknn_state import ModelSource, OnnxLoad, Runtime
 from rknn_client.compat.shapes import batched, check_dynamic, dynamic_sets, nchw_shape, with_free_dims
 from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.compat.toolkit_route import ModeError, ToolkitRoute, choose_mode
-from rknn_client.device import Device, connect
+from rknn_client.device import connect
 from rknn_client.errors import RknnError, advice
 from rknn_client.pipeline import Pipeline
 from rknn_client.progress import byte_bar
@@ -166,16 +167,16 @@ def _built_in_toolkit(self: RKNN, value: Any) -> None:
 
 def _simulator_started(self: RKNN, value: Any) -> None:
     self._close_runtime()
-    self._simulator = value == 0
+    self._runtime.simulator = value == 0
 
 
 def _on_simulator(self: RKNN, given: Given) -> bool:
-    return self._simulator
+    return self._runtime.simulator
 
 
 def _simulator_side(self: RKNN, given: Given) -> bool:
     """init_runtime()/accuracy_analysis() without a board, on a model the toolkit loaded."""
-    return self._toolkit_model and given.get("target") is None and given.get("device_id") is None
+    return self._model.in_toolkit and given.get("target") is None and given.get("device_id") is None
 
 
 PLATFORMS = (*TARGETS, "rk2118")  # what config(target_platform=...) accepts
@@ -236,31 +237,17 @@ class RKNN(NpuCoreMasks):
             self.log.e("__init__", f"{exc}; using auto")
             mode = "auto"
         self._route = ToolkitRoute(mode, verbose, verbose_file)
-        self._toolkit_model = False  # the current model lives in the toolkit's worker
+        self._model = ModelSource()
+        self._runtime = Runtime()
         # In auto mode, the host-path twins of the toolkit's config/load_onnx/build, replayed when the
         # model must run on a virtual board (a host-runtime daemon cannot run what the toolkit compiled).
         self._host_replay: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] | None = []
-        self._toolkit_built = False
-        self._exported: Path | None = None  # the toolkit's .rknn for init_runtime(target=...)
-        self._simulator = False  # init_runtime() ran in the toolkit: inference goes there
-        self._onnx: dict[str, Any] | None = None
-        self._rknn_path: Path | None = None
-        self._loaded = ModelFileKind()
-        self._built: Path | None = None
-        self._build_settings: dict[str, Any] = {}
+        # config()'s settings, which outlive a load
         self._dynamic_input: Any = None
         self._op_target: dict[str, Any] = {}
-        self._dynamic_sets: list[list[tuple[int, ...]]] | None = None
         self._quant = QuantConfig()
-        self._models: BuiltModels | None = None
         self.last_accuracy: AnalysisResult | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
-        self._device: Device | None = None
-        self._session: Session | None = None
-        self._pipeline: Pipeline | None = None
-        self._previous: tuple[int, list[np.ndarray]] | None = None
-        self._frames = 0
-        self._target = ""
         atexit.register(self.release)
 
     # -- model preparation -------------------------------------------------------------------
@@ -334,16 +321,7 @@ class RKNN(NpuCoreMasks):
         if not Path(model).is_file():
             self.log.e("load_onnx", f"model file {model} does not exist")
             return -1
-        self._onnx = {
-            "path": Path(model),
-            "inputs": inputs,
-            "input_size_list": input_size_list,
-            "outputs": outputs,
-        }
-        self._rknn_path = None
-        self._built = None
-        self._models = None
-        self._dynamic_sets = None
+        self._model = ModelSource(onnx=OnnxLoad(Path(model), inputs, input_size_list, outputs))
         self.log.i("load_onnx", f"loading model {model}")
         return 0
 
@@ -387,18 +365,17 @@ class RKNN(NpuCoreMasks):
         if not Path(path).is_file():
             self.log.e("load_rknn", f"rknn model file {path} does not exist")
             return -1
-        self._loaded = inspect(Path(path))
-        if self._loaded.rknn is not None:
-            self.log.i("load_rknn", f"{path}: {self._loaded.rknn.summary()}")
-        elif self._loaded.virtual is not None:
+        kind = inspect(Path(path))
+        if kind.rknn is not None:
+            self.log.i("load_rknn", f"{path}: {kind.rknn.summary()}")
+        elif kind.virtual is not None:
             self.log.i("load_rknn", f"{path} is a virtual-board model: {model_container.VIRTUAL_ONLY}")
-        sets = self._loaded.virtual.header.get("dynamic_input") if self._loaded.virtual else None
-        self._dynamic_sets = [[tuple(shape) for shape in shape_set] for shape_set in sets] if sets else None
-        self._rknn_path = Path(path)
-        self._toolkit_model = self._toolkit_built = False
-        self._onnx = None
-        self._built = None
-        self._models = None
+        sets = kind.virtual.header.get("dynamic_input") if kind.virtual else None
+        self._model = ModelSource(
+            rknn_path=Path(path),
+            rknn_kind=kind,
+            dynamic_sets=[[tuple(shape) for shape in shape_set] for shape_set in sets] if sets else None,
+        )
         return 0
 
     @_bridged("build", -1, then=_built_in_toolkit)
@@ -410,7 +387,8 @@ class RKNN(NpuCoreMasks):
         rknn_batch_size: int | None = None,
         auto_hybrid: bool = False,
     ) -> int:
-        if self._onnx is None:
+        source = self._model
+        if source.onnx is None:
             self.log.e("build", "no model loaded: call load_onnx() first")
             return -1
         batch = 1 if rknn_batch_size is None else int(rknn_batch_size)
@@ -419,10 +397,10 @@ class RKNN(NpuCoreMasks):
             return -1
         self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
         prepared = prepare_model(
-            self._onnx["path"],
-            inputs=self._onnx["inputs"],
-            input_size_list=self._onnx["input_size_list"],
-            outputs=self._onnx["outputs"],
+            source.onnx.path,
+            inputs=source.onnx.inputs,
+            input_size_list=source.onnx.input_size_list,
+            outputs=source.onnx.outputs,
         )
         _check_op_target(self._op_target, prepared)
         sets = None
@@ -431,23 +409,23 @@ class RKNN(NpuCoreMasks):
                 self.log.e("build", "rknn_batch_size and dynamic_input cannot be combined")
                 return -1
             sets = dynamic_sets(self._dynamic_input, len(input_specs(prepared)))
-            set_input_shapes(prepared, self._onnx["inputs"], sets[0])  # calibrate on the first set
+            set_input_shapes(prepared, source.onnx.inputs, sets[0])  # calibrate on the first set
         if do_quantization:
             self.log.i("build", f"quantizing to int8 ({self._quant.quantized_algorithm}) with {dataset}")
         folder = Path(self._workdir.name) / "build"
-        self._models = build_models(
+        source.models = build_models(
             prepared, folder, self._quant, do_quantization, dataset, fixed_shapes=sets is None
         )
         # The daemon runs what was built: the int8 QDQ model, or the float model without quantization,
         # with the batch or the dynamic shapes asked for.
-        self._built = self._models.quant_model
+        source.built = source.models.quant_model
         if sets is not None or batch > 1:
-            model = load_model(self._models.quant_model)
+            model = load_model(source.models.quant_model)
             model = with_free_dims(model, sets) if sets is not None else batched(model, batch)
-            self._built = folder / "runtime.onnx"
-            onnx.save(model, self._built)
-        self._dynamic_sets = sets
-        self._build_settings = {
+            source.built = folder / "runtime.onnx"
+            onnx.save(model, source.built)
+        source.dynamic_sets = sets
+        source.build_settings = {
             "do_quantization": bool(do_quantization),
             "quantized_algorithm": self._quant.quantized_algorithm,
             "quantized_method": self._quant.quantized_method,
@@ -460,17 +438,17 @@ class RKNN(NpuCoreMasks):
     @_toolkit_call("export_rknn", -1)
     def export_rknn(self, export_path: str, **kwargs: Any) -> int:
         """Without RKNN-Toolkit2: the built model in a virtual-board container (rknn_proto.model_container)."""
-        if self._models is None:
+        built = self._model.built
+        if self._model.models is None or built is None:
             self.log.e("export_rknn", "no built model to export: call load_onnx() and build() first")
             return -1
         header = {
             "producer": f"rknn_client {__version__}",
             "target_platform": self._quant.target_platform,
             "note": model_container.VIRTUAL_ONLY,
-            **self._build_settings,
+            **self._model.build_settings,
         }
-        assert self._built is not None
-        data = model_container.pack(self._built.read_bytes(), header)
+        data = model_container.pack(built.read_bytes(), header)
         Path(export_path).write_bytes(data)
         self.log.w(
             "export_rknn", f"{export_path} is for the virtual board only: {model_container.VIRTUAL_ONLY}"
@@ -556,8 +534,7 @@ class RKNN(NpuCoreMasks):
         for fn, args, kwargs in replay:
             if fn(self, *args, **kwargs) != 0:
                 raise BuildError(f"{fn.__name__}() on the host path failed (see the error above)")
-        self._toolkit_model = self._toolkit_built = False
-        return True
+        return True  # the replayed load_onnx() made the host's model the current one
 
     def _toolkit_missing(self, api: str, missing: Missing) -> None:
         if self._route.mode == "auto":  # the host path is the documented fallback: say why at debug level
@@ -565,39 +542,36 @@ class RKNN(NpuCoreMasks):
 
     def _use_toolkit_model(self, built: bool) -> None:
         """A load or build in the toolkit succeeded: the model is the toolkit's, the host's is dropped."""
-        self._toolkit_model, self._toolkit_built = True, built
-        self._exported = None
-        self._rknn_path = self._onnx = self._built = self._models = None
-        self._dynamic_sets = None
+        self._model = ModelSource(in_toolkit=True, toolkit_built=built)
 
     def _toolkit_rknn(self) -> Path:
         """The .rknn the toolkit compiled, exported into a private temp file for a board's daemon."""
-        if not self._toolkit_built:
+        if not self._model.toolkit_built:
             self.log.i("init_runtime", "the model was not built; building it without quantization")
             if self.build(do_quantization=False) != 0:
                 raise BuildError("building the model failed (see the error above)")
-        if self._exported is None:
+        if self._model.exported is None:
             self._workdir = self._workdir or tempfile.TemporaryDirectory(prefix="rknn_client-")
             path = Path(self._workdir.name) / "toolkit" / "model.rknn"
             path.parent.mkdir(exist_ok=True)
             if self.export_rknn(str(path)) != 0:
                 raise BuildError("exporting the RKNN model from the toolkit failed (see the error above)")
-            self._exported = path
-        return self._exported
+            self._model.exported = path
+        return self._model.exported
 
     def _model_for_runtime(self) -> Path:
-        if self._rknn_path is not None:
-            return self._rknn_path
-        if self._toolkit_model:
+        if self._model.rknn_path is not None:
+            return self._model.rknn_path
+        if self._model.in_toolkit:
             return self._toolkit_rknn()
-        if self._onnx is None:
+        if self._model.onnx is None:
             raise BuildError("no model loaded: call load_rknn() or load_onnx() first")
-        if self._built is None:
+        if self._model.built is None:
             self.log.i("init_runtime", "the model was not built; building it without quantization")
             if self.build(do_quantization=False) != 0:
                 raise BuildError("building the model failed (see the error above)")
-        assert self._built is not None
-        return self._built
+        assert self._model.built is not None
+        return self._model.built
 
     @_bridged("init_runtime", -1, when=_simulator_side, then=_simulator_started)
     @_toolkit_call("init_runtime", -1)
@@ -619,19 +593,20 @@ class RKNN(NpuCoreMasks):
             return -1
         model = self._model_for_runtime()
         self._close_runtime()
-        self._target = (target or "").lower()
+        runtime = self._runtime
+        runtime.target = (target or "").lower()
         if target:
-            self.log.i("init_runtime", f"target set by user is: {self._target}")
-        self._device = connect(device_id, target)
-        info = self._device.info()
-        self.log.i("init_runtime", f"Connect to Device success! ({self._device.endpoint.description})")
-        where = self._device.endpoint.description
-        if self._toolkit_model and ".rknn" not in info.model_formats and self._build_on_host(where):
+            self.log.i("init_runtime", f"target set by user is: {runtime.target}")
+        device = runtime.device = connect(device_id, target)
+        info = device.info()
+        self.log.i("init_runtime", f"Connect to Device success! ({device.endpoint.description})")
+        where = device.endpoint.description
+        if self._model.in_toolkit and ".rknn" not in info.model_formats and self._build_on_host(where):
             model = self._model_for_runtime()
         self._check_runnable(model, info.model_formats, info.soc, where)
-        self._session = self._device.load(
+        session = runtime.session = device.load(
             model,
-            target=self._target,
+            target=runtime.target,
             perf_debug=perf_debug,
             eval_mem=eval_mem,
             core_mask=core_mask,
@@ -641,7 +616,7 @@ class RKNN(NpuCoreMasks):
         )
         if async_mode:
             # This frame travels and runs while the previous frame's outputs are returned.
-            self._pipeline = self._session.pipeline(depth=2)
+            runtime.pipeline = session.pipeline(depth=2)
         return 0
 
     def _known_target(self, api: str, target: str | None) -> bool:
@@ -655,9 +630,9 @@ class RKNN(NpuCoreMasks):
     def _check_runnable(self, model: Path, formats: Sequence[str], soc: str, where: str) -> None:
         """A .rknn file (loaded, or compiled by the toolkit) the selected daemon cannot run is refused
         here, before any upload."""
-        if self._rknn_path is not None:
-            kind, name = self._loaded, self._rknn_path.name
-        elif self._toolkit_model:
+        if self._model.rknn_path is not None:
+            kind, name = self._model.rknn_kind, self._model.rknn_path.name
+        elif self._model.in_toolkit:
             kind, name = inspect(model), "the model RKNN-Toolkit2 built"
         else:
             return
@@ -684,10 +659,11 @@ class RKNN(NpuCoreMasks):
             raise RknnError(f"{name} cannot run on the board at {where}: {model_container.VIRTUAL_ONLY}")
 
     def _require_session(self) -> Session:
-        if self._session is None:
+        session = self._runtime.session
+        if session is None:
             raise RknnError("the runtime is not initialized: call init_runtime() first")
-        self._session.allow_reconnect(os.environ.get(ENV_AUTO_RECONNECT, "1").strip() != "0")
-        return self._session
+        session.allow_reconnect(os.environ.get(ENV_AUTO_RECONNECT, "1").strip() != "0")
+        return session
 
     @_bridged("inference", None, when=_on_simulator)
     @_toolkit_call("inference", None)
@@ -702,19 +678,20 @@ class RKNN(NpuCoreMasks):
         prepared = input_rules.prepare(inputs, session.inputs, data_format, inputs_pass_through)
         for note in prepared.notes:
             self.log.w("inference", note)
-        if self._dynamic_sets is not None:
+        if self._model.dynamic_sets is not None:
             shapes = [
                 nchw_shape(a, layout) for a, layout in zip(prepared.arrays, prepared.layouts, strict=True)
             ]
-            check_dynamic(shapes, self._dynamic_sets)
-        if self._pipeline is not None:
-            frame_id, result = self._infer_async(self._pipeline, prepared)
+            check_dynamic(shapes, self._model.dynamic_sets)
+        runtime = self._runtime
+        if runtime.pipeline is not None:
+            frame_id, result = self._infer_async(runtime.pipeline, prepared)
         else:
             result = session.run(
                 prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False
             )
-            self._frames += 1
-            frame_id = self._frames
+            runtime.frames += 1
+            frame_id = runtime.frames
         outputs: list[Any] = list(result)
         if get_frame_id:
             outputs.append(frame_id)
@@ -727,9 +704,10 @@ class RKNN(NpuCoreMasks):
         frame's result is returned. The first call has no previous frame and returns its own
         result, so the first two calls both return frame 1 (the frame id tells them apart)."""
         pipeline.submit(prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False)
-        if self._previous is None or pipeline.in_flight > 1:
-            self._previous = pipeline.result()
-        return self._previous
+        runtime = self._runtime
+        if runtime.previous is None or pipeline.in_flight > 1:
+            runtime.previous = pipeline.result()
+        return runtime.previous
 
     @_bridged("eval_perf", None, when=_on_simulator)
     @_toolkit_call("eval_perf", None)
@@ -758,8 +736,7 @@ class RKNN(NpuCoreMasks):
     @_toolkit_call("get_sdk_version", None)
     def get_sdk_version(self) -> str | None:
         session = self._require_session()
-        assert self._device is not None
-        info = self._device.info()
+        info = session.device.info()
         text = sdk_version_text(
             f"rknn_client {__version__}",
             f"{info.daemon_version} ({info.runtime})",
@@ -792,7 +769,7 @@ class RKNN(NpuCoreMasks):
     ) -> int:
         """golden (float) vs simulator (built) per layer, and vs the runtime that `target`/`device_id`
         select as in init_runtime; neither means no runtime side. Prints the table, returns 0 / -1."""
-        if self._rknn_path is not None:
+        if self._model.rknn_path is not None:
             self.log.e(
                 "accuracy_analysis",
                 "the model was loaded with load_rknn(): an RKNN model lacks the original model, "
@@ -801,7 +778,7 @@ class RKNN(NpuCoreMasks):
             return -1
         if not self._known_target("accuracy_analysis", target):
             return -1
-        if self._toolkit_model and not self._host_twin_for(target, device_id):
+        if self._model.in_toolkit and not self._host_twin_for(target, device_id):
             self.log.e(
                 "accuracy_analysis",
                 "the runtime side (target/device_id) of a model RKNN-Toolkit2 built needs the model built "
@@ -810,10 +787,10 @@ class RKNN(NpuCoreMasks):
                 "vs the toolkit's simulator, or use RKNN(toolkit='host') throughout",
             )
             return -1
-        if self._models is None:
+        models = self._model.models
+        if models is None:
             self.log.e("accuracy_analysis", "no built model: call load_onnx() and build() first")
             return -1
-        models = self._models
         specs = input_specs(load_model(models.float_model))
         feeds = load_inputs(list(inputs), specs, self._quant.quant_img_RGB2BGR)
         out = Path(output_dir)
@@ -856,20 +833,10 @@ class RKNN(NpuCoreMasks):
             return layers
 
     def _close_runtime(self) -> None:
-        session, device, pipeline = self._session, self._device, self._pipeline
-        self._session = self._device = self._pipeline = None
-        self._previous = None
-        self._frames = 0
-        self._simulator = False
-        if pipeline is not None:
-            pipeline.close()
-        if session is not None:
-            try:
-                session.release()
-            except RknnError as exc:
-                self.log.w("release", str(exc))
-        if device is not None:
-            device.close()
+        runtime, self._runtime = self._runtime, Runtime()
+        refused = runtime.close()
+        if refused:
+            self.log.w("release", refused)
 
     def release(self) -> None:
         self._close_runtime()

@@ -173,7 +173,7 @@ def test_no_target_and_no_device_starts_a_private_daemon_and_stops_it(
     rknn = RKNN()
     assert rknn.load_onnx(str(cnn_model)) == 0
     assert rknn.init_runtime() == 0
-    device = rknn._device
+    device = rknn._runtime.device
     assert device is not None and device.endpoint.kind == "private"
     pid = int(device.endpoint.description.split("pid ")[1].split(")")[0])
     assert psutil.pid_exists(pid)
@@ -188,7 +188,7 @@ def test_rknn_server_env_selects_the_daemon(host_daemon: DaemonProcess, cnn_mode
     rknn = RKNN()
     assert rknn.load_onnx(str(cnn_model)) == 0
     assert rknn.init_runtime() == 0
-    assert rknn._device is not None and rknn._device.endpoint.kind == "tcp"
+    assert rknn._runtime.device is not None and rknn._runtime.device.endpoint.kind == "tcp"
     rknn.release()
 
 

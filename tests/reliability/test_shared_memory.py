@@ -149,7 +149,7 @@ def test_the_compat_rknn_inference_uses_shared_memory_by_itself(daemons: StartDa
         second = rknn.inference(inputs=[image])
         assert first is not None and second is not None
         assert first[0].tobytes() == second[0].tobytes()
-        session = rknn._session
+        session = rknn._runtime.session
         assert session is not None
         with device(daemon) as observer:  # the same user: the same client identity
             assert uses(observer, session.id) == 2

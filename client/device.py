@@ -10,7 +10,6 @@ inputs must have the model's dtype and shape; the RKNN-Toolkit2 conveniences liv
 
 from __future__ import annotations
 
-import functools
 import platform
 import secrets
 import time
@@ -78,6 +77,28 @@ class DeviceInfo:
     warnings: tuple[str, ...] = ()
     reserved_by: str = ""  # who holds the board's reservation, "" when nobody does
     reservation_waiters: int = 0  # Reserve calls queued behind the holder
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    """How a session opens its model (InitRuntime's options), taken once by `load`/`open_session`
+    and kept for the re-open after a daemon restart."""
+
+    target: str = ""
+    perf_debug: bool = False
+    eval_mem: bool = False
+    core_mask: int = 0
+    fallback_prior_device: str = "cpu"
+
+    def request(self, digest: str) -> rknn_pb2.InitRuntimeRequest:
+        return rknn_pb2.InitRuntimeRequest(
+            model_digest=digest,
+            target=self.target.lower(),
+            perf_debug=self.perf_debug,
+            eval_mem=self.eval_mem,
+            core_mask=self.core_mask,
+            fallback_prior_device=self.fallback_prior_device,
+        )
 
 
 @dataclass(frozen=True)
@@ -423,22 +444,15 @@ class Device:
         the runtime's integers and are dequantized here, the same float32 values in a quarter of
         the bytes for int8; off, the daemon dequantizes and sends float32.
         """
+        options = OpenOptions(target, perf_debug, eval_mem, core_mask, fallback_prior_device)
         self.info()
         uploaded = self.upload(model, progress)
-        init = functools.partial(
-            self._init_runtime,
-            target=target,
-            perf_debug=perf_debug,
-            eval_mem=eval_mem,
-            core_mask=core_mask,
-            fallback_prior_device=fallback_prior_device,
-        )
 
         def reopen() -> tuple[rknn_pb2.InitRuntimeResponse, int]:
             again = self.upload(model)
-            return init(again.digest), again.sent_bytes
+            return self._init_runtime(again.digest, options), again.sent_bytes
 
-        reply = init(uploaded.digest)
+        reply = self._init_runtime(uploaded.digest, options)
         return Session(self, reply, reopen if reconnect else None, on_reconnect, native_outputs)
 
     def open_session(
@@ -452,41 +466,12 @@ class Device:
         fallback_prior_device: str = "cpu",
         native_outputs: bool | None = None,
     ) -> Session:
-        return Session(
-            self,
-            self._init_runtime(
-                digest,
-                target=target,
-                perf_debug=perf_debug,
-                eval_mem=eval_mem,
-                core_mask=core_mask,
-                fallback_prior_device=fallback_prior_device,
-            ),
-            native_outputs=native_outputs,
-        )
+        """A session on a model the daemon holds already (by digest), with `load`'s options."""
+        options = OpenOptions(target, perf_debug, eval_mem, core_mask, fallback_prior_device)
+        return Session(self, self._init_runtime(digest, options), native_outputs=native_outputs)
 
-    def _init_runtime(
-        self,
-        digest: str,
-        *,
-        target: str,
-        perf_debug: bool,
-        eval_mem: bool,
-        core_mask: int,
-        fallback_prior_device: str,
-    ) -> rknn_pb2.InitRuntimeResponse:
-        return self._call(
-            "InitRuntime",
-            self._stub.InitRuntime,
-            rknn_pb2.InitRuntimeRequest(
-                model_digest=digest,
-                target=target.lower(),
-                perf_debug=perf_debug,
-                eval_mem=eval_mem,
-                core_mask=core_mask,
-                fallback_prior_device=fallback_prior_device,
-            ),
-        )
+    def _init_runtime(self, digest: str, options: OpenOptions) -> rknn_pb2.InitRuntimeResponse:
+        return self._call("InitRuntime", self._stub.InitRuntime, options.request(digest))
 
     def close(self) -> None:
         shared_memory.device_closed(self)

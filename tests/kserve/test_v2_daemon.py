@@ -4,8 +4,10 @@ when a folder is bad, and the bounded per-caller session pools."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -178,3 +180,38 @@ def test_one_callers_concurrent_requests_run_in_a_pool_of_sessions(tmp_path: Pat
             assert 2 <= device.info(refresh=True).open_sessions <= 2 * parallel
     finally:
         running.daemon.stop()
+
+
+def test_a_repository_model_evicted_from_the_cache_is_brought_in_again(
+    tmp_path: Path, triton_python: Path
+) -> None:
+    """A request that finds no live session of a repository model whose bytes left the cache (its
+    session reaped, then the model evicted) loads it again from its folder and is answered."""
+    daemon = start_v2_daemon(tmp_path, triton_python, "--session-idle-timeout", "0.3")
+    try:
+        first = daemon.infer("cnn", "grpc", {"input": IMAGE})
+        with connect(daemon.running.daemon.url) as device:
+            deadline = time.monotonic() + 30
+            while device.info(refresh=True).open_sessions and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert device.info(refresh=True).open_sessions == 0  # reaped: nothing pins the model
+        models = tmp_path / "cache" / "models"
+        cnn = (tmp_path / "repository" / "cnn" / "model.onnx").read_bytes()
+        (evicted,) = [
+            d
+            for d in models.iterdir()
+            if (d / "model.onnx").is_file() and (d / "model.onnx").read_bytes() == cnn
+        ]
+        shutil.rmtree(evicted)
+        again = daemon.infer("cnn", "grpc", {"input": IMAGE})
+        assert first.keys() == again.keys() and all(np.array_equal(first[k], again[k]) for k in first)
+        assert (evicted / "model.onnx").is_file()  # in the cache again, under the same digest
+        log = daemon.running.daemon.log_text().splitlines()
+        loads = [
+            e
+            for e in (json.loads(line) for line in log if line.startswith("{"))
+            if e.get("event") == "model_loaded"
+        ]
+        assert [e["model"] for e in loads].count("cnn") == 2
+    finally:
+        daemon.running.daemon.stop()

@@ -467,10 +467,17 @@ class V2Models:
     # -- Metadata and inference ----------------------------------------------------------------
 
     async def _session(self, model: Model, owner: str) -> Session:
-        if not self.plane.cache.has(model.digest) and model.name in self._loaded:
-            await self.load(model.name, owner)  # evicted from the cache: bring it in again
+        """A session of the caller's pool. A repository model evicted from the cache is brought in
+        again, found when a session must be opened (a model with a live session is pinned, so the
+        request that finds one looks at no file)."""
         try:
-            session, opened = await self.sessions.get(model.digest, owner, model.shared)
+            try:
+                session, opened = await self.sessions.get(model.digest, owner, model.shared)
+            except NotFound:
+                if model.name not in self._loaded or self.plane.cache.has(model.digest):
+                    raise
+                await self.load(model.name, owner)
+                session, opened = await self.sessions.get(model.digest, owner, model.shared)
         except ModelFormatError as exc:
             if not model.shared:  # an upload the runtime cannot load: UNAVAILABLE from now on
                 self._unloadable[model.digest] = str(exc)

@@ -230,7 +230,7 @@ def test_daemon_restart_loses_sessions_clearly_and_reconnect_reopens_them(
     before = [strict.run([cnn_input()])[0], resilient.run([cnn_input()])[0]]
     assert first.stop() == 0
     second = daemons("--listen", f"tcp://127.0.0.1:{port}", cache=cache, listen_tcp=False)
-    for dev in (plain, again, compat._device, compat_off._device):
+    for dev in (plain, again, compat._runtime.device, compat_off._runtime.device):
         assert dev is not None
         grpc.channel_ready_future(dev._channel).result(timeout=PATIENCE_S)
     with pytest.raises(SessionLost, match="daemon restarted, session lost"):

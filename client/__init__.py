@@ -15,13 +15,15 @@ if TYPE_CHECKING:
     from rknn_client.compat.lite import RKNNLite
     from rknn_client.compat.rknn import RKNN
     from rknn_client.device import Device, connect
+    from rknn_client.frame_spec import FrameSpec
     from rknn_client.session import Session
 
-__all__ = ["RKNN", "Device", "RKNNLite", "Session", "__version__", "connect"]
+__all__ = ["RKNN", "Device", "FrameSpec", "RKNNLite", "Session", "__version__", "connect"]
 __getattr__ = lazy_exports(
     __name__,
     {
         "Device": "rknn_client.device",
+        "FrameSpec": "rknn_client.frame_spec",
         "Session": "rknn_client.session",
         "connect": "rknn_client.device",
         "RKNNLite": "rknn_client.compat.lite",

@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 
 from rknn_client.errors import InvalidInput, RknnError, from_rpc_error
+from rknn_client.frame_spec import FrameSpec
 from rknn_proto import framing, rknn_pb2
 
 if TYPE_CHECKING:
@@ -69,12 +70,14 @@ class Pipeline:
         strict: bool = True,
     ) -> int:
         """Queue a frame for sending and return its id at once (inputs are checked here)."""
+        return self.submit_frame(FrameSpec(inputs, layouts, pass_through, strict))
+
+    def submit_frame(self, frame: FrameSpec) -> int:
+        """Queue one frame (see `submit`)."""
         if self._closed:
             raise RknnError(f"{self._where}: the pipeline is closed")
         frame_id = self._last_id + 1
-        messages = self.session.frame_bytes(
-            inputs, layouts, pass_through=pass_through, strict=strict, frame_id=frame_id
-        )
+        messages = self.session.frame_bytes(frame, frame_id)
         self._last_id = frame_id
         self._pending.append(frame_id)
         self._outbox.put(messages)

@@ -14,23 +14,14 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 import numpy as np
 
+from rknn_client import routes
 from rknn_client.errors import InvalidInput, RknnError, SessionLost, from_rpc_error
+from rknn_client.frame_spec import FrameSpec
 from rknn_client.local import shared_memory
 from rknn_client.pipeline import Pipeline, ordered_map
 from rknn_proto import codec, convert, framing, rknn_pb2
 from rknn_proto.buffers import BufferPool
-from rknn_proto.messages import (
-    EvalMemoryResponse,
-    EvalPerfResponse,
-    LayerDump,
-    QuantType,
-    reply_bytes_bound,
-)
-from rknn_proto.version import (
-    MAX_MESSAGE_BYTES,
-    RUN_RPC_VERSION,
-    UNBOUNDED_RUN_VERSION,
-)
+from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump, QuantType
 
 if TYPE_CHECKING:
     from rknn_client.device import Device, ResponseStream
@@ -41,8 +32,6 @@ Progress = Callable[[int, int], None]
 Reopen = Callable[[], tuple[rknn_pb2.InitRuntimeResponse, int]]
 # The client trusts its daemon but still bounds what it allocates for outputs.
 _OUTPUT_LIMITS = codec.TensorLimits(max_tensor_bytes=16 << 30, max_rank=32, max_tensors=4096)
-# Room in a unary Run request for its header beside the inputs' bytes.
-_HEADER_ROOM = 64 << 10
 # Set to 0 to have the daemon dequantize quantized outputs instead of sending their native integers.
 NATIVE_OUTPUTS_ENV = "RKNN_NATIVE_OUTPUTS"
 # Frames kept in flight by Session.map unless told otherwise.
@@ -73,7 +62,7 @@ class Session:
         self._reopen = reopen
         self._reconnect_allowed = True
         self._on_reconnect = on_reconnect
-        self._route: int | None = None  # see _decide_route
+        self._route: routes.Route | None = None  # chosen on the first frame (routes.route_for)
         # The memory of outputs the caller has dropped takes the next frames' (no fresh pages).
         self._output_buffers = BufferPool()
         self._adopt(reply)
@@ -106,21 +95,26 @@ class Session:
         try:
             return call()
         except SessionLost as exc:
-            if not self._daemon_restarted():
-                raise
-            if self._reopen is None or not self._reconnect_allowed:
-                raise SessionLost(
-                    f"daemon restarted, session lost ({self.device.endpoint.description}); load the model "
-                    f"again, or pass reconnect=True to Device.load: {exc}"
-                ) from None
-            reply, sent = self._reopen()
-            self._adopt(reply)
-            if self._on_reconnect is not None:
-                self._on_reconnect(
-                    f"the daemon restarted and the session was lost; re-initialized the runtime "
-                    f"(model re-sent: {sent} bytes)"
-                )
+            self._recover(exc)
         return call()
+
+    def _recover(self, exc: SessionLost) -> None:
+        """Re-open the session on the restarted daemon, or raise: the daemon did not restart (`exc`
+        as it came), or re-opening is not allowed."""
+        if not self._daemon_restarted():
+            raise exc
+        if self._reopen is None or not self._reconnect_allowed:
+            raise SessionLost(
+                f"daemon restarted, session lost ({self.device.endpoint.description}); load the model "
+                f"again, or pass reconnect=True to Device.load: {exc}"
+            ) from None
+        reply, sent = self._reopen()
+        self._adopt(reply)
+        if self._on_reconnect is not None:
+            self._on_reconnect(
+                f"the daemon restarted and the session was lost; re-initialized the runtime "
+                f"(model re-sent: {sent} bytes)"
+            )
 
     def _check(self, arrays: Sequence[np.ndarray], strict: bool) -> None:
         """What the client can know (docs/architecture.md): the count and, when strict, the types.
@@ -153,102 +147,45 @@ class Session:
         converts layouts).
         `progress` hears (bytes moved, bytes to move) of a frame too big for one message: inputs sent,
         then outputs received (the total grows by the outputs' size once the daemon names it)."""
-        return self._guarded(lambda: self._run_once(inputs, layouts, pass_through, strict, progress))
+        return self.run_frame(FrameSpec(inputs, layouts, pass_through, strict), progress)
 
-    def _run_once(
-        self,
-        inputs: Sequence[np.ndarray],
-        layouts: Sequence[str] | None,
-        pass_through: Sequence[bool] | None,
-        strict: bool,
-        progress: Progress | None = None,
-    ) -> list[np.ndarray]:
-        header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id=0)
-        shared = shared_memory.run_frame(self, header, wire, progress)
-        if shared is not None:
-            return shared
-        outputs = self._run_on_wire(header, wire, progress)
-        shared_memory.learn_room(self, wire, outputs)
-        return outputs
-
-    def _run_on_wire(
-        self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray], progress: Progress | None
-    ) -> list[np.ndarray]:
-        """One frame as one unary Run, or as a one-frame Inference stream (_decide_route)."""
-        sent = sum([a.nbytes for a in wire])
-        if self._goes_unary(sent):
-            return self._run_unary(header, wire)
-        where = f"Inference on {self.device.endpoint.description}"
-        total = sent
-
-        def outputs_named(head: rknn_pb2.OutputsHeader) -> OutputFrame:
-            nonlocal total
-            total += sum(meta.byte_length for meta in head.outputs)
-            return self.new_output_assembler(head)
-
-        reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
-            outputs_named, describe_header="OutputsHeader"
-        )
-        requests = framing.frame_bytes(
-            _serialized_header(header), wire, (lambda moved: progress(moved, total)) if progress else None
-        )
+    def run_frame(self, frame: FrameSpec, progress: Progress | None = None) -> list[np.ndarray]:
+        """Run one frame (see `run`), by the session's route."""
         try:
-            responses: Iterator[framing.StreamResponse] = self.device.frames("Inference", requests)
-            if progress:
-                responses = _after_each(responses, lambda: progress(sent + reader.bytes, total))
-            frames = framing.read_frames(responses, reader)
-            frame = next(frames, None)
-            # Read on to the end of the stream: the call ends OK on both sides (a stream left unread
-            # is cancelled, and the daemon would record a frame it answered as CANCELLED).
-            if frame is not None and next(frames, None) is not None:
-                raise RknnError(f"{where}: the daemon answered one frame with two")
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, where) from None
-        except framing.FrameError as exc:
-            raise RknnError(f"{where}: {exc}") from None
-        if frame is None:
-            raise RknnError(f"{where}: the daemon closed the stream without outputs")
-        if progress:  # the frame is whole before the reporter hears of its last chunk
-            progress(sent + reader.bytes, total)
-        self.last_run_time_us = frame.header.run_time_us
-        return self.real_outputs(frame.arrays())
+            return self._run_once(frame, progress)
+        except SessionLost as exc:
+            self._recover(exc)
+        return self._run_once(frame, progress)
 
-    def frame_bytes(
-        self,
-        inputs: Sequence[np.ndarray],
-        layouts: Sequence[str] | None = None,
-        *,
-        pass_through: Sequence[bool] | None = None,
-        strict: bool = True,
-        frame_id: int = 0,
-    ) -> Iterator[bytes]:
+    def _run_once(self, frame: FrameSpec, progress: Progress | None) -> list[np.ndarray]:
+        header, wire = self._frame(frame, frame_id=0)
+        route = self._route
+        if route is None:
+            route = self._route = routes.route_for(self)
+        return route.run(header, wire, progress)
+
+    def frame_bytes(self, frame: FrameSpec, frame_id: int = 0) -> Iterator[bytes]:
         """One frame's request messages, serialized (framing.frame_bytes: one copy of each chunk's
         bytes): the header now (inputs are checked here), chunks lazily."""
-        header, wire = self._frame(inputs, layouts, pass_through, strict, frame_id)
-        return framing.frame_bytes(_serialized_header(header), wire)
+        header, wire = self._frame(frame, frame_id)
+        return framing.frame_bytes(routes.serialized_header(header), wire)
 
-    def _frame(
-        self,
-        inputs: Sequence[np.ndarray],
-        layouts: Sequence[str] | None,
-        pass_through: Sequence[bool] | None,
-        strict: bool,
-        frame_id: int,
-    ) -> tuple[rknn_pb2.InferenceHeader, list[np.ndarray]]:
+    def _frame(self, frame: FrameSpec, frame_id: int) -> tuple[rknn_pb2.InferenceHeader, list[np.ndarray]]:
         """A checked frame: its header and its wire-ready input arrays. A frame like the last one
         (inputs of the same types, shapes and memory order, the same options) was checked already:
         it gets the same header (the very object, for run()'s frame id 0) and travels as given."""
-        signature = _signature(inputs, layouts, pass_through, strict, self.native_outputs)
+        inputs = frame.arrays
+        signature = frame.signature(self.native_outputs)
         last = self._last_frame
         if last is not None and last.signature == signature:
             wire = list(inputs)
             if frame_id == 0:
                 return last.header, wire
             return self._header(last.header.inputs, frame_id), wire
-        self._check(inputs, strict)
+        self._check(inputs, frame.strict)
         wire = [codec.wire_array(a) for a in inputs]
-        layout_names = list(layouts) if layouts is not None else [s.layout for s in self.inputs]
-        through = list(pass_through) if pass_through is not None else [False] * len(wire)
+        layout_names = list(frame.layouts) if frame.layouts is not None else [s.layout for s in self.inputs]
+        through = list(frame.pass_through) if frame.pass_through is not None else [False] * len(wire)
         metas = [
             codec.meta_of(a, spec.name, layout, p)
             for a, spec, layout, p in zip(wire, self.inputs, layout_names, through, strict=True)
@@ -262,42 +199,6 @@ class Session:
         return rknn_pb2.InferenceHeader(
             session_id=self.id, inputs=metas, frame_id=frame_id, native_outputs=self.native_outputs
         )
-
-    def _goes_unary(self, input_bytes: int) -> bool:
-        """Whether a frame of `input_bytes` goes as one unary Run, from the route decided once."""
-        if self._route is None:
-            self._route = self._decide_route()
-        return input_bytes <= self._route
-
-    def _decide_route(self) -> int:
-        """The most input bytes a frame may have to go as one unary Run (-1: never), decided once per
-        session from what the daemon said: its protocol (Run; replies of any size), its message limit
-        (GetInfo) and the outputs' sizes (InitRuntime). Unary is the faster path for small transfers,
-        the stream for large ones (codec.SMALL_TRANSFER_BYTES). Outputs of unknown size go unary when
-        the daemon answers a Run whatever its outputs come to (so it never computes and then refuses
-        them); outputs known to be large go by the stream."""
-        info = self.device.info()
-        if info.protocol_version < RUN_RPC_VERSION:
-            return -1
-        message_limit = int(info.limits.get("max_message_bytes") or MAX_MESSAGE_BYTES)
-        bound = reply_bytes_bound(self.outputs, self.native_outputs)
-        if info.protocol_version < UNBOUNDED_RUN_VERSION and (bound is None or bound > message_limit // 2):
-            return -1  # an older daemon's Run refuses, after computing, outputs over half its limit
-        if bound is not None and bound >= codec.SMALL_TRANSFER_BYTES:
-            return -1
-        return min(codec.SMALL_TRANSFER_BYTES - 1, message_limit - _HEADER_ROOM)
-
-    def _run_unary(self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]) -> list[np.ndarray]:
-        where = f"Run on {self.device.endpoint.description}"
-        reply = self.device.run(framing.run_request_bytes(header, wire))
-        self.last_run_time_us = reply.header.run_time_us
-        try:
-            frame = framing.whole_frame(
-                self.new_output_assembler(reply.header), reply.tensors, len(reply.header.outputs), "output"
-            )
-        except framing.FrameError as exc:
-            raise RknnError(f"{where}: {exc}") from None
-        return self.real_outputs(frame.arrays())
 
     def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> OutputFrame:
         return OutputFrame(header, self._output_buffers)
@@ -329,7 +230,7 @@ class Session:
         """Run once with per-layer capture and yield every captured tensor, one layer at a time
         (only one layer's bytes are held here at once). Stopping early cancels the call. With
         `layouts`, 4-D inputs may be in another layout than the model's (the daemon converts them)."""
-        requests = self.frame_bytes(inputs, layouts, strict=layouts is None)
+        requests = self.frame_bytes(FrameSpec(inputs, layouts, strict=layouts is None))
         where = f"DumpLayers on {self.device.endpoint.description}"
         call: ResponseStream[rknn_pb2.DumpLayersResponse] = self.device.frames(
             "DumpLayers", requests, rknn_pb2.DumpLayersResponse.FromString
@@ -395,41 +296,7 @@ class LayerFrame(codec.TensorAssembler):
 
 @dataclass(frozen=True)
 class _LastFrame:
-    """The last checked frame's signature (see _signature) and its header for frame id 0."""
+    """The last checked frame's signature (FrameSpec.signature) and its header for frame id 0."""
 
     signature: tuple[object, ...]
     header: rknn_pb2.InferenceHeader
-
-
-def _signature(
-    inputs: Sequence[np.ndarray],
-    layouts: Sequence[str] | None,
-    pass_through: Sequence[bool] | None,
-    strict: bool,
-    native_outputs: bool,
-) -> tuple[object, ...] | None:
-    """All that a frame's checks and header depend on: each input's dtype (with its byte order),
-    shape and whether it is C-contiguous, and the frame's options. None for inputs that are not plain
-    ndarrays (checked, and described, afresh every time)."""
-    if not all([type(a) is np.ndarray for a in inputs]):
-        return None
-    shapes = tuple([(a.dtype, a.shape, a.flags.c_contiguous) for a in inputs])
-    return (
-        shapes,
-        None if layouts is None else tuple(layouts),
-        None if pass_through is None else tuple(pass_through),
-        strict,
-        native_outputs,
-    )
-
-
-def _serialized_header(header: rknn_pb2.InferenceHeader) -> bytes:
-    """A frame's first request message, serialized."""
-    return rknn_pb2.InferenceRequest(header=header).SerializeToString()
-
-
-def _after_each(messages: Iterable[T], then: Callable[[], object]) -> Iterator[T]:
-    """`messages`, calling `then` after each one has been taken (for a progress display)."""
-    for message in messages:
-        yield message
-        then()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rknn_client.frame_spec import FrameSpec
 from rknn_client.session import Session
 
 
@@ -52,27 +53,19 @@ class Latency:
         )
 
 
-def measure(
-    session: Session,
-    arrays: Sequence[np.ndarray],
-    layouts: Sequence[str],
-    pass_through: Sequence[bool],
-    *,
-    warmup: int,
-    runs: int,
-) -> Latency:
+def measure(session: Session, frame: FrameSpec, *, warmup: int, runs: int) -> Latency:
     """`warmup` untimed runs, then `runs` timed ones. Ctrl-C during the timed runs keeps the runs
     done (`interrupted`); before the first one there is nothing to report and KeyboardInterrupt goes on."""
     if runs < 1:
         raise ValueError(f"--runs must be at least 1, not {runs}")
     for _ in range(max(warmup, 0)):
-        session.run(arrays, layouts, pass_through=pass_through, strict=False)
+        session.run_frame(frame)
     run_us: list[float] = []
     round_trip_us: list[float] = []
     try:
         for _ in range(runs):
             start = time.perf_counter()
-            session.run(arrays, layouts, pass_through=pass_through, strict=False)
+            session.run_frame(frame)
             round_trip_us.append((time.perf_counter() - start) * 1e6)
             run_us.append(float(session.last_run_time_us) or round_trip_us[-1])
     except KeyboardInterrupt:

@@ -33,9 +33,9 @@ from rknn_client.compat.inputs import PreparedInputs, prepare
 from rknn_client.device import Device, connect
 from rknn_client.errors import RknnError, advice
 from rknn_client.farm.cli import add_farm_commands
+from rknn_client.frame_spec import FrameSpec
 from rknn_client.input_files import InputFileError, check_input_files, image_size, read_input_files
 from rknn_client.load.command import add_load_options, load_values, run_sweep
-from rknn_client.load.drivers import Frame
 from rknn_client.load.output import csv_text, sweep_json, sweep_text
 from rknn_client.progress import byte_bar
 from rknn_client.report import memory_text, perf_text, readable_size
@@ -162,13 +162,7 @@ def cmd_run(device: Device, args: argparse.Namespace) -> int:
     with _open(device, args, _upload(device, args)) as session:
         prepared = _inputs(session, args.input)
         with byte_bar(not args.no_progress, "tensors", delay_s=TRANSFER_BAR_DELAY_S) as bar:
-            outputs = session.run(
-                prepared.arrays,
-                prepared.layouts,
-                pass_through=prepared.pass_through,
-                strict=False,
-                progress=bar.phase("tensors") if bar else None,
-            )
+            outputs = session.run_frame(prepared.frame, progress=bar.phase("tensors") if bar else None)
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -207,13 +201,11 @@ def _output_json(spec: TensorAttr, array: np.ndarray) -> dict[str, object]:
     }
 
 
-def _perf_frame(session: Session, args: argparse.Namespace) -> Frame:
+def _perf_frame(session: Session, args: argparse.Namespace) -> FrameSpec:
     """What perf sends: the --input files, else zeros of each input's shape."""
     if args.input:
-        prepared = _inputs(session, args.input)
-        return Frame(prepared.arrays, prepared.layouts, prepared.pass_through)
-    arrays = sample_inputs(session)
-    return Frame(arrays, [s.layout for s in session.inputs], [False] * len(arrays))
+        return _inputs(session, args.input).frame
+    return FrameSpec(sample_inputs(session), strict=False)
 
 
 def cmd_perf(device: Device, args: argparse.Namespace) -> int:
@@ -228,9 +220,7 @@ def cmd_perf(device: Device, args: argparse.Namespace) -> int:
     with _open(device, args, digest) as session:
         frame = _perf_frame(session, args)
         runs = DEFAULT_PERF_RUNS if args.runs is None else args.runs
-        latency = measure(
-            session, frame.arrays, frame.layouts, frame.pass_through, warmup=args.warmup, runs=runs
-        )
+        latency = measure(session, frame, warmup=args.warmup, runs=runs)
         if latency.interrupted:  # Ctrl-C: what was timed, and no profiling on top
             report = EvalPerfResponse(layers=(), total_time_us=latency.p50_us)
         elif args.no_perf_debug:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rknn_client.frame_spec import FrameSpec
 from rknn_proto.messages import QuantType, TensorAttr, in_layout
 
 FORMATS = ("nhwc", "nchw")
@@ -31,9 +32,9 @@ class InputRuleError(ValueError):
 
 @dataclass(frozen=True)
 class PreparedInputs:
-    arrays: list[np.ndarray]
-    layouts: list[str]
-    pass_through: list[bool]
+    """The frame the rules made (its dtype left to the daemon's intake) and what they noted."""
+
+    frame: FrameSpec
     notes: list[str]
 
 
@@ -116,4 +117,4 @@ def prepare(
             array = array.astype(_send_dtype(spec, array.dtype))
         prepared.append(array)
         layouts.append(layout)
-    return PreparedInputs(prepared, layouts, through, notes)
+    return PreparedInputs(FrameSpec(prepared, layouts, through, strict=False), notes)

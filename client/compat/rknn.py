@@ -43,6 +43,7 @@ from rknn_client.compat.toolkit_log import ToolkitLog
 from rknn_client.compat.toolkit_route import ModeError, ToolkitRoute, choose_mode
 from rknn_client.device import connect
 from rknn_client.errors import RknnError, advice
+from rknn_client.frame_spec import FrameSpec
 from rknn_client.pipeline import Pipeline
 from rknn_client.progress import byte_bar
 from rknn_client.report import devices_text, memory_text, perf_text, sdk_version_text
@@ -678,18 +679,16 @@ class RKNN(NpuCoreMasks):
         prepared = input_rules.prepare(inputs, session.inputs, data_format, inputs_pass_through)
         for note in prepared.notes:
             self.log.w("inference", note)
+        frame = prepared.frame
         if self._model.dynamic_sets is not None:
-            shapes = [
-                nchw_shape(a, layout) for a, layout in zip(prepared.arrays, prepared.layouts, strict=True)
-            ]
+            layouts = frame.layouts or [s.layout for s in session.inputs]
+            shapes = [nchw_shape(a, layout) for a, layout in zip(frame.arrays, layouts, strict=True)]
             check_dynamic(shapes, self._model.dynamic_sets)
         runtime = self._runtime
         if runtime.pipeline is not None:
-            frame_id, result = self._infer_async(runtime.pipeline, prepared)
+            frame_id, result = self._infer_async(runtime.pipeline, frame)
         else:
-            result = session.run(
-                prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False
-            )
+            result = session.run_frame(frame)
             runtime.frames += 1
             frame_id = runtime.frames
         outputs: list[Any] = list(result)
@@ -697,13 +696,11 @@ class RKNN(NpuCoreMasks):
             outputs.append(frame_id)
         return outputs
 
-    def _infer_async(
-        self, pipeline: Pipeline, prepared: input_rules.PreparedInputs
-    ) -> tuple[int, list[np.ndarray]]:
+    def _infer_async(self, pipeline: Pipeline, frame: FrameSpec) -> tuple[int, list[np.ndarray]]:
         """async_mode as the toolkit documents it: this frame is sent and run while the previous
         frame's result is returned. The first call has no previous frame and returns its own
         result, so the first two calls both return frame 1 (the frame id tells them apart)."""
-        pipeline.submit(prepared.arrays, prepared.layouts, pass_through=prepared.pass_through, strict=False)
+        pipeline.submit_frame(frame)
         runtime = self._runtime
         if runtime.previous is None or pipeline.in_flight > 1:
             runtime.previous = pipeline.result()

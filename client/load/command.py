@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 from rknn_client.device import DeviceInfo
 from rknn_client.errors import RknnError
+from rknn_client.frame_spec import FrameSpec
 from rknn_client.load import ranges
 from rknn_client.load.ctrl_c import CtrlC, watching
 from rknn_client.load.drivers import (
     ClosedLoop,
-    Frame,
     Load,
     OpenLoop,
     Recorder,
@@ -149,7 +149,7 @@ def run_sweep(
     args: argparse.Namespace,
     info: DeviceInfo,
     open_session: Callable[[], Session],
-    frame_of: Callable[[Session], Frame],
+    frame_of: Callable[[Session], FrameSpec],
 ) -> Sweep:
     """Every step in turn, a progress line on stderr after each. Ctrl-C, or a step whose every request
     failed, ends the sweep with the steps measured so far (that step included, marked)."""
@@ -195,7 +195,7 @@ def run_sweep(
 
 def _run_step(
     sessions: list[Session],
-    frame: Frame,
+    frame: FrameSpec,
     value: float,
     open_loop: bool,
     settings: Settings,

@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from rknn_client.errors import RknnError
+from rknn_client.frame_spec import FrameSpec
 from rknn_client.load.ctrl_c import UNWATCHED, CtrlC
 from rknn_client.load.windows import Kind, Outcome, Window, is_stable
 from rknn_client.session import Session
@@ -38,20 +37,11 @@ PRESSED_CHECK_S = 0.1  # how often a warm-up looks for a Ctrl-C Python did not r
 Runner = Callable[[], float]  # one request; returns the daemon's run time in microseconds
 
 
-@dataclass(frozen=True)
-class Frame:
-    """The inputs every request sends."""
-
-    arrays: Sequence[np.ndarray]
-    layouts: Sequence[str]
-    pass_through: Sequence[bool]
-
-
-def runner(session: Session, frame: Frame) -> Runner:
+def runner(session: Session, frame: FrameSpec) -> Runner:
     """One request on `session` (used by one thread only, so its last run time is this run's)."""
 
     def run() -> float:
-        session.run(frame.arrays, frame.layouts, pass_through=frame.pass_through, strict=False)
+        session.run_frame(frame)
         return float(session.last_run_time_us)
 
     return run

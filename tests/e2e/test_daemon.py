@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from rknn_client import connect
+from rknn_client import FrameSpec, connect
 from rknn_client.errors import SessionLost
 from rknn_proto import rknn_pb2
 from rknn_server.testing import DaemonProcess
@@ -139,7 +139,7 @@ def test_outputs_of_unknown_size_take_the_unary_run(make_daemon: DaemonFactory, 
         assert session.outputs[0].is_dynamic
         for rows in (2, len(x)):
             np.testing.assert_array_equal(session.run([x[:rows]])[0], x[:rows])
-        requests = (rknn_pb2.InferenceRequest.FromString(m) for m in session.frame_bytes([x]))
+        requests = (rknn_pb2.InferenceRequest.FromString(m) for m in session.frame_bytes(FrameSpec([x])))
         streamed = list(session.device._stub.Inference(requests, metadata=device.metadata))
         assert streamed[0].header.outputs[0].shape == list(x.shape)
     daemon.stop()  # every call's log event written

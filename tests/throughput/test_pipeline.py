@@ -16,6 +16,7 @@ import pytest
 
 from rknn_client import RKNN, connect
 from rknn_client.errors import InvalidInput, RknnError
+from rknn_client.frame_spec import FrameSpec
 from rknn_proto import codec, rknn_pb2, rknn_pb2_grpc
 from rknn_proto.version import PROTOCOL_VERSION, PROTOCOL_VERSION_METADATA_KEY
 from rknn_server.testing import DaemonProcess
@@ -74,7 +75,9 @@ def test_cancelled_stream_leaves_the_session_usable(make_daemon: DaemonFactory, 
 
 def frame_requests(session, inputs: list[np.ndarray], **options: Any) -> list[rknn_pb2.InferenceRequest]:
     """A frame's request messages as the client writes them, for a stub driven by hand."""
-    return [rknn_pb2.InferenceRequest.FromString(m) for m in session.frame_bytes(inputs, **options)]
+    frame_id = options.pop("frame_id", 0)
+    messages = session.frame_bytes(FrameSpec(inputs, **options), frame_id)
+    return [rknn_pb2.InferenceRequest.FromString(m) for m in messages]
 
 
 def _half_frame(session, image: np.ndarray) -> list[rknn_pb2.InferenceRequest]:

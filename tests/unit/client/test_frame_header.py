@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rknn_client.errors import InvalidInput
+from rknn_client.frame_spec import FrameSpec
 from rknn_client.session import Session
 from rknn_proto import codec, rknn_pb2
 
@@ -34,13 +35,13 @@ def session() -> Session:
 
 
 def frame(s: Session, x: np.ndarray, **options: object) -> tuple[rknn_pb2.InferenceHeader, list[np.ndarray]]:
-    return s._frame(
+    spec = FrameSpec(
         [x],
         options.get("layouts"),  # type: ignore[arg-type]
         options.get("pass_through"),  # type: ignore[arg-type]
         bool(options.get("strict", True)),
-        int(options.get("frame_id", 0)),  # type: ignore[call-overload]
     )
+    return s._frame(spec, int(options.get("frame_id", 0)))  # type: ignore[call-overload]
 
 
 def test_a_frame_like_the_last_gets_its_header_and_travels_as_given() -> None:

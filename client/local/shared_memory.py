@@ -5,7 +5,8 @@ shared memory cannot serve the frame, and the frame then travels over the wire a
 is used when all of these hold, checked once per Device: it is not turned off (RKNN_SHM=off; =file
 keeps to /dev/shm files), the daemon's GetInfo says this caller may (`--shm on`, a loopback TCP
 caller whose user the kernel names), the daemon's kernel boot id is this machine's (a daemon behind a
-tunnel or in a VM has another), and the daemon opened the very file this process made (same device and inode: the same /dev/shm, not a look-alike).
+tunnel or in a VM has another), and the daemon opened the very file this process made (same device
+and inode: the same /dev/shm, not a look-alike).
 
 Each session gets one region sized for its inputs and outputs, registered for that session (the
 daemon closes it when the session goes). First choice: a memfd sealed against shrinking, which the

@@ -663,3 +663,54 @@ def test_the_run_rule_catches_a_door_that_runs_a_model_itself() -> None:
     )
     (found,) = _doors_running_models(sources)
     assert found.startswith("server/protocols/legacy/connection.py:") and "outside the data plane" in found
+
+
+# tests/unit mirrors the source tree: a unit test sits in the folder (under its package's) of a module
+# it imports, so a module's tests are found beside where it lives.
+UNIT_PACKAGES = {"client": "rknn_client", "server": "rknn_server", "proto": "rknn_proto"}
+
+
+def _folder_of(dotted: str, folder: str) -> str | None:
+    """The folder, under the package's source folder, of the module a dotted name imports."""
+    parts = dotted.split(".")[1:]
+    for end in range(len(parts), -1, -1):
+        path = ROOT / folder / "/".join(parts[:end])
+        if path.with_suffix(".py").is_file():
+            return "/".join(parts[: end - 1])
+        if (path / "__init__.py").is_file():
+            return "/".join(parts[:end])
+    return None
+
+
+def _unit_tests_astray(tests: dict[str, set[str]]) -> list[str]:
+    """Each unit test (path under tests/unit -> the package names it imports) in no folder of them."""
+    astray = []
+    for path, names in sorted(tests.items()):
+        folder, *rest = path.split("/")
+        where = "/".join(rest[:-1])
+        folders = sorted({f for name in names if (f := _folder_of(name, folder)) is not None})
+        if where not in folders:
+            astray.append(f"tests/unit/{path} tests {folder}/{{{', '.join(folders)}}}, not {folder}/{where}")
+    return astray
+
+
+def _unit_tests() -> dict[str, set[str]]:
+    found = {}
+    for folder, package in UNIT_PACKAGES.items():
+        for path in (ROOT / "tests/unit" / folder).rglob("test_*.py"):
+            found[str(path.relative_to(ROOT / "tests/unit"))] = _imports_of(path, package)
+    return found
+
+
+def test_unit_tests_mirror_the_source_tree() -> None:
+    assert _unit_tests_astray(_unit_tests()) == []
+
+
+def test_the_mirror_rule_catches_a_test_beside_the_wrong_folder() -> None:
+    tests = _unit_tests()
+    tests["client/test_windows.py"] = {"rknn_client.load.windows.Window"}
+    tests["server/core/test_guard.py"] = {"rknn_server.kit.guard.Guard", "rknn_server.errors"}
+    assert _unit_tests_astray(tests) == [
+        "tests/unit/client/test_windows.py tests client/{load}, not client/",
+        "tests/unit/server/core/test_guard.py tests server/{, kit}, not server/core",
+    ]

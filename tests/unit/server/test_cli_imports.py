@@ -12,19 +12,21 @@ from pathlib import Path
 
 import pytest
 
+from rknn_server import cli
+
 # Imports whose presence means the daemon (or its wire stack) was loaded.
 HEAVY = ("numpy", "grpc", "asyncio", "structlog", "google.protobuf", "rknn_server.daemon", "onnxruntime")
 
-PROBE = """
+PROBE = f"""
 import json, sys
-from rknn_server.cli import main
+from {cli.__name__} import main
 try:
     main(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code
 else:
     code = 0
-print(json.dumps({"code": code, "loaded": sorted(m for m in HEAVY if m in sys.modules)}))
+print(json.dumps({{"code": code, "loaded": sorted(m for m in HEAVY if m in sys.modules)}}))
 """
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from rknn_client.errors import InvalidInput, NotFound, ResourceExhausted, RknnError, SessionLost
 from rknn_client.local.doorbell import Doorbell, DoorbellLost
 from rknn_proto import codec, rknn_pb2
+from rknn_proto.buffers import MIN_POOLED_BYTES, BufferPool
 from rknn_proto.messages import TensorAttr
 from rknn_proto.reasons import Reason
 
@@ -245,6 +246,8 @@ class SessionState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     bound: _Bound | None = None
     lent: bool = False  # outputs handed out as views of the region, not copies (lend_outputs)
+    # The memory of large outputs copied out of the region, used again once the caller drops them.
+    buffers: BufferPool = field(default_factory=BufferPool)
     # Output slot sizes learnt over the wire, by the inputs' shapes and dtypes (learn_room).
     rooms: dict[tuple[tuple[tuple[int, ...], str], ...], list[int]] = field(default_factory=dict)
 
@@ -477,11 +480,23 @@ def _run_frame(
         return None
     session.last_run_time_us = ran.run_time_us
     views = bound.output_arrays(ran.outputs)
-    outputs = [view.view() for view in views] if session.shm.lent else [view.copy() for view in views]
+    if session.shm.lent:
+        outputs = [view.view() for view in views]
+    else:
+        buffers = session.shm.buffers
+        outputs = [view.copy() if view.nbytes < MIN_POOLED_BYTES else _copy(view, buffers) for view in views]
     if progress is not None:
         total = sent + sum(m.byte_length for m in ran.outputs)
         progress(total, total)
     return session.real_outputs(outputs)
+
+
+def _copy(view: np.ndarray, buffers: BufferPool) -> np.ndarray:
+    """A large output copied out of the region into memory of outputs the caller has dropped (no
+    fresh pages to fault in and zero: for a 64 MiB output that cost more than the copy itself)."""
+    copy = buffers.take(view.nbytes).view(view.dtype).reshape(view.shape)
+    np.copyto(copy, view)
+    return copy
 
 
 def _outputs_header(

@@ -32,7 +32,7 @@ from rknn_client.transport.tcp import tcp_endpoint
 from rknn_proto import rknn_pb2, rknn_pb2_grpc
 from rknn_proto.ready import read_ready_file
 from rknn_server.testing import DaemonProcess
-from tests.models import identity_of, save_graph
+from tests.models import big_identity, identity_of, save_graph
 from tests.reliability.conftest import (
     TOKEN,
     StartDaemon,
@@ -585,6 +585,27 @@ def test_lent_outputs_are_the_regions_own_bytes_until_the_next_frame(daemons: St
         session.run([second])
         assert kept.tobytes() == want[0] and kept.flags.writeable  # a copy of its own
         assert uses(dev, session.id) == 4
+
+
+def test_large_outputs_copied_out_take_the_memory_of_outputs_the_caller_dropped(
+    daemons: StartDaemon, tmp_path: Path
+) -> None:
+    """A large output copied out of the region goes into memory of the session's earlier outputs that
+    nobody holds any more (fresh pages cost a 64 MiB output more than its copy), never into memory an
+    output still held is using."""
+    model = big_identity(tmp_path / "identity_2mib.onnx", 1 << 19)
+    x = np.random.default_rng(3).standard_normal((1, 1 << 19)).astype(np.float32)
+    with device(daemons()) as dev, dev.load(model) as session:
+        first = session.run([x])[0]
+        held_output = session.run([x + 1])[0]  # `first` still held: other memory
+        assert not np.shares_memory(first, held_output)
+        address = first.__array_interface__["data"][0]
+        del first
+        again = session.run([x + 2])[0]
+        assert again.__array_interface__["data"][0] == address  # the dropped output's memory
+        np.testing.assert_array_equal(held_output, x + 1)  # what is held is untouched
+        np.testing.assert_array_equal(again, x + 2)
+        assert again.flags.writeable and uses(dev, session.id) == 3
 
 
 def _mapped_from(address: int) -> str:

@@ -326,3 +326,37 @@ def test_runtime_rknnrt_without_the_library_exits_with_a_clear_message(tmp_path:
     )
     assert result.returncode == 2
     assert f"the RKNN runtime library {missing} (--runtime-lib) does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("daemon_fixture", ["rknnrt_daemon", "rknnmrt_daemon"])
+@pytest.mark.parametrize("native", [True, False], ids=["native", "dequantized"])
+def test_shared_memory_frames_on_the_board_runtime_match_the_wire(
+    request: pytest.FixtureRequest, daemon_fixture: str, native: bool, tmp_path: Path
+) -> None:
+    """A shared-memory frame's outputs, which the runtime writes into the region's slots where its
+    API allows (ModelRuntime.run_into), are the wire's, for float and int8 outputs of both APIs."""
+    from rknn_client.local import shared_memory
+
+    daemon: DaemonProcess = request.getfixturevalue(daemon_fixture)
+    model = write_stub_model(
+        tmp_path / "two.rknn",
+        outputs=[
+            StubTensor("real", "FP32", "NHWC", (1, 2, 2, 3)),
+            StubTensor("stored", "INT8", "NCHW", (1, 3, 2, 2), -3, 0.5),
+        ],
+        a=1.5,
+        b=-2.0,
+    )
+    frames = [np.random.default_rng(i).uniform(-20, 20, (1, 2, 2, 3)).astype(np.float32) for i in range(3)]
+    results = []
+    for shared in (True, False):
+        with rknn_client.connect(daemon.url) as device, device.load(model) as session:
+            session.native_outputs = native
+            if not shared:
+                shared_memory.disable(device)
+            results.append([[o.copy() for o in session.run([x])] for x in frames])
+            assert shared_memory.usable(device) is shared
+    for shm_outputs, wire_outputs in zip(*results, strict=True):
+        for a, b in zip(shm_outputs, wire_outputs, strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)

@@ -269,8 +269,29 @@ class RknnrtModel(ModelRuntime):
         if len(fmts) != len(inputs):
             raise InputError(f"got {len(fmts)} input formats for {len(inputs)} inputs")
         if self._general:
-            return self._run_general(inputs, fmts)
-        return self._run_zero_copy(inputs, fmts)
+            return self._run_general(inputs, fmts, None)
+        return self._run_zero_copy(inputs, fmts, None)
+
+    def run_into(
+        self,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
+        formats: Sequence[InputFormat] | None = None,
+    ) -> list[np.ndarray]:
+        """Run once, each output written into `outputs[i]` where it has the shape and type the
+        runtime gives it: the general API fills it itself (rknn_outputs_get with is_prealloc: no
+        buffer of the runtime's, no copy here); the zero-copy API's output is read in place from the
+        runtime's memory and dequantized or laid out straight into it. Others come back as new arrays."""
+        fmts = list(formats) if formats is not None else [InputFormat()] * len(inputs)
+        if len(inputs) != len(self._in_attrs) or len(fmts) != len(inputs):
+            return self.run(inputs, formats)  # refused there, saying why
+        if len(outputs) != len(self._out_attrs):
+            raise ExecutionError(
+                f"{len(outputs)} output arrays for a model of {len(self._out_attrs)} outputs"
+            )
+        if self._general:
+            return self._run_general(inputs, fmts, outputs)
+        return self._run_zero_copy(inputs, fmts, outputs)
 
     def _check(self, ret: int, what: str, error: Callable[[str], Exception] = ExecutionError) -> None:
         if ret < 0:
@@ -335,7 +356,12 @@ class RknnrtModel(ModelRuntime):
             return int(abi.TensorFormat.NCHW if fmt.layout.upper() == "NCHW" else abi.TensorFormat.NHWC)
         return int(abi.TensorFormat.UNDEFINED)
 
-    def _run_general(self, inputs: Sequence[np.ndarray], fmts: Sequence[InputFormat]) -> list[np.ndarray]:
+    def _run_general(
+        self,
+        inputs: Sequence[np.ndarray],
+        fmts: Sequence[InputFormat],
+        into: Sequence[np.ndarray] | None,
+    ) -> list[np.ndarray]:
         self._apply_shapes(inputs, fmts)
         buffers = []
         rknn_inputs = (abi.NATIVE.input * len(inputs))()
@@ -355,19 +381,27 @@ class RknnrtModel(ModelRuntime):
         self._timed_run()
         outputs = (abi.NATIVE.output * len(self._out_attrs))()
         raw = [tensors.travels_quantized(attr) for attr in self._out_attrs]
-        for i in range(len(self._out_attrs)):
+        kinds = [
+            (tensors.numpy_dtype(attr.type) if is_raw else np.dtype(np.float32), tensors.attr_dims(attr))
+            for attr, is_raw in zip(self._out_attrs, raw, strict=True)
+        ]
+        targets = [_target(into, i, kind) for i, kind in enumerate(kinds)]
+        for i, target in enumerate(targets):
             outputs[i].index = i
             outputs[i].want_float = int(not raw[i])
+            if target is not None:  # the runtime writes it there itself
+                outputs[i].is_prealloc = 1
+                outputs[i].buf = target.ctypes.data
+                outputs[i].size = target.nbytes
         self._check(
             self._lib.rknn_outputs_get(self._ctx, len(self._out_attrs), outputs, None), "rknn_outputs_get"
         )
         try:
             return [
-                np.frombuffer(
-                    ctypes.string_at(out.buf, out.size),
-                    dtype=tensors.numpy_dtype(attr.type) if is_raw else np.float32,
-                ).reshape(tensors.attr_dims(attr))
-                for out, attr, is_raw in zip(outputs, self._out_attrs, raw, strict=True)
+                target
+                if target is not None
+                else np.frombuffer(ctypes.string_at(out.buf, out.size), dtype=dtype).reshape(dims)
+                for out, target, (dtype, dims) in zip(outputs, targets, kinds, strict=True)
             ]
         finally:
             self._lib.rknn_outputs_release(self._ctx, len(self._out_attrs), outputs)
@@ -407,7 +441,12 @@ class RknnrtModel(ModelRuntime):
             data = np.pad(data, ((0, 0), (0, 0), (0, stride - dims[2]), (0, 0)))
         return np.ascontiguousarray(data)
 
-    def _run_zero_copy(self, inputs: Sequence[np.ndarray], fmts: Sequence[InputFormat]) -> list[np.ndarray]:
+    def _run_zero_copy(
+        self,
+        inputs: Sequence[np.ndarray],
+        fmts: Sequence[InputFormat],
+        into: Sequence[np.ndarray] | None,
+    ) -> list[np.ndarray]:
         if not self._io_bound:
             self._bind_io()
         for mem, array, fmt, attr, spec in zip(
@@ -422,16 +461,25 @@ class RknnrtModel(ModelRuntime):
             ctypes.memmove(view.virt_addr, data.ctypes.data, data.nbytes)
         self._timed_run()
         results = []
-        for mem, native, spec, model in zip(
-            self._out_mems, self._native_out, self._native_out_attrs, self._out_attrs, strict=True
+        for i, (mem, native, spec, model) in enumerate(
+            zip(self._out_mems, self._native_out, self._native_out_attrs, self._out_attrs, strict=True)
         ):
             view = self._mem_view(mem)
             dtype = tensors.numpy_dtype(native.type)
             count = int(native.n_elems)
-            raw = np.frombuffer(ctypes.string_at(view.virt_addr, count * dtype.itemsize), dtype=dtype)
+            # The runtime's memory, read in place (the next run writes over it: copied before return).
+            stored = (ctypes.c_char * (count * dtype.itemsize)).from_address(view.virt_addr)
+            raw = np.frombuffer(memoryview(stored), dtype=dtype)
             # As the runtime's want_float gives outputs: real values, float32.
-            real = dequantize(raw, spec).astype(np.float32, copy=False)
-            results.append(tensors.native_to_model_layout(real, native, model))
+            real = tensors.native_to_model_layout(
+                dequantize(raw, spec).astype(np.float32, copy=False), native, model
+            )
+            target = _target(into, i, (real.dtype, real.shape))
+            if target is not None:
+                np.copyto(target, real)
+                results.append(target)
+            else:
+                results.append(real.copy() if np.may_share_memory(real, raw) else real)
         return results
 
     def _default_inputs(self) -> list[np.ndarray]:
@@ -495,3 +543,19 @@ class RknnrtModel(ModelRuntime):
         with self._family:
             self._lib.rknn_destroy(self._ctx)
             self._ctx = None
+
+
+def _target(
+    into: Sequence[np.ndarray] | None, index: int, kind: tuple[np.dtype, Sequence[int]]
+) -> np.ndarray | None:
+    """`into[index]` when the runtime's output (of this dtype and shape) can be written into it as
+    it is: writable, C-contiguous, of that very dtype and shape."""
+    if into is None:
+        return None
+    target = into[index]
+    dtype, shape = kind
+    if target.dtype != dtype or tuple(target.shape) != tuple(shape):
+        return None
+    if not (target.flags.c_contiguous and target.flags.writeable):
+        return None
+    return target

@@ -689,6 +689,11 @@ int rknn_register_custom_ops(rknn_context context, rknn_custom_op* ops, uint32_t
     return RKNN_SUCC;
 }
 
+/* A test hook, not in the real runtime: the output bytes rknn_outputs_get has written into buffers
+ * of its own (which the caller must copy out before rknn_outputs_release); outputs it wrote into the
+ * caller's memory (is_prealloc) are not counted. */
+unsigned long long rknn_stub_owned_output_bytes = 0;
+
 int rknn_inputs_set(rknn_context context, uint32_t n_inputs, rknn_input inputs[]) {
     stub_ctx* c = get_ctx(context);
     if (!c) return RKNN_ERR_CTX_INVALID;
@@ -719,6 +724,7 @@ int rknn_outputs_get(rknn_context context, uint32_t n_outputs, rknn_output outpu
         } else {
             dst = malloc(bytes);
             outputs[i].buf = dst;
+            rknn_stub_owned_output_bytes += bytes;
         }
         outputs[i].size = bytes;
         if (outputs[i].want_float && t.type == RKNN_TENSOR_INT8) {

@@ -30,6 +30,7 @@ bench-results/results-only.json.
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import functools
 import json
@@ -361,6 +362,14 @@ def _measure(results: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]
     print(json.dumps(results[name], indent=2), flush=True)
 
 
+def compile_packages() -> None:
+    """Our packages' bytecode written beside their sources, as a wheel's install writes it: the peers'
+    venvs have theirs, and where PYTHONDONTWRITEBYTECODE is set (CI images, this sandbox) every daemon
+    start would otherwise compile our modules afresh (~0.3 s of a start-to-ready here)."""
+    for package in ("proto", "server", "client"):
+        compileall.compile_dir(ROOT / package, quiet=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -372,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     wanted = set(parser.parse_args(argv).only or NAMES)
     RESULTS.mkdir(exist_ok=True)
+    compile_packages()
     results: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),

@@ -164,6 +164,23 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout(daemons: StartDaemo
     assert busy.call(VERSION).command == VERSION_ACK
 
 
+@pytest.mark.parametrize("cut", ["in the header", "in the body"])
+def test_a_message_cut_short_then_silence_is_closed_after_the_idle_timeout(
+    daemons: StartDaemon, cut: str
+) -> None:
+    """Bytes already received are read without waiting; a read that must wait for the rest of the
+    message is still bounded by the idle deadline."""
+    toolkit = Toolkit(daemons, "--toolkit-idle-timeout", "1")
+    client = toolkit.client(timeout=30)
+    size = HEADER + 16
+    message = struct.pack("<I", size) + header(VERSION, 1, size) + bytes(16)
+    started = time.monotonic()
+    client.sock.sendall(message[: 4 + HEADER // 2] if cut == "in the header" else message[:-8])
+    assert client.sock.recv(1) == b""  # closed by the daemon (a recv timeout would raise)
+    assert 1.0 <= time.monotonic() - started < 25
+    assert toolkit.client().call(VERSION).command == VERSION_ACK
+
+
 @pytest.mark.parametrize("size", [0x6D])
 def test_a_load_too_short_to_hold_its_model_size_is_refused(daemons: StartDaemon, size: int) -> None:
     toolkit = Toolkit(daemons)

@@ -16,12 +16,21 @@ import asyncio
 import contextlib
 import itertools
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from rknn_server.core.data_plane import DataPlane, OpenRequest
 from rknn_server.core.sessions import Session
 from rknn_server.errors import ResourceExhausted, ServiceError
 
 Key = tuple[str, str]  # (model digest, caller)
+
+
+@dataclass
+class _Opening:
+    """The lock a pool's opens take turns on, and the requests holding or awaiting it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class SessionPools:
@@ -32,7 +41,7 @@ class SessionPools:
         self.capacity = max(1, capacity)
         self.parallel = max(1, parallel)
         self._pools: OrderedDict[Key, list[str]] = OrderedDict()
-        self._opening: dict[Key, asyncio.Lock] = {}
+        self._opening: dict[Key, _Opening] = {}
         self._turn = itertools.count()
 
     def __len__(self) -> int:
@@ -78,9 +87,10 @@ class SessionPools:
         session = self._pick(key)
         if session is not None:
             return session, False
-        lock = self._opening.setdefault(key, asyncio.Lock())
+        opening = self._opening.setdefault(key, _Opening())
+        opening.users += 1
         try:
-            async with lock:
+            async with opening.lock:
                 session = self._pick(key)
                 if session is not None:
                     return session, False
@@ -102,7 +112,10 @@ class SessionPools:
                 self._pools.move_to_end(key)
                 return session, True
         finally:
-            if not lock.locked():
+            # Dropped only when no request holds or awaits it: a lock just released still has its
+            # woken waiter to come, and a new lock beside it would let two opens pass at once.
+            opening.users -= 1
+            if not opening.users:
                 self._opening.pop(key, None)
 
     async def _close(self, key: Key, session_id: str) -> None:

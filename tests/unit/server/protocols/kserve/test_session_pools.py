@@ -29,3 +29,41 @@ def test_a_request_queues_where_fewest_wait_and_alike_sessions_take_turns() -> N
     assert {pools._in_turn([long, short]).id for _ in range(4)} == {"short"}
     alike = [_session("a", 1), _session("b", 1)]
     assert sorted(pools._in_turn(alike).id for _ in range(4)) == ["a", "a", "b", "b"]
+
+
+class _OpeningPlane:
+    """A data plane whose opens take a few loop turns and give sessions already busy (every request
+    finds no idle one), counting the sessions it holds."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+
+    async def open(self, request: object) -> Session:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        session = _session(f"s{len(self.sessions)}", 0, busy=False)
+        await session.lock.acquire()
+        self.sessions[session.id] = session
+        return session
+
+    def session(self, session_id: str, owner: str, usable: bool = True) -> Session:
+        return self.sessions[session_id]
+
+
+def test_concurrent_requests_never_open_more_sessions_than_the_pool_holds() -> None:
+    """A caller's requests arriving while others open sessions (the CI failure: five sessions in a
+    pool of four under load): the pool's opening lock is kept while a request still waits on it, so a
+    newcomer never opens beside the woken waiter."""
+    plane = _OpeningPlane()
+    pools = SessionPools(plane, capacity=64, parallel=3)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async def request(delay: int) -> None:
+            for _ in range(delay):
+                await asyncio.sleep(0)
+            await pools.get("digest", "uid:0", shared=True)
+
+        await asyncio.gather(*(request(delay) for delay in range(40)))
+
+    asyncio.run(main())
+    assert len(plane.sessions) == 3 and len(pools) == 3

@@ -164,6 +164,21 @@ class _Wire:
             self.writer.write(piece)  # reply.body itself (writelines would join on Python < 3.12)
         self.conn.send(h11.EndOfMessage())  # nothing to write after a Content-Length body
 
+    def holds(self, nbytes: int) -> bool:
+        """Whether h11 has `nbytes` of the peer's data received and not yet parsed (a small body
+        comes in the same read as its head): reading them waits for nothing."""
+        return len(self.conn.trailing_data[0]) >= nbytes
+
+    async def drain(self) -> None:
+        """Wait until the reply's bytes are handed to the kernel, for at most WRITE_TIMEOUT_S. A
+        transport below its low-water mark is not paused, so its drain returns at once: no deadline
+        (a task and a timer) for that."""
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[0]:
+            await self.writer.drain()
+        else:
+            await asyncio.wait_for(self.writer.drain(), WRITE_TIMEOUT_S)
+
     @property
     def keep_alive(self) -> bool:
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
@@ -234,7 +249,7 @@ class HttpEndpoint:
             return False
         done = wire.request_done()
         wire.send(reply, close=not done)
-        await asyncio.wait_for(wire.writer.drain(), WRITE_TIMEOUT_S)
+        await wire.drain()
         if wire.keep_alive:
             return True
         if not done:
@@ -317,6 +332,8 @@ class HttpEndpoint:
             )
         buffer = self._buffer(min(limit, _READ_BYTES) if chunked else length)
         wire.send_continue()
+        if not chunked and wire.holds(length):  # it came whole with the head: nothing to wait for
+            return await self._read_body(wire, buffer, length, limit)
         try:
             return await asyncio.wait_for(
                 self._read_body(wire, buffer, None if chunked else length, limit), BODY_TIMEOUT_S

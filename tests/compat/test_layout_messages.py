@@ -83,5 +83,5 @@ def test_an_nhwc_model_takes_an_nchw_array_only_when_told() -> None:
         "input 0 (image) has shape [1, 3, 16, 16], the model's input as NCHW [1, 3, 16, 16], but data_format "
         "defaults to NHWC, where the model expects [1, 16, 16, 3]: pass data_format='nchw'"
     )
-    assert prepare([nchw], [spec], "nchw", None).layouts == ["NCHW"]
-    assert prepare([np.zeros((1, 16, 16, 3), np.float32)], [spec], None, None).layouts == ["NHWC"]
+    assert prepare([nchw], [spec], "nchw", None).frame.layouts == ["NCHW"]
+    assert prepare([np.zeros((1, 16, 16, 3), np.float32)], [spec], None, None).frame.layouts == ["NHWC"]

@@ -30,8 +30,14 @@ _HEADER_ROOM = 64 << 10
 
 
 class Route(Protocol):
+    """A session's way for its frames; it holds no reference to the session (which holds it)."""
+
     def run(
-        self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray], progress: Progress | None
+        self,
+        session: Session,
+        header: rknn_pb2.InferenceHeader,
+        wire: Sequence[np.ndarray],
+        progress: Progress | None,
     ) -> list[np.ndarray]:
         """One checked frame's outputs (float32 where they came quantized); sets the session's
         last_run_time_us."""
@@ -40,9 +46,9 @@ class Route(Protocol):
 
 def route_for(session: Session) -> Route:
     """The session's route, from what its daemon said (GetInfo, InitRuntime's outputs)."""
-    wire = WireRoute(session, unary_limit(session.device.info(), session.outputs, session.native_outputs))
+    wire = WireRoute(unary_limit(session.device.info(), session.outputs, session.native_outputs))
     if shared_memory.usable(session.device):
-        return SharedMemoryRoute(session, wire)
+        return SharedMemoryRoute(wire)
     return wire
 
 
@@ -67,71 +73,19 @@ def unary_limit(info: DeviceInfo, outputs: Sequence[TensorAttr], native_outputs:
 class WireRoute:
     """Frames over gRPC: one unary Run up to `unary_limit` input bytes, else a one-frame stream."""
 
-    session: Session
     unary_limit: int
 
     def run(
-        self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray], progress: Progress | None
+        self,
+        session: Session,
+        header: rknn_pb2.InferenceHeader,
+        wire: Sequence[np.ndarray],
+        progress: Progress | None,
     ) -> list[np.ndarray]:
         sent = sum([a.nbytes for a in wire])
         if sent <= self.unary_limit:
-            return self._unary(header, wire)
-        return self._stream(header, wire, sent, progress)
-
-    def _unary(self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]) -> list[np.ndarray]:
-        session = self.session
-        reply = session.device.run(framing.run_request_bytes(header, wire))
-        session.last_run_time_us = reply.header.run_time_us
-        try:
-            frame = framing.whole_frame(
-                session.new_output_assembler(reply.header), reply.tensors, len(reply.header.outputs), "output"
-            )
-        except framing.FrameError as exc:
-            raise RknnError(f"Run on {session.device.endpoint.description}: {exc}") from None
-        return session.real_outputs(frame.arrays())
-
-    def _stream(
-        self,
-        header: rknn_pb2.InferenceHeader,
-        wire: Sequence[np.ndarray],
-        sent: int,
-        progress: Progress | None,
-    ) -> list[np.ndarray]:
-        session = self.session
-        where = f"Inference on {session.device.endpoint.description}"
-        total = sent
-
-        def outputs_named(head: rknn_pb2.OutputsHeader) -> OutputFrame:
-            nonlocal total
-            total += sum(meta.byte_length for meta in head.outputs)
-            return session.new_output_assembler(head)
-
-        reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
-            outputs_named, describe_header="OutputsHeader"
-        )
-        requests = framing.frame_bytes(
-            serialized_header(header), wire, (lambda moved: progress(moved, total)) if progress else None
-        )
-        try:
-            responses: Iterator[framing.StreamResponse] = session.device.frames("Inference", requests)
-            if progress:
-                responses = _after_each(responses, lambda: progress(sent + reader.bytes, total))
-            frames = framing.read_frames(responses, reader)
-            frame = next(frames, None)
-            # Read on to the end of the stream: the call ends OK on both sides (a stream left unread
-            # is cancelled, and the daemon would record a frame it answered as CANCELLED).
-            if frame is not None and next(frames, None) is not None:
-                raise RknnError(f"{where}: the daemon answered one frame with two")
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, where) from None
-        except framing.FrameError as exc:
-            raise RknnError(f"{where}: {exc}") from None
-        if frame is None:
-            raise RknnError(f"{where}: the daemon closed the stream without outputs")
-        if progress:  # the frame is whole before the reporter hears of its last chunk
-            progress(sent + reader.bytes, total)
-        session.last_run_time_us = frame.header.run_time_us
-        return session.real_outputs(frame.arrays())
+            return _unary(session, header, wire)
+        return _stream(session, header, wire, sent, progress)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,18 +94,78 @@ class SharedMemoryRoute:
     room known for a dynamic model's outputs yet, the region gone, outputs larger than their slot)
     goes by `wire`, and what its outputs came to is learnt for the next frames like it."""
 
-    session: Session
     wire: WireRoute
 
     def run(
-        self, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray], progress: Progress | None
+        self,
+        session: Session,
+        header: rknn_pb2.InferenceHeader,
+        wire: Sequence[np.ndarray],
+        progress: Progress | None,
     ) -> list[np.ndarray]:
-        shared = shared_memory.run_frame(self.session, header, wire, progress)
+        shared = shared_memory.run_frame(session, header, wire, progress)
         if shared is not None:
             return shared
-        outputs = self.wire.run(header, wire, progress)
-        shared_memory.learn_room(self.session, wire, outputs)
+        outputs = self.wire.run(session, header, wire, progress)
+        shared_memory.learn_room(session, wire, outputs)
         return outputs
+
+
+def _unary(
+    session: Session, header: rknn_pb2.InferenceHeader, wire: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    reply = session.device.run(framing.run_request_bytes(header, wire))
+    session.last_run_time_us = reply.header.run_time_us
+    try:
+        frame = framing.whole_frame(
+            session.new_output_assembler(reply.header), reply.tensors, len(reply.header.outputs), "output"
+        )
+    except framing.FrameError as exc:
+        raise RknnError(f"Run on {session.device.endpoint.description}: {exc}") from None
+    return session.real_outputs(frame.arrays())
+
+
+def _stream(
+    session: Session,
+    header: rknn_pb2.InferenceHeader,
+    wire: Sequence[np.ndarray],
+    sent: int,
+    progress: Progress | None,
+) -> list[np.ndarray]:
+    where = f"Inference on {session.device.endpoint.description}"
+    total = sent
+
+    def outputs_named(head: rknn_pb2.OutputsHeader) -> OutputFrame:
+        nonlocal total
+        total += sum(meta.byte_length for meta in head.outputs)
+        return session.new_output_assembler(head)
+
+    reader: framing.FrameReader[rknn_pb2.OutputsHeader, OutputFrame] = framing.FrameReader(
+        outputs_named, describe_header="OutputsHeader"
+    )
+    requests = framing.frame_bytes(
+        serialized_header(header), wire, (lambda moved: progress(moved, total)) if progress else None
+    )
+    try:
+        responses: Iterator[framing.StreamResponse] = session.device.frames("Inference", requests)
+        if progress:
+            responses = _after_each(responses, lambda: progress(sent + reader.bytes, total))
+        frames = framing.read_frames(responses, reader)
+        frame = next(frames, None)
+        # Read on to the end of the stream: the call ends OK on both sides (a stream left unread
+        # is cancelled, and the daemon would record a frame it answered as CANCELLED).
+        if frame is not None and next(frames, None) is not None:
+            raise RknnError(f"{where}: the daemon answered one frame with two")
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc, where) from None
+    except framing.FrameError as exc:
+        raise RknnError(f"{where}: {exc}") from None
+    if frame is None:
+        raise RknnError(f"{where}: the daemon closed the stream without outputs")
+    if progress:  # the frame is whole before the reporter hears of its last chunk
+        progress(sent + reader.bytes, total)
+    session.last_run_time_us = frame.header.run_time_us
+    return session.real_outputs(frame.arrays())
 
 
 def serialized_header(header: rknn_pb2.InferenceHeader) -> bytes:

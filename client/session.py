@@ -162,7 +162,7 @@ class Session:
         route = self._route
         if route is None:
             route = self._route = routes.route_for(self)
-        return route.run(header, wire, progress)
+        return route.run(self, header, wire, progress)
 
     def frame_bytes(self, frame: FrameSpec, frame_id: int = 0) -> Iterator[bytes]:
         """One frame's request messages, serialized (framing.frame_bytes: one copy of each chunk's

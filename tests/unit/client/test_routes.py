@@ -120,6 +120,23 @@ def test_shared_memory_is_the_route_only_where_the_device_may_use_it() -> None:
     assert isinstance(routes.route_for(off), routes.WireRoute)
 
 
+def test_a_session_that_ran_is_freed_as_soon_as_it_is_dropped() -> None:
+    """The route holds no reference back to its session: a dropped session (and the pool of its
+    outputs' memory) goes at once, not at the next garbage collection."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        session = Session(FakeDevice(shm=False), reply("s"), native_outputs=False)  # type: ignore[arg-type]
+        session.run([np.zeros((1, 4), np.float32)])
+        gone = weakref.ref(session)
+        del session
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_a_reopened_session_chooses_its_route_again() -> None:
     device = FakeDevice(shm=False)
     session = Session(device, reply("s"), native_outputs=False)  # type: ignore[arg-type]

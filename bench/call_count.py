@@ -1,9 +1,10 @@
 """Count the Python calls one `RKNN.inference` makes, from the client down to the backend's `run` and
 back, with the daemon served on this process's main thread (its real `serve`, a real loopback port);
-with `--door toolkit`, one run of the RKNN-Toolkit2 protocol (MsgMultiInput then MsgRun, as the real
-toolkit sends them, on the daemon's toolkit listener) instead.
+with `--door v2`, one KServe v2 ModelInfer of the same model from its repository folder (raw tensor
+bytes, as tritonclient sends them); with `--door toolkit`, one run of the RKNN-Toolkit2 protocol
+(MsgMultiInput then MsgRun, as the real toolkit sends them, on the daemon's toolkit listener) instead.
 
-    .venv/bin/python -m bench.call_count [--runs 20] [--door toolkit]
+    .venv/bin/python -m bench.call_count [--runs 20] [--door v2|toolkit]
 
 Every thread is profiled (`sys.setprofile`/`threading.setprofile`), but only while an inference is being
 measured; the calls inside the backend's own `run` (ONNX Runtime's Python wrapper) are not the path and
@@ -32,7 +33,11 @@ from typing import Any
 import numpy as np
 
 # The backend's own run, by door: ONNX Runtime's wrapper, or the C stand-in for librknnrt behind ctypes.
-RUN_FILES = {"rknn.v1": os.path.join("runtime", "host.py"), "toolkit": os.path.join("rknnrt", "model.py")}
+RUN_FILES = {
+    "rknn.v1": os.path.join("runtime", "host.py"),
+    "v2": os.path.join("runtime", "host.py"),
+    "toolkit": os.path.join("rknnrt", "model.py"),
+}
 
 
 class CallCounter:
@@ -134,6 +139,45 @@ def client(url: str, model: Path, runs: int, top: int, counter: CallCounter, res
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def v2_client(
+    address: str, model: Path, runs: int, top: int, counter: CallCounter, result: dict[str, Any]
+) -> None:
+    """One KServe v2 ModelInfer of a repository model, as tritonclient sends it (raw tensor bytes)."""
+    import grpc
+
+    from rknn_proto.kserve import grpc_service_pb2 as pb
+    from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
+
+    try:
+        image = np.zeros((1, 3, 16, 16), np.float32)
+        request = pb.ModelInferRequest(
+            model_name=model.parent.name,
+            inputs=[pb.ModelInferRequest.InferInputTensor(name="input", datatype="FP32", shape=image.shape)],
+            raw_input_contents=[image.tobytes()],
+        )
+        with grpc.insecure_channel(address.removeprefix("tcp://")) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if stub.ModelReady(pb.ModelReadyRequest(name=request.model_name), timeout=5).ready:
+                        break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+                time.sleep(0.1)
+            for _ in range(2):
+                stub.ModelInfer(request, timeout=30)
+            reply = measure(
+                counter, runs, top, result, [functools.partial(stub.ModelInfer, request, timeout=30)]
+            )
+            assert len(reply.raw_output_contents[0]) == 40
+    except BaseException as exc:
+        result["error"] = exc
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def toolkit_model(folder: Path) -> Path:
     """A .rknn the stand-in runs: one 1x16x16x3 NHWC float input, like the CNN's image."""
     from tests.rknnrt.stub_build import StubTensor, write_stub_model
@@ -183,7 +227,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--top", type=int, default=0, help="also list the N functions called most")
     parser.add_argument(
-        "--door", choices=("rknn.v1", "toolkit"), default="rknn.v1", help="RKNN.inference, or a toolkit run"
+        "--door",
+        choices=("rknn.v1", "v2", "toolkit"),
+        default="rknn.v1",
+        help="RKNN.inference, a KServe v2 ModelInfer of a repository model, or a toolkit run",
     )
     args = parser.parse_args()
     os.environ["RKNN_CLIENT_TOOLKIT"] = "host"
@@ -213,6 +260,11 @@ def main() -> int:
                 "sysfs_root": rk3588_board(folder / "board"),
                 "legacy_listen": (f"unix-abstract:{legacy}",),
             }
+        elif args.door == "v2":
+            (folder / "repository" / "cnn").mkdir(parents=True)
+            model = models.small_cnn(folder / "repository" / "cnn" / "model.onnx")
+            target, address = v2_client, f"tcp://127.0.0.1:{port}"
+            runtime = {"runtime": "host", "legacy_listen": (), "model_repository": folder / "repository"}
         else:
             model = models.small_cnn(folder / "small_cnn.onnx")
             target, address = client, f"tcp://127.0.0.1:{port}"
@@ -233,7 +285,7 @@ def main() -> int:
         raise result["error"]
     counts = result["counts"]
     path = counts.get("client", 0) + counts.get("daemon", 0)
-    what = "toolkit-protocol run" if args.door == "toolkit" else "RKNN.inference"
+    what = {"toolkit": "toolkit-protocol run", "v2": "v2 ModelInfer"}.get(args.door, "RKNN.inference")
     print(f"Python calls per {what}, excluding the backend's run (average of {args.runs}):")
     for name in ("client", "daemon", "inside the backend's run"):
         print(f"  {name:26s} {counts.get(name, 0):8.1f}")

@@ -38,7 +38,7 @@ class Sized:
 
     @property
     def known(self) -> bool:
-        return all(d >= 0 for d in self.shape)
+        return min(self.shape, default=0) >= 0
 
     @property
     def nbytes(self) -> int:
@@ -74,22 +74,29 @@ class ReplyRule:
         """Refuse a reply whose outputs (those of known size; the rest count once they exist) and
         `extra` bytes (an echoed id) do not fit; ReplyTooLarge naming the largest output."""
         known = [o for o in outputs if o.known]
+        size = sum([o.size for o in known]) + extra
+        if size <= self._limit()[0]:  # the common case: nothing to describe
+            return
         largest = max(known, key=lambda o: o.size, default=None)
         detail = ""
         if largest is not None:
             detail = f" ({'the largest: ' if len(known) > 1 else ''}{largest.describe()})"
-        self.check_bytes(sum(o.size for o in known) + extra, detail)
+        self.check_bytes(size, detail)
 
     def check_bytes(self, size: int, detail: str = "") -> None:
         """Refuse a reply of `size` bytes of tensors over the door's limit or the memory budget."""
-        most, setting = self.most, self.setting
-        if self.budget is not None and 0 < self.budget.limit < most:
-            most, setting = self.budget.limit, f"the memory budget, --max-memory {self.budget.limit}"
+        most, setting = self._limit()
         if size > most:
             raise ReplyTooLarge(
                 f"the outputs are {size} bytes{detail}, too large for one {self.door} (at most {most}: "
                 f"{setting}); {self.advice}"
             )
+
+    def _limit(self) -> tuple[int, str]:
+        """The most bytes of tensors a reply may have now, and the setting that says so."""
+        if self.budget is not None and 0 < self.budget.limit < self.most:
+            return self.budget.limit, f"the memory budget, --max-memory {self.budget.limit}"
+        return self.most, self.setting
 
 
 __all__ = ["HEADROOM_BYTES", "ReplyRule", "ReplyTooLarge", "Sized"]

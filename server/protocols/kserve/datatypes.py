@@ -76,9 +76,9 @@ def checked_shape(dims: Sequence[int], dtype: np.dtype, what: str) -> tuple[int,
     """A shape whose dimensions and byte count fit a signed 64-bit integer (the wire's, numpy's);
     InvalidInput naming it otherwise, before anything multiplies it into a byte count. A negative
     dimension is left to the tensor limits' check, which names it."""
-    shape = tuple(int(d) for d in dims)
-    elements = math.prod(max(d, 0) for d in shape)
-    if any(abs(d) > INT64_MAX for d in shape) or elements * dtype.itemsize > INT64_MAX:
+    shape = tuple(map(int, dims))
+    elements = math.prod([max(d, 0) for d in shape])
+    if max(map(abs, shape), default=0) > INT64_MAX or elements * dtype.itemsize > INT64_MAX:
         raise InvalidInput(
             f"{what}: shape {list(shape)} is no tensor: its dimensions and its size in bytes "
             f"({dtype.itemsize} per element) must fit a 64-bit integer (at most {INT64_MAX}); "

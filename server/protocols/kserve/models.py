@@ -168,6 +168,11 @@ class Model:
     stats: InferenceStats = field(default_factory=InferenceStats)
     shared: bool = False  # a repository model, for every caller (else one owner's view of an upload)
     version: str = VERSION
+    # What every request asks of the tensors, made once they are known (learn): their names, and the
+    # outputs as v2 describes them (the reply rule weighs them before each run).
+    _input_names: list[str] = field(default_factory=list, repr=False)
+    _output_names: list[str] = field(default_factory=list, repr=False)
+    output_metadata: tuple[TensorMetadata, ...] = field(default=(), repr=False)
 
     @property
     def max_batch_size(self) -> int:
@@ -175,10 +180,10 @@ class Model:
         return self.config.triton.max_batch_size if self.config.triton else 0
 
     def input_names(self) -> list[str]:
-        return _names(self.inputs, self.config.inputs)
+        return self._input_names
 
     def output_names(self) -> list[str]:
-        return _names(self.outputs, self.config.outputs)
+        return self._output_names
 
     def input_layout(self, index: int) -> str:
         """The layout clients send input `index` in (the config's, else the model's)."""
@@ -205,6 +210,12 @@ class Model:
                 for tensor in declared:
                     self._check_declared(tensor, specs, dtype_of_spec)
         self.inputs, self.outputs = inputs, outputs
+        self._input_names = _names(inputs, self.config.inputs)
+        self._output_names = _names(outputs, self.config.outputs)
+        self.output_metadata = tuple(
+            TensorMetadata(n, datatype_of(_output_dtype(s)), _client_shape(s, s.layout))
+            for n, s in zip(self._output_names, outputs, strict=True)
+        )
 
     def _check_declared(
         self,
@@ -255,14 +266,6 @@ def _output_dtype(spec: TensorAttr) -> np.dtype:
     """What an output travels as: quantized integers are dequantized to float32 (as rknn.v1 does)."""
     return (
         np.dtype("<f4") if spec.quant_type is not QuantType.NONE and spec.dtype.kind in "iu" else spec.dtype
-    )
-
-
-def _output_metadata(model: Model) -> tuple[TensorMetadata, ...]:
-    """A model's outputs as v2 describes them (its metadata's, and what the reply rule weighs)."""
-    return tuple(
-        TensorMetadata(n, datatype_of(_output_dtype(s)), _client_shape(s, s.layout))
-        for n, s in zip(model.output_names(), model.outputs, strict=True)
     )
 
 
@@ -498,7 +501,7 @@ class V2Models:
         )
         versions = tuple(sorted(self._loaded[name], key=int)) if model.shared else (VERSION,)
         return ModelMetadata(
-            model.name, versions, model.platform, inputs, _output_metadata(model), model.max_batch_size
+            model.name, versions, model.platform, inputs, model.output_metadata, model.max_batch_size
         )
 
     async def infer(
@@ -518,7 +521,7 @@ class V2Models:
         if check_reply is not None:
             if not model.outputs:
                 await self._session(model, owner)
-            check_reply(_output_metadata(model))
+            check_reply(model.output_metadata)
         started = time.perf_counter_ns()
         try:
             outputs, phases = await self._infer(model, owner, inputs, requested, output_regions or {})
@@ -661,7 +664,7 @@ def checked_meta(tensor: InputTensor, limits: codec.TensorLimits) -> tuple[np.dt
     what = f"input {tensor.name!r}"
     dtype = dtype_of(tensor.datatype, what)
     shape = checked_shape(tensor.shape, dtype, what)
-    count = math.prod(shape) if all(d >= 0 for d in shape) else 0
+    count = math.prod(shape) if min(shape, default=0) >= 0 else 0
     codec.check_meta(
         rknn_pb2.TensorMeta(
             dtype=codec.dtype_to_wire(dtype), shape=shape, byte_length=count * dtype.itemsize

@@ -28,7 +28,8 @@ from rknn_client.local.doorbell import Doorbell
 from rknn_client.model_files import model_files
 from rknn_client.negotiate import check_versions
 from rknn_client.reservation import PendingReservation, Reservation
-from rknn_client.session import Progress, Session
+from rknn_client.routes import Progress
+from rknn_client.session import Session
 from rknn_client.transport.base import Endpoint
 from rknn_client.transport.health import SERVING, health_status
 from rknn_client.transport.resolve import resolve

@@ -5,6 +5,7 @@ through the Device's public calls.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from rknn_client.errors import InvalidInput, RknnError, SessionLost, from_rpc_er
 from rknn_client.frame_spec import FrameSpec
 from rknn_client.local import shared_memory
 from rknn_client.pipeline import Pipeline, ordered_map
+from rknn_client.routes import Progress
 from rknn_proto import codec, convert, framing, rknn_pb2
 from rknn_proto.buffers import BufferPool
 from rknn_proto.messages import EvalMemoryResponse, EvalPerfResponse, LayerDump, QuantType
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
     from rknn_client.device import Device, ResponseStream
 
 T = TypeVar("T")
-Progress = Callable[[int, int], None]
 # Re-opens a lost session on a restarted daemon: the new InitRuntime reply and the model bytes re-sent.
 Reopen = Callable[[], tuple[rknn_pb2.InitRuntimeResponse, int]]
 # The client trusts its daemon but still bounds what it allocates for outputs.
@@ -151,11 +152,7 @@ class Session:
 
     def run_frame(self, frame: FrameSpec, progress: Progress | None = None) -> list[np.ndarray]:
         """Run one frame (see `run`), by the session's route."""
-        try:
-            return self._run_once(frame, progress)
-        except SessionLost as exc:
-            self._recover(exc)
-        return self._run_once(frame, progress)
+        return self._guarded(functools.partial(self._run_once, frame, progress))
 
     def _run_once(self, frame: FrameSpec, progress: Progress | None) -> list[np.ndarray]:
         header, wire = self._frame(frame, frame_id=0)

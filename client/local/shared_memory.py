@@ -483,7 +483,7 @@ def _run_frame(
     if session.shm.lent:
         outputs = [view.view() for view in views]
     else:
-        buffers = session.shm.buffers
+        buffers = session.shm.buffers  # below MIN_POOLED_BYTES the pool hands out new memory anyway
         outputs = [view.copy() if view.nbytes < MIN_POOLED_BYTES else _copy(view, buffers) for view in views]
     if progress is not None:
         total = sent + sum(m.byte_length for m in ran.outputs)

@@ -263,14 +263,7 @@ class RknnrtModel(ModelRuntime):
         self, inputs: Sequence[np.ndarray], formats: Sequence[InputFormat] | None = None
     ) -> list[np.ndarray]:
         """Run once; `formats` gives each input's layout (default NHWC) and pass_through."""
-        if len(inputs) != len(self._in_attrs):
-            raise InputError(f"the model has {len(self._in_attrs)} inputs, got {len(inputs)}")
-        fmts = list(formats) if formats is not None else [InputFormat()] * len(inputs)
-        if len(fmts) != len(inputs):
-            raise InputError(f"got {len(fmts)} input formats for {len(inputs)} inputs")
-        if self._general:
-            return self._run_general(inputs, fmts, None)
-        return self._run_zero_copy(inputs, fmts, None)
+        return self._run(inputs, formats, None)
 
     def run_into(
         self,
@@ -282,16 +275,24 @@ class RknnrtModel(ModelRuntime):
         runtime gives it: the general API fills it itself (rknn_outputs_get with is_prealloc: no
         buffer of the runtime's, no copy here); the zero-copy API's output is read in place from the
         runtime's memory and dequantized or laid out straight into it. Others come back as new arrays."""
+        return self._run(inputs, formats, outputs)
+
+    def _run(
+        self,
+        inputs: Sequence[np.ndarray],
+        formats: Sequence[InputFormat] | None,
+        into: Sequence[np.ndarray] | None,
+    ) -> list[np.ndarray]:
+        if len(inputs) != len(self._in_attrs):
+            raise InputError(f"the model has {len(self._in_attrs)} inputs, got {len(inputs)}")
         fmts = list(formats) if formats is not None else [InputFormat()] * len(inputs)
-        if len(inputs) != len(self._in_attrs) or len(fmts) != len(inputs):
-            return self.run(inputs, formats)  # refused there, saying why
-        if len(outputs) != len(self._out_attrs):
-            raise ExecutionError(
-                f"{len(outputs)} output arrays for a model of {len(self._out_attrs)} outputs"
-            )
+        if len(fmts) != len(inputs):
+            raise InputError(f"got {len(fmts)} input formats for {len(inputs)} inputs")
+        if into is not None and len(into) != len(self._out_attrs):
+            raise ExecutionError(f"{len(into)} output arrays for a model of {len(self._out_attrs)} outputs")
         if self._general:
-            return self._run_general(inputs, fmts, outputs)
-        return self._run_zero_copy(inputs, fmts, outputs)
+            return self._run_general(inputs, fmts, into)
+        return self._run_zero_copy(inputs, fmts, into)
 
     def _check(self, ret: int, what: str, error: Callable[[str], Exception] = ExecutionError) -> None:
         if ret < 0:

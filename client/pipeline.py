@@ -113,11 +113,15 @@ class Pipeline:
         """End the stream; frames still in flight are cancelled and their outputs dropped. With none
         in flight, wait (briefly) for the daemon to end the call: a channel closed right after
         would otherwise cancel a stream whose every frame was answered."""
-        self.finish()
         if self._pending:
+            # Cancelled before the request stream ends: an end sent first tells the daemon "no more
+            # frames", and it would answer the ones in flight and end the call well before the
+            # cancellation reached it.
             self._call.cancel()
             self._pending.clear()
+            self.finish()
             return
+        self.finish()
         ended = threading.Event()
         cast(grpc.Future, self._call).add_done_callback(lambda _: ended.set())  # a rendezvous is both
         if not ended.wait(_END_WAIT_S):

@@ -70,7 +70,12 @@ def test_cancelled_stream_leaves_the_session_usable(make_daemon: DaemonFactory, 
         assert_same(list(session.map([x] for x in images)), want)
         assert_same([session.run([images[0]])], want[:1])
     # The cancelled stream may be logged after the next one: it ends when its cancellation lands.
-    assert sorted(_pipeline_outcomes(daemon)) == ["CANCELLED", "OK"]
+    cancelled, finished = sorted(_pipeline_calls(daemon), key=lambda c: c[1] == len(images))
+    assert finished == ("OK", len(images))
+    # The daemon may have answered all six frames it was sent before the cancellation reached it (the
+    # client had yet to read four): gRPC then ends the call as the handler left it, and the cancel
+    # cuts nothing short. A cancel that cut a frame short is CANCELLED, never OK and never an error.
+    assert cancelled[0] == "CANCELLED" or cancelled == ("OK", 2 + 4), cancelled
 
 
 def frame_requests(session, inputs: list[np.ndarray], **options: Any) -> list[rknn_pb2.InferenceRequest]:
@@ -87,10 +92,11 @@ def _half_frame(session, image: np.ndarray) -> list[rknn_pb2.InferenceRequest]:
     return [header, rknn_pb2.InferenceRequest(chunk=rknn_pb2.TensorChunk(data=data[: len(data) // 2]))]
 
 
-def _pipeline_outcomes(daemon: DaemonProcess) -> list[str]:
+def _pipeline_calls(daemon: DaemonProcess) -> list[tuple[str, int]]:
+    """Each InferencePipeline call's outcome and the frames it answered, from the daemon's log."""
     daemon.stop()
     events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
-    return [e["outcome"] for e in events if e.get("method") == "InferencePipeline"]
+    return [(e["outcome"], e["frames"] or 0) for e in events if e.get("method") == "InferencePipeline"]
 
 
 def test_cancel_inside_a_frame_is_logged_as_cancelled(make_daemon: DaemonFactory, camera_model, images):
@@ -119,7 +125,7 @@ def test_cancel_inside_a_frame_is_logged_as_cancelled(make_daemon: DaemonFactory
                 release.set()
                 assert call.code() == grpc.StatusCode.CANCELLED
         assert_same([session.run([images[0]])], [session.run([images[0]])])
-    outcomes = _pipeline_outcomes(daemon)
+    outcomes = [outcome for outcome, _ in _pipeline_calls(daemon)]
     assert outcomes and set(outcomes) == {"CANCELLED"}, outcomes
 
 

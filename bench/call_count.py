@@ -34,8 +34,8 @@ import numpy as np
 
 # The backend's own run, by door: ONNX Runtime's wrapper, or the C stand-in for librknnrt behind ctypes.
 RUN_FILES = {
-    "rknn.v1": os.path.join("runtime", "host.py"),
-    "v2": os.path.join("runtime", "host.py"),
+    "rknn.v1": os.path.join("runtime", "host_model.py"),
+    "v2": os.path.join("runtime", "host_model.py"),
     "toolkit": os.path.join("rknnrt", "model.py"),
 }
 

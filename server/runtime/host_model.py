@@ -29,7 +29,7 @@ import onnxruntime as ort
 import psutil
 
 from rknn_proto import model_container
-from rknn_proto.buffers import BufferPool
+from rknn_proto.buffers import MIN_POOLED_BYTES, BufferPool
 from rknn_proto.messages import (
     EvalMemoryResponse,
     EvalPerfResponse,
@@ -295,9 +295,14 @@ class HostModel(ModelRuntime):
         self.outputs = model.outputs
         self.steady = model.steady
         self._input_names = model.input_names
-        # Outputs of static shapes are written into arrays allocated here (see run); off for good once
-        # ONNX Runtime refuses one (a model whose declared shape is not what it computes).
-        self._outputs_in_place = not any(s.is_dynamic for s in self.outputs)
+        # Outputs of static shapes are written into arrays allocated here (see run) where one of them is
+        # large enough for the pool to hand its memory out again; off for good once ONNX Runtime refuses
+        # one (a model whose declared shape is not what it computes). Small outputs gain nothing from the
+        # pool (it hands out new memory below MIN_POOLED_BYTES), and binding them costs more than ONNX
+        # Runtime's own allocation: 34 us a run of a 1x4 identity here, against 16 us without.
+        self._outputs_in_place = not any(s.is_dynamic for s in self.outputs) and any(
+            s.size_bytes >= MIN_POOLED_BYTES for s in self.outputs
+        )
         self._output_buffers = BufferPool()
 
     def run(

@@ -91,6 +91,36 @@ def test_outputs_written_in_place_are_never_overwritten_while_held(tmp_path: Pat
     model.close()
 
 
+def test_only_outputs_the_pool_reuses_are_bound_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Binding an output costs more than ONNX Runtime allocating a small one, and the pool hands a
+    small one new memory anyway: small static outputs run without an IOBinding, large ones with one."""
+    bindings = []
+    real = ort.InferenceSession.io_binding
+
+    def counted(session: ort.InferenceSession) -> ort.IOBinding:
+        bindings.append(session)
+        return real(session)
+
+    monkeypatch.setattr(ort.InferenceSession, "io_binding", counted)
+    small = HostBackend(threads=1).open(
+        models.identity_of(tmp_path / "small.onnx", "float32", (1, 4)), RuntimeOptions()
+    )
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    for _ in range(3):
+        np.testing.assert_array_equal(small.run([x])[0], x)
+    assert bindings == []
+    large = HostBackend(threads=1).open(
+        models.big_identity(tmp_path / "large.onnx", 1 << 19), RuntimeOptions()
+    )
+    y = np.ones((1, 1 << 19), np.float32)
+    np.testing.assert_array_equal(large.run([y])[0], y)
+    assert len(bindings) == 1
+    small.close()
+    large.close()
+
+
 def test_a_model_whose_declared_output_shape_is_wrong_runs_as_onnx_runtime_answers(tmp_path: Path) -> None:
     """A static output shape the model does not compute: ONNX Runtime refuses the buffer given, and
     the run (and every later one) gets ONNX Runtime's own outputs."""

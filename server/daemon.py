@@ -345,7 +345,7 @@ async def _serve(config: DaemonConfig, stack: contextlib.AsyncExitStack, ready: 
     backend, reason = _backend(config, probe, metrics)
     reservations = ReservationBook()
     plane = _data_plane(config, limits, backend, metrics, reservations)
-    stack.callback(plane.executor.shutdown, wait=False, cancel_futures=True)
+    stack.callback(plane.shutdown)
     stack.callback(plane.cache.close)
     shared = SharedMemoryRegistry(
         ShmLimits(enabled=config.shm), limits.session_idle_timeout_s, security.access.listeners

@@ -192,6 +192,9 @@ class Backend(abc.ABC):
     # How many runs of one model compute at once to good effect: what one caller's sessions of a
     # model in flight together gain from (more only queue).
     parallel_runs = 1
+    # Whether the backend lets no more than `parallel_runs` runs compute at once (a gate its runs
+    # wait on): the data plane then runs them on that many threads of their own (DataPlane.runs).
+    gated_runs = False
 
     @abc.abstractmethod
     def version(self) -> VersionInfo: ...

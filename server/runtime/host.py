@@ -111,6 +111,7 @@ class HostBackend(Backend):
         # Shared by all sessions: at most concurrent_runs(threads) compute at once.
         self.gate = run_gate(self.threads)
         self.parallel_runs = concurrent_runs(self.threads)
+        self.gated_runs = True
         self._shelf = ModelShelf(self.threads)
 
     def __getstate__(self) -> dict[str, object]:

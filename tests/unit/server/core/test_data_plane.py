@@ -276,3 +276,41 @@ def test_quick_runs_of_a_steady_runtime_run_on_the_event_loop_when_nothing_would
         assert await ran_here()
 
     asyncio.run(main())
+
+
+class GatedBackend(FakeBackend):
+    """A backend whose runs wait on a gate of two, as the host runtime's do."""
+
+    parallel_runs = 2
+    gated_runs = True
+
+
+def test_a_gated_backends_runs_queue_for_threads_of_their_own(tmp_path, executor) -> None:
+    """Runs beyond the gate's two wait in a queue, not parked on shared executor threads, and every
+    run computes on one of the two run threads; untimed calls and other backends' runs stay on the
+    shared executor."""
+
+    async def main() -> None:
+        plane, digest = make_plane(tmp_path, executor)
+        plane = DataPlane(
+            GatedBackend("rk3588"), plane.cache, executor, DaemonMetrics(), codec.TensorLimits()
+        )
+        assert plane.runs is not None
+        x = [np.ones((1, 3, 4, 4), np.float32)]
+        sessions = [await plane.open(OpenRequest(digest, "alice")) for _ in range(6)]
+        runtimes = [runtime_of(plane, s.id, "alice") for s in sessions]
+        for runtime in runtimes:
+            runtime.delay_s = 0.02
+        for _ in range(3):
+            await asyncio.gather(*(plane.run(s, x, [InputFormat("NCHW")]) for s in sessions))
+        names = {t.ident: t.name for t in threading.enumerate()}
+        ran_on = {names[ident] for runtime in runtimes for ident in runtime.threads}
+        assert len(ran_on) <= 2 and all(name.startswith("run_") for name in ran_on), ran_on
+        shape = await plane.in_session(sessions[0], lambda: threading.current_thread().name)
+        assert not shape.startswith("run_")  # not a model run: the shared executor
+        plane.shutdown()
+
+        ungated, _ = make_plane(tmp_path / "other", executor)
+        assert ungated.runs is None
+
+    asyncio.run(main())

@@ -64,11 +64,11 @@ def output_regions(request: pb.ModelInferRequest) -> dict[str, RegionSlot]:
     return found
 
 
-def decode_inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
+def decode_inputs(request: pb.ModelInferRequest, raw: Sequence[bytes]) -> list[InputTensor]:
     """The request's inputs: each in shared memory (its parameters name a region), the others every
-    one from raw_input_contents (in order) or every one from contents."""
+    one from raw_input_contents (in order; `raw`, read from the request once) or every one from contents."""
     slots = [parse_slot(parameters_of(t.parameters), f"input {t.name!r}") for t in request.inputs]
-    raw, carried = request.raw_input_contents, sum(slot is None for slot in slots)
+    carried = sum(slot is None for slot in slots)
     if raw and len(raw) != carried:
         raise InvalidInput(
             f"{len(raw)} raw_input_contents for {carried} inputs outside shared memory; send one per such "
@@ -229,8 +229,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         call = current_call()
-        call.bytes_in = sum(len(raw) for raw in request.raw_input_contents)
-        inputs, owner = decode_inputs(request), client_identity()
+        # Each read of a raw_input_contents entry copies its bytes (upb makes a new bytes object
+        # each time): they are read once, here.
+        raw = list(request.raw_input_contents)
+        call.bytes_in = sum(len(r) for r in raw)
+        inputs, owner = decode_inputs(request, raw), client_identity()
         requested = [o.name for o in request.outputs]
         regions = output_regions(request)
         echoed = len(request.id)

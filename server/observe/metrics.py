@@ -81,7 +81,8 @@ class DaemonMetrics:
         )
         self.queue_seconds = Histogram(
             "rknn_model_queue_seconds",
-            "Time a model run waited for its session (calls into one session run one at a time)",
+            "Time a model run waited for its session (calls into one session run one at a time) and, "
+            "on the host runtime, for a run thread",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,

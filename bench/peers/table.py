@@ -31,7 +31,7 @@ def _ratio(found: dict[str, float] | None) -> str:
 
 def render(result: dict[str, Any]) -> str:
     lines = [
-        f"peers: medians of {result['rounds']} rounds, each server alone, order rotated; "
+        f"peers: medians of {result['rounds']} rounds, servers up together and measured side by side, window after window, orders rotated; "
         f"{result['seconds_per_window']:.1f} s a window; CPU s/1k = server CPU seconds per 1000 requests "
         "(its whole process tree)"
     ]

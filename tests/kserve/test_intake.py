@@ -15,6 +15,7 @@ import pytest
 from rknn_proto.codec import CodecError, LimitExceeded, TensorLimits
 from rknn_server.core.memory import MemoryBudget
 from rknn_server.errors import InvalidInput, NotFound
+from rknn_server.protocols.kserve import rest
 from rknn_server.protocols.kserve.datatypes import JSON_ELEMENT_BYTES, V2_DTYPES, datatype_of, dtype_of
 from rknn_server.protocols.kserve.models import InputTensor, OutputTensor, to_array
 from rknn_server.protocols.kserve.repository import (
@@ -23,7 +24,7 @@ from rknn_server.protocols.kserve.repository import (
     TensorConfig,
     parse_config,
 )
-from rknn_server.protocols.kserve.rest import HEADER_LENGTH, JSON_SLICE, infer_reply
+from rknn_server.protocols.kserve.rest import HEADER_LENGTH, JSON_SLICE, infer_reply, parse_json
 
 LIMITS = TensorLimits(max_tensor_bytes=1 << 20, max_rank=4)
 
@@ -98,6 +99,66 @@ def test_json_element_bytes_bound_what_the_rest_reply_writes(datatype: str) -> N
     body = json.loads(reply.body)
     data = json.dumps(body["outputs"][0]["data"], separators=(",", ":"))
     assert len(data) - 2 <= values.size * JSON_ELEMENT_BYTES[datatype] - 1, data
+
+
+# What the REST door must read exactly as the standard library does, whichever parser reads it.
+EXACT_JSON = [
+    b'{"shape": [1000000000000000000000000000000], "data": [1.5, -0.0, 3]}',  # an integer beyond 64 bits
+    b"[18446744073709551615, -9223372036854775808]",
+    b"[NaN, Infinity, -Infinity, 1e400]",  # not RFC 8259 JSON, taken as before
+    b'{"a": 1, "a": 2, "s": "\\u00e9\\ud800"}',  # a repeated key, a lone surrogate
+    b" [0.1234567890123456789, 1e-7] ",
+]
+
+
+@pytest.mark.parametrize("text", EXACT_JSON, ids=range(len(EXACT_JSON)))
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+def test_rest_json_reads_as_the_standard_library_reads_it(
+    text: bytes, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not fast:
+        monkeypatch.setattr(rest, "orjson", None)
+    expected, got = json.loads(text), parse_json(memoryview(text))
+    assert json.dumps(got) == json.dumps(expected)
+    assert [type(v) for v in _leaves(got)] == [type(v) for v in _leaves(expected)]
+
+
+def _leaves(value: object) -> list[object]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+@pytest.mark.parametrize("text", [b"", b"[1,]", b"{'a': 1}", b"[1] [2]", b"[" * 100_000 + b"]" * 100_000])
+def test_rest_json_refuses_what_is_not_json(text: bytes) -> None:
+    with pytest.raises((ValueError, RecursionError)):
+        parse_json(text)
+
+
+def test_the_server_extra_reads_rest_json_with_orjson_here() -> None:
+    """orjson is the server extra's on this machine (not armv7l), and plain JSON goes through it."""
+    real = rest.orjson
+    assert real is not None
+    calls: list[object] = []
+
+    class Spy:
+        JSONDecodeError = real.JSONDecodeError
+
+        @staticmethod
+        def loads(text: bytes | memoryview) -> object:
+            calls.append(text)
+            return real.loads(text)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rest, "orjson", Spy)
+        # tritonclient writes float32s as 20 digits after the point: a fraction, not a long integer
+        assert parse_json(b'{"data": [1.5, 2, 0.00026772439014166594]}') == {
+            "data": [1.5, 2, 0.00026772439014166594]
+        }
+        assert parse_json(b"[100000000000000000000]") == [10**20]  # the standard library's
+    assert len(calls) == 1
 
 
 def test_a_rest_reply_is_encoded_in_slices_as_one_body_the_budget_holds() -> None:

@@ -37,3 +37,50 @@ def read_varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, at
         shift += 7
+
+
+FIXED64, FIXED32 = 1, 5
+
+
+class Unusual(Exception):
+    """A message outside what `split_field` reads (a group, too many fields): protobuf's own parser
+    decides what it means."""
+
+
+def split_field(data: bytes, number: int, max_fields: int) -> tuple[bytes, list[memoryview]]:
+    """The values of length-delimited field `number` of a serialized message, as views of `data`, and
+    the message's other fields as they came (what protobuf's parser then reads, the values left out):
+    a message's large bytes fields are not copied (protobuf's parser would copy each value once, and
+    every read of the field again). Raises Unusual beyond `max_fields` fields (a hostile message of
+    millions of tiny fields must not hold the caller in a Python loop) or at a group; DecodeError for a
+    message cut short."""
+    view = memoryview(data)
+    values: list[memoryview] = []
+    rest: list[memoryview] = []
+    at, end, kept, fields = 0, len(view), 0, 0
+    while at < end:
+        start = at
+        key, at = read_varint(view, at)
+        fields += 1
+        if fields > max_fields:
+            raise Unusual
+        wire_type = key & 7
+        if wire_type == VARINT:
+            _, at = read_varint(view, at)
+        elif wire_type == FIXED64:
+            at += 8
+        elif wire_type == FIXED32:
+            at += 4
+        elif wire_type == LENGTH_DELIMITED:
+            length, at = read_varint(view, at)
+            at += length
+        else:
+            raise Unusual
+        if at > end:
+            raise DecodeError(f"field {key >> 3} runs past the end of the message")
+        if key >> 3 == number and wire_type == LENGTH_DELIMITED:
+            rest.append(view[kept:start])
+            values.append(view[at - length : at])
+            kept = at
+    rest.append(view[kept:end])
+    return b"".join(rest), values

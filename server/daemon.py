@@ -367,7 +367,7 @@ async def _serve(config: DaemonConfig, stack: contextlib.AsyncExitStack, ready: 
         warnings=tuple(warnings),
         instance_id=secrets.token_hex(8),
     )
-    guard = Guard(security.access, limits, metrics, CODECS)
+    guard = Guard(security.access, limits, metrics, {**CODECS, **v2.CODECS})
     metrics.watch(
         StateCollector(
             plane.registry.__len__, reservations, lambda: guard.per_client, lambda: guard.refused, plane.cache

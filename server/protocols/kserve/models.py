@@ -686,7 +686,10 @@ def to_array(tensor: InputTensor, limits: codec.TensorLimits) -> np.ndarray:
                 f"{what}: {len(tensor.raw)} bytes of raw contents for shape {list(shape)} of {tensor.datatype}; "
                 f"expected {count * dtype.itemsize} bytes"
             )
-        return np.frombuffer(tensor.raw, dtype).reshape(shape)
+        array = np.frombuffer(tensor.raw, dtype).reshape(shape)
+        # Bytes read where they lay in a message (parse_infer_request) may sit at an address that
+        # does not suit the datatype: one copy then, which is aligned.
+        return array if array.flags.aligned else array.copy()
     values = tensor.values if tensor.values is not None else ()
     if len(values) != count:
         raise InvalidInput(

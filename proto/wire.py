@@ -1,8 +1,11 @@
 """protobuf's wire encoding, the few pieces the hand-written fast paths need (`framing`'s Run
-messages, the client's upload requests and the daemon's upload reader): one varint writer, one
-reader, one tag, so that both sides of the wire encode exactly as protobuf does."""
+messages, the client's upload requests and the daemon's upload reader, KServe v2's ModelInfer): one
+varint writer, one reader, one tag, a field's values read in place and bytes fields appended, so that
+both sides of the wire encode exactly as protobuf does."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -84,3 +87,14 @@ def split_field(data: bytes, number: int, max_fields: int) -> tuple[bytes, list[
             kept = at
     rest.append(view[kept:end])
     return b"".join(rest), values
+
+
+def with_bytes_fields(head: bytes, number: int, values: Sequence[bytes | memoryview]) -> bytes:
+    """The serialized message `head` with `values` (bytes, or views of bytes) appended as length-delimited field `number`, in
+    order, each copied once, into the result (protobuf would copy each into the message and again
+    into its serialization). Field order does not change what a parser reads."""
+    key = tag(number, LENGTH_DELIMITED)
+    parts: list[bytes | memoryview] = [head]
+    for value in values:
+        parts += (key, varint(len(value)), value)
+    return b"".join(parts)

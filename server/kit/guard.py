@@ -62,6 +62,13 @@ CANCEL_POLL_S = 0.01
 Context = grpc.aio.ServicerContext
 Metadata = Iterable[tuple[str, Any]]
 Codecs = tuple[Callable[[bytes], Any], Callable[[Any], bytes]]
+
+
+def serialized(reply: bytes) -> bytes:
+    """The response serializer of a handler that serializes its replies itself (a codec's)."""
+    return reply
+
+
 T = TypeVar("T")
 
 

@@ -26,7 +26,7 @@ from rknn_server.core.frames import check_chunk
 from rknn_server.core.sessions import Session
 from rknn_server.core.shm import SharedMemoryRegistry, ShmLimits
 from rknn_server.errors import FailedPrecondition, InvalidInput
-from rknn_server.kit.guard import Codecs, client_identity, current_call
+from rknn_server.kit.guard import Codecs, client_identity, current_call, serialized
 from rknn_server.observe.calls import Call
 from rknn_server.protocols.grpc.pipeline import Pipeline
 from rknn_server.protocols.grpc.upload_wire import Chunk, parse_upload_request, upload_chunk
@@ -60,11 +60,6 @@ class ServiceConfig:
     instance_id: str = ""
 
 
-def _serialized(reply: bytes) -> bytes:
-    """A reply its handler already serialized."""
-    return reply
-
-
 _SERVICE_PATH = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name}"
 # The methods whose handlers take and give wire bytes rather than protobuf objects (the guard
 # registers them so): Run's inputs are read in place and its outputs written once, where protobuf
@@ -73,9 +68,9 @@ _SERVICE_PATH = f"/{rknn_pb2.DESCRIPTOR.services_by_name['RknnServer'].full_name
 # response serializer).
 CODECS: Mapping[str, Codecs] = MappingProxyType(
     {
-        f"{_SERVICE_PATH}/Run": (framing.parse_run_request, _serialized),
-        f"{_SERVICE_PATH}/Inference": (framing.parse_inference_request, _serialized),
-        f"{_SERVICE_PATH}/InferencePipeline": (framing.parse_inference_request, _serialized),
+        f"{_SERVICE_PATH}/Run": (framing.parse_run_request, serialized),
+        f"{_SERVICE_PATH}/Inference": (framing.parse_inference_request, serialized),
+        f"{_SERVICE_PATH}/InferencePipeline": (framing.parse_inference_request, serialized),
         f"{_SERVICE_PATH}/DumpLayers": (
             framing.parse_inference_request,
             rknn_pb2.DumpLayersResponse.SerializeToString,

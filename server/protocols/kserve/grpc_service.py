@@ -24,9 +24,9 @@ from rknn_proto.kserve import grpc_service_pb2 as pb
 from rknn_proto.kserve import grpc_service_pb2_grpc as pb_grpc
 from rknn_proto.kserve import model_config_pb2 as config_pb
 from rknn_proto.version import MAX_MESSAGE_BYTES
-from rknn_proto.wire import Unusual, split_field
+from rknn_proto.wire import Unusual, split_field, with_bytes_fields
 from rknn_server.errors import InvalidInput
-from rknn_server.kit.guard import client_identity, current_call
+from rknn_server.kit.guard import Codecs, client_identity, current_call, serialized
 from rknn_server.kit.replies import ReplyRule
 from rknn_server.protocols.kserve.datatypes import reply_sizes
 from rknn_server.protocols.kserve.models import InputTensor, Model, ModelMetadata, TensorMetadata, V2Models
@@ -49,6 +49,7 @@ CONTENTS_FIELD = {
 
 
 _RAW_FIELD = pb.ModelInferRequest.RAW_INPUT_CONTENTS_FIELD_NUMBER
+_RAW_OUTPUT_FIELD = pb.ModelInferResponse.RAW_OUTPUT_CONTENTS_FIELD_NUMBER
 # The most fields a request may have to be read by split_field (names, parameters, and per input its
 # tensor and raw contents, and per output its tensor, for up to a thousand of each); beyond that,
 # protobuf's parser reads it.
@@ -81,17 +82,10 @@ def parse_infer_request(data: bytes) -> InferRequestRead:
 
 
 _SERVICE_PATH = f"/{pb.DESCRIPTOR.services_by_name['GRPCInferenceService'].full_name}"
-# The methods whose messages are read or written here rather than by the generated code (the
+# The methods whose messages are read and written here rather than by the generated code (the
 # guard registers them so): method path -> (request deserializer, response serializer).
-CODECS: Mapping[str, tuple[Callable[[bytes], object], Callable[[pb.ModelInferResponse], bytes]]] = (
-    MappingProxyType(
-        {
-            f"{_SERVICE_PATH}/ModelInfer": (
-                parse_infer_request,
-                pb.ModelInferResponse.SerializeToString,
-            )
-        }
-    )
+CODECS: Mapping[str, Codecs] = MappingProxyType(
+    {f"{_SERVICE_PATH}/ModelInfer": (parse_infer_request, serialized)}
 )
 
 
@@ -276,9 +270,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelStatisticsResponse:
         return statistics_response(self.models.statistics(request.name, request.version, client_identity()))
 
-    async def ModelInfer(  # type: ignore[override]  # its request is read by parse_infer_request (CODECS)
+    async def ModelInfer(  # type: ignore[override]  # its messages are read and written here (CODECS)
         self, read: InferRequestRead, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInferResponse:
+    ) -> bytes:
         call = current_call()
         request, raw = read.message, read.raw
         call.bytes_in = sum(len(r) for r in raw)
@@ -302,7 +296,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         in_reply = [o for o in outputs if o.region is None]
         self.reply.check(reply_sizes(in_reply), echoed)
         call.bytes_out = sum(o.array.nbytes for o in in_reply)
-        return pb.ModelInferResponse(
+        head = pb.ModelInferResponse(
             model_name=model.name,
             model_version=model.version,
             id=request.id,
@@ -310,10 +304,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.shape)
                 for o in outputs
             ],
-            # one entry per output, in order (an empty one for an output in shared memory), as
-            # tritonclient finds an output's bytes by its position
-            raw_output_contents=[b"" if o.region else o.array.tobytes() for o in outputs],
         )
+        # One raw_output_contents entry per output, in order (an empty one for an output in shared
+        # memory), as tritonclient finds an output's bytes by its position; each copied once, into
+        # the reply (protobuf copied each three times: tobytes, into the message, its serialization).
+        raw = [b"" if o.region else o.wire_bytes() for o in outputs]
+        return with_bytes_fields(head.SerializeToString(), _RAW_OUTPUT_FIELD, raw)
 
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext

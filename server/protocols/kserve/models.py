@@ -82,6 +82,10 @@ class OutputTensor:
     array: np.ndarray
     region: RegionSlot | None = None  # written into the caller's system shared memory, not the reply
 
+    def wire_bytes(self) -> memoryview:
+        """The output's bytes as a reply carries them: its array's own memory, not a copy."""
+        return np.ascontiguousarray(self.array).data.cast("B")
+
 
 @dataclass(frozen=True)
 class TensorMetadata:

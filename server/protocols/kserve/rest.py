@@ -321,10 +321,6 @@ def _json_data(array: np.ndarray) -> Iterator[bytes]:
     yield b"]"
 
 
-def _as_bytes(array: np.ndarray) -> memoryview:
-    return np.ascontiguousarray(array).data.cast("B")
-
-
 def infer_reply(
     name: str,
     version: str,
@@ -347,7 +343,7 @@ def infer_reply(
             }
             head.append(entry[:-1] + b',"parameters":' + _dumps(slot) + b"}")
         elif binary.get(output.name, binary[""]):
-            blobs.append(_as_bytes(output.array))
+            blobs.append(output.wire_bytes())
             head.append(
                 entry[:-1] + b',"parameters":' + _dumps({"binary_data_size": blobs[-1].nbytes}) + b"}"
             )

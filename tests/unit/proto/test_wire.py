@@ -1,14 +1,25 @@
 """The shared varint writer and reader agree with protobuf's own encoding; split_field reads a
-message as protobuf does, one field's values left where they lie."""
+message as protobuf does, one field's values left where they lie; with_bytes_fields writes what
+protobuf would."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
 from rknn_proto import rknn_pb2
 from rknn_proto.kserve import grpc_service_pb2 as pb
-from rknn_proto.wire import LENGTH_DELIMITED, VARINT, Unusual, read_varint, split_field, tag, varint
+from rknn_proto.wire import (
+    LENGTH_DELIMITED,
+    VARINT,
+    Unusual,
+    read_varint,
+    split_field,
+    tag,
+    varint,
+    with_bytes_fields,
+)
 
 
 @pytest.mark.parametrize("value", [1, 127, 128, 300, 2**32 - 1, 2**63, 2**64 - 1])
@@ -84,3 +95,19 @@ def test_split_field_leaves_groups_and_too_many_fields_to_protobuf() -> None:
     many = pb.ModelInferRequest(raw_input_contents=[b"x"] * 11).SerializeToString()
     with pytest.raises(Unusual):
         split_field(many, RAW, 10)
+
+
+def test_with_bytes_fields_writes_the_bytes_protobuf_would() -> None:
+    outputs = [np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros(0, np.int8), np.array([True, False])]
+    head = pb.ModelInferResponse(
+        model_name="m", id="r", outputs=[pb.ModelInferResponse.InferOutputTensor(name="y", shape=[2, 3])]
+    )
+    raw = [a.reshape(-1).view(np.uint8).data for a in outputs]
+    data = with_bytes_fields(
+        head.SerializeToString(), pb.ModelInferResponse.RAW_OUTPUT_CONTENTS_FIELD_NUMBER, raw
+    )
+    whole = pb.ModelInferResponse()
+    whole.CopyFrom(head)
+    whole.raw_output_contents.extend(a.tobytes() for a in outputs)
+    assert data == whole.SerializeToString()
+    assert pb.ModelInferResponse.FromString(data) == whole

@@ -308,8 +308,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # One raw_output_contents entry per output, in order (an empty one for an output in shared
         # memory), as tritonclient finds an output's bytes by its position; each copied once, into
         # the reply (protobuf copied each three times: tobytes, into the message, its serialization).
-        raw = [b"" if o.region else o.wire_bytes() for o in outputs]
-        return with_bytes_fields(head.SerializeToString(), _RAW_OUTPUT_FIELD, raw)
+        contents = [b"" if o.region else o.wire_bytes() for o in outputs]
+        return with_bytes_fields(head.SerializeToString(), _RAW_OUTPUT_FIELD, contents)
 
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext

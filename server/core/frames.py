@@ -187,14 +187,19 @@ class IncomingFrame:
         return [plan.format for plan in self.plans]
 
 
+def wire_arrays(outputs: Sequence[np.ndarray], specs: Sequence[TensorAttr], native: bool) -> list[np.ndarray]:
+    """A run's outputs ready for the wire. A quantized output the runtime returned as stored
+    integers travels as such when the client asked for native outputs (it dequantizes, a quarter of
+    the bytes for int8), else it is dequantized to float32 here."""
+    return [
+        codec.wire_array(array if native else dequantize(array, spec))
+        for array, spec in zip(outputs, specs, strict=True)
+    ]
+
+
 def wire_outputs(
     outputs: Sequence[np.ndarray], specs: Sequence[TensorAttr], native: bool
 ) -> tuple[list[rknn_pb2.TensorMeta], list[np.ndarray]]:
-    """Metas and wire-ready arrays of a run's outputs. A quantized output the runtime returned as
-    stored integers travels as such when the client asked for native outputs (it dequantizes, a
-    quarter of the bytes for int8), else it is dequantized to float32 here."""
-    wire = []
-    for array, spec in zip(outputs, specs, strict=True):
-        wire.append(codec.wire_array(array if native else dequantize(array, spec)))
-    metas = [codec.meta_of(a, s.name, s.layout) for a, s in zip(wire, specs, strict=True)]
-    return metas, wire
+    """Metas and wire-ready arrays of a run's outputs (see wire_arrays), for rknn.v1's replies."""
+    wire = wire_arrays(outputs, specs, native)
+    return [codec.meta_of(a, s.name, s.layout) for a, s in zip(wire, specs, strict=True)], wire

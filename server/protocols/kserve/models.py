@@ -34,7 +34,7 @@ from rknn_proto.manifest import valid_digest
 from rknn_proto.messages import QuantType, TensorAttr, in_layout
 from rknn_server import __version__
 from rknn_server.core.data_plane import DataPlane, OpenRequest, Ran
-from rknn_server.core.frames import Declared, take_arrays, wire_outputs
+from rknn_server.core.frames import Declared, take_arrays, wire_arrays
 from rknn_server.core.sessions import Session
 from rknn_server.errors import InvalidInput, NotFound, ServiceError, status_of
 from rknn_server.protocols.kserve.batcher import DynamicBatcher
@@ -561,7 +561,7 @@ class V2Models:
             batcher.run(session, ready, formats) if batcher else self.plane.run(session, ready, formats)
         )
         ran_ns = time.perf_counter_ns()
-        _, wire = wire_outputs(ran.outputs, model.outputs, native=False)
+        wire = wire_arrays(ran.outputs, model.outputs, native=False)
         outputs = [
             OutputTensor(n, datatype_of(a.dtype), tuple(a.shape), a, output_regions.get(n))
             for n, a in zip(names, wire, strict=True)

@@ -31,11 +31,15 @@ def test_the_venv_holds_this_clones_wheel_and_pypi_wheels_for_the_board(
     assert version.returncode == 0 and __version__ in version.stdout, version.stdout
     probe = board.run(
         f"{BOARD_VENV}/bin/python -c 'import platform, grpc, numpy, google.protobuf as p; "
-        "print(platform.machine(), numpy.__file__, p.__version__)'",
+        "from rknn_server.protocols.kserve import rest; "
+        "print(platform.machine(), numpy.__file__, p.__version__, rest.orjson is not None, "
+        'rest.parse_json(b"[1.5, 100000000000000000000]") == [1.5, 10**20])\'',
         timeout=300,
     )
-    machine, numpy_file, protobuf = probe.stdout.split()
+    machine, numpy_file, protobuf, orjson_used, parsed = probe.stdout.split()
     assert machine == ready_board.spec.machine
+    # The REST door's JSON: orjson from PyPI where the server extra has it (not armv7l), else json.
+    assert (orjson_used, parsed) == (str(machine != "armv7l"), "True"), probe.stdout
     # armhf takes the distribution's numpy through --system-site-packages; arm64 PyPI's wheel.
     numpy_home = "/usr/lib/python3/dist-packages/" if ready_board.spec.system_site_packages else BOARD_VENV
     assert numpy_file.startswith(numpy_home), numpy_file

@@ -9,6 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rknn_proto.codec import TensorLimits
 from rknn_proto.kserve import grpc_service_pb2 as pb
@@ -97,3 +99,50 @@ def test_a_request_of_very_many_fields_is_read_by_protobuf_with_the_same_result(
 def test_a_malformed_request_is_a_decode_error(data: bytes) -> None:
     with pytest.raises(DecodeError):
         parse_infer_request(data)
+
+
+def _as_protobuf_reads(data: bytes) -> tuple[pb.ModelInferRequest, list[bytes]] | None:
+    """What protobuf's own parser makes of the bytes: the message less its raw contents, and those;
+    None when it refuses them."""
+    try:
+        message = pb.ModelInferRequest.FromString(data)
+    except DecodeError:
+        return None
+    raw = list(message.raw_input_contents)
+    message.ClearField("raw_input_contents")
+    return message, raw
+
+
+def _agrees_with_protobuf(data: bytes) -> None:
+    expected = _as_protobuf_reads(data)
+    try:
+        read = parse_infer_request(data)
+    except DecodeError:
+        assert expected is None, "refused what protobuf reads"
+        return
+    assert expected is not None, "read what protobuf refuses"
+    message, raw = expected
+    assert read.message == message
+    assert [bytes(r) for r in read.raw] == raw
+
+
+_VALID = pb.ModelInferRequest(
+    model_name="m",
+    id="r",
+    inputs=[pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[2])],
+    outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="y")],
+    raw_input_contents=[bytes(8), b"\x01\x02"],
+).SerializeToString()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_read_as_protobuf_reads_them(data: bytes) -> None:
+    _agrees_with_protobuf(data)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, len(_VALID)), st.integers(0, len(_VALID)), st.binary(max_size=12))
+def test_a_request_cut_or_spliced_reads_as_protobuf_reads_it(start: int, end: int, splice: bytes) -> None:
+    """Cut anywhere and something put there: lengths that overrun, fields of every wire type."""
+    _agrees_with_protobuf(_VALID[:start] + splice + _VALID[max(start, end) :])

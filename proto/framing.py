@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from rknn_proto import rknn_pb2
 from rknn_proto.chunk_wire import TENSOR_CHUNKS, Bytes
 from rknn_proto.codec import Chunk, CodecError, chunk_views, iter_chunk_fields
-from rknn_proto.wire import LENGTH_DELIMITED, read_varint, tag, varint
+from rknn_proto.wire import LENGTH_DELIMITED, read_varint, tag, varint, with_bytes_fields
 
 
 class FrameError(CodecError):
@@ -193,35 +193,35 @@ def _padding(at: int) -> bytes:
     return _PADDING_TAG + varint(size) + bytes(size)
 
 
-def _unary_bytes(message: Any, arrays: Sequence[np.ndarray], align: bool) -> bytes:
-    """`message` (its header set) serialized with the arrays' bytes appended as field 2, each copied
-    once, straight from its buffer (protobuf would copy it three times: `tobytes()`, into the
-    message, into its serialization). Field order does not change what a parser reads. With
-    `align`, a filler field before each tensor starts its bytes at a multiple of ALIGNMENT."""
-    head = message.SerializeToString()
+def _bytes_of(array: np.ndarray) -> memoryview:
+    """A wire-ready array's bytes, where they lie."""
+    return array.reshape(-1).view(np.uint8).data
+
+
+def run_request_bytes(header: rknn_pb2.InferenceHeader, arrays: Sequence[np.ndarray]) -> bytes:
+    """A serialized RunRequest of wire-ready arrays, their bytes appended as field 2 as
+    `wire.with_bytes_fields` appends them (each copied once), with a filler field before each that
+    starts its bytes at a multiple of ALIGNMENT, for the daemon to run it where it lies; send it on a
+    call whose request serializer passes bytes through."""
+    head = rknn_pb2.RunRequest(header=header).SerializeToString()
     parts: list[bytes | memoryview] = [head]
     at = len(head)
     for array in arrays:
         length = varint(array.nbytes)
-        if align and array.nbytes:
+        if array.nbytes:
             filler = _padding(at + len(_TENSOR_TAG) + len(length))
             parts.append(filler)
             at += len(filler)
-        parts += (_TENSOR_TAG, length, array.reshape(-1).view(np.uint8).data)
+        parts += (_TENSOR_TAG, length, _bytes_of(array))
         at += len(_TENSOR_TAG) + len(length) + array.nbytes
     return b"".join(parts)
-
-
-def run_request_bytes(header: rknn_pb2.InferenceHeader, arrays: Sequence[np.ndarray]) -> bytes:
-    """A serialized RunRequest of wire-ready arrays (see _unary_bytes), each input aligned for the
-    daemon to run it where it lies; send it on a call whose request serializer passes bytes through."""
-    return _unary_bytes(rknn_pb2.RunRequest(header=header), arrays, align=True)
 
 
 def run_response_bytes(header: rknn_pb2.OutputsHeader, arrays: Sequence[np.ndarray]) -> bytes:
     """A serialized RunResponse of wire-ready arrays (the daemon's Run reply): the same bytes as
     `RunResponse(header, [a.tobytes()...]).SerializeToString()` (the client copies its outputs)."""
-    return _unary_bytes(rknn_pb2.RunResponse(header=header), arrays, align=False)
+    head = rknn_pb2.RunResponse(header=header).SerializeToString()
+    return with_bytes_fields(head, _TENSORS_FIELD, [_bytes_of(a) for a in arrays])
 
 
 def in_place(tensors: Sequence[memoryview]) -> list[Bytes]:

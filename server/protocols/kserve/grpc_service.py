@@ -63,7 +63,7 @@ class InferRequestRead:
     address does not suit its datatype)."""
 
     message: pb.ModelInferRequest
-    raw: list[Bytes]
+    raw: Sequence[Bytes]
 
 
 def parse_infer_request(data: bytes) -> InferRequestRead:
@@ -75,10 +75,10 @@ def parse_infer_request(data: bytes) -> InferRequestRead:
         rest, raw = split_field(data, _RAW_FIELD, _MAX_SPLIT_FIELDS)
     except Unusual:
         message = pb.ModelInferRequest.FromString(data)
-        copies: list[Bytes] = list(message.raw_input_contents)
+        copies = list(message.raw_input_contents)
         message.ClearField("raw_input_contents")
         return InferRequestRead(message, copies)
-    return InferRequestRead(pb.ModelInferRequest.FromString(rest), list(raw))
+    return InferRequestRead(pb.ModelInferRequest.FromString(rest), raw)
 
 
 _SERVICE_PATH = f"/{pb.DESCRIPTOR.services_by_name['GRPCInferenceService'].full_name}"

@@ -92,16 +92,23 @@ class _Round:
         self.results[contender.name] = {"start_s": running.start_s, "figures": {}}
 
     def measure(self, contender: Contender, door: str, model: BenchModel, concurrency: int) -> None:
+        """One window's figures, or its error (whatever went wrong is the window's: the rest goes on)."""
+        try:
+            cell = self._window(contender, door, model, concurrency)
+        except Exception as exc:
+            cell = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+        figures = self.results[contender.name]["figures"]
+        figures.setdefault(door, {}).setdefault(model.name, {})[f"c{concurrency}"] = cell
+        print(f"  {contender.name} {door} {model.name} c{concurrency}: {_short(cell)}", flush=True)
+
+    def _window(self, contender: Contender, door: str, model: BenchModel, concurrency: int) -> dict[str, Any]:
         running = self.running[contender.name]
         driver = self.drivers.get((contender.name, door))
         if driver is None:
             log = self.work / contender.name / f"driver-{door}.log"
             driver = self.drivers[contender.name, door] = _driver(door, self.pythons, log)
         got = driver.measure(_job(door, running.doors[door], model, concurrency), running.tree)
-        cell = asdict(got) if not isinstance(got, str) else {"error": got}
-        figures = self.results[contender.name]["figures"]
-        figures.setdefault(door, {}).setdefault(model.name, {})[f"c{concurrency}"] = cell
-        print(f"  {contender.name} {door} {model.name} c{concurrency}: {_short(cell)}", flush=True)
+        return asdict(got) if not isinstance(got, str) else {"error": got}
 
     def close(self) -> None:
         """Every driver ended and every server stopped, by PID, whatever failed before."""
@@ -137,12 +144,7 @@ def measure_round(
             round_.start(contender, models)
         up = [c for c in contenders if c.name in round_.running]
         for contender, door, model, concurrency in _windows(up, models):
-            try:
-                round_.measure(contender, door, model, concurrency)
-            except Exception as exc:
-                cell = {"error": f"{type(exc).__name__}: {exc}"[:800]}
-                figures = round_.results[contender.name]["figures"]
-                figures.setdefault(door, {}).setdefault(model.name, {})[f"c{concurrency}"] = cell
+            round_.measure(contender, door, model, concurrency)
     finally:
         round_.close()
     return round_.results

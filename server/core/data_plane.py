@@ -60,6 +60,7 @@ class OpenRequest:
     core_mask: int = 0
     fallback_prior_device: str = "cpu"
     shared: bool = False  # a model the caller reaches by a shared name (the model repository's)
+    resident: bool = False  # the repository's own session of a READY model (sessions.Session.resident)
 
 
 @dataclass
@@ -155,16 +156,18 @@ class DataPlane:
             fallback_prior_device=request.fallback_prior_device,
             max_memory_bytes=self.memory.max_session_memory,
         )
-        self.registry.reserve(request.owner)
+        if not request.resident:
+            self.registry.reserve(request.owner)
         self.cache.quota.pin(request.digest)
         try:
             await self.blocking(self.cache.verify, request.digest)
             runtime = await self.blocking(self.backend.open, path, options)
         except BaseException:
-            self.registry.unreserve(request.owner)
+            if not request.resident:
+                self.registry.unreserve(request.owner)
             self.cache.quota.unpin(request.digest)
             raise
-        return self.registry.add(request.digest, options, runtime, request.owner)
+        return self.registry.add(request.digest, options, runtime, request.owner, request.resident)
 
     def session(self, session_id: str, owner: str, usable: bool = True) -> Session:
         """The owner's session (another client's is as unknown as a wrong id); renews its lease."""

@@ -48,6 +48,9 @@ class Session:
     quick: bool = False
     # Calls waiting for its lock: where a pool of sessions queues the next one (kserve/session_pools.py).
     waiting: int = 0
+    # The model repository's own session of a READY model (kserve/models.py): it keeps the model
+    # loaded between callers, so it has no idle lease and no place under the clients' session limits.
+    resident: bool = False
 
     def renew(self) -> None:
         self.last_used = time.monotonic()
@@ -68,16 +71,18 @@ class SessionRegistry:
         self.idle_timeout_s = idle_timeout_s
         self._sessions: dict[str, Session] = {}
         self._reserved: Counter[str] = Counter()
+        self._residents = 0
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        """The clients' open sessions, as the limits count them (residents are the repository's)."""
+        return len(self._sessions) - self._residents
 
     def reserve(self, owner: str) -> None:
         """Claim a slot before loading a model, so concurrent loads cannot exceed the limits."""
         held = sum(1 for s in self._sessions.values() if s.owner == owner) + self._reserved[owner]
-        if len(self._sessions) + self._reserved.total() >= self.max_sessions:
+        if len(self) + self._reserved.total() >= self.max_sessions:
             raise ResourceExhausted(
-                f"the daemon already has {len(self._sessions)} open session(s), the limit max_sessions="
+                f"the daemon already has {len(self)} open session(s), the limit max_sessions="
                 f"{self.max_sessions}; release one (or wait {self.idle_timeout_s:.0f}s for idle ones to expire)"
             )
         if held >= self.max_per_client:
@@ -92,9 +97,16 @@ class SessionRegistry:
         if self._reserved[owner] <= 0:
             del self._reserved[owner]
 
-    def add(self, digest: str, options: RuntimeOptions, runtime: ModelRuntime, owner: str) -> Session:
-        self.unreserve(owner)
+    def add(
+        self, digest: str, options: RuntimeOptions, runtime: ModelRuntime, owner: str, resident: bool = False
+    ) -> Session:
+        """A session opened in the slot `owner` reserved; a resident one took none."""
+        if resident:
+            self._residents += 1
+        else:
+            self.unreserve(owner)
         session = Session(secrets.token_hex(16), digest, options, runtime, self.idle_timeout_s, owner)
+        session.resident = resident
         self._sessions[session.id] = session
         return session
 
@@ -118,6 +130,7 @@ class SessionRegistry:
     def pop(self, session_id: str, owner: str) -> Session:
         session = self.get(session_id, owner, usable=False)
         del self._sessions[session_id]
+        self._residents -= session.resident
         return session
 
     def expired(self) -> list[Session]:
@@ -127,7 +140,10 @@ class SessionRegistry:
         gone = [
             s
             for s in self._sessions.values()
-            if now - s.last_used > s.idle_timeout_s and not s.lock.locked() and not s.compute.locked()
+            if not s.resident
+            and now - s.last_used > s.idle_timeout_s
+            and not s.lock.locked()
+            and not s.compute.locked()
         ]
         for s in gone:
             del self._sessions[s.id]
@@ -136,6 +152,7 @@ class SessionRegistry:
     def drain(self) -> list[Session]:
         gone = list(self._sessions.values())
         self._sessions.clear()
+        self._residents = 0
         return gone
 
     def close(self, session: Session, reason: str) -> None:

@@ -195,6 +195,10 @@ class Backend(abc.ABC):
     # Whether the backend lets no more than `parallel_runs` runs compute at once (a gate its runs
     # wait on): the data plane then runs them on that many threads of their own (DataPlane.runs).
     gated_runs = False
+    # Whether the sessions of one model file share its one loaded copy while any of them is open:
+    # the model repository then keeps a session of each READY model open, so that callers' sessions
+    # find it loaded (kserve/models.py) rather than each first one after a quiet spell loading it again.
+    shares_models = False
 
     @abc.abstractmethod
     def version(self) -> VersionInfo: ...

@@ -103,6 +103,7 @@ class HostBackend(Backend):
         perf_per_layer=True, memory_detail=True, layer_dumps=True, dynamic_shape=True
     )
     unpinned_reason = "the host runtime has no NPU and leaves the CPU to the OS"
+    shares_models = True  # ModelShelf
 
     def __init__(self, soc: str = "", threads: int | None = None, sysfs_root: Path = Path("/")) -> None:
         self._soc = soc.lower()

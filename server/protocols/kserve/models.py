@@ -22,7 +22,7 @@ import dataclasses
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -172,6 +172,9 @@ class Model:
     stats: InferenceStats = field(default_factory=InferenceStats)
     shared: bool = False  # a repository model, for every caller (else one owner's view of an upload)
     version: str = VERSION
+    # The repository's session that keeps this version loaded while it is READY, where the runtime's
+    # sessions share a loaded model (Backend.shares_models); closed when the version goes.
+    resident: str = ""
     # What every request asks of the tensors, made once they are known (learn): their names, and the
     # outputs as v2 describes them (the reply rule weighs them before each run).
     _input_names: list[str] = field(default_factory=list, repr=False)
@@ -389,18 +392,23 @@ class V2Models:
             if valid_digest(name):
                 return self.resolve(name, "", owner)
             raise NotFound("this daemon has no model repository (--model-repository)")
+        versions: dict[str, Model] = {}
         try:
-            versions = {folder.version: await self._import(folder) for folder in self.repository.read(name)}
+            for folder in self.repository.read(name):
+                versions[folder.version] = await self._import(folder)
         except NotFound:
+            await self._close_residents(versions.values())
             raise
         except Exception as exc:
+            await self._close_residents(versions.values())
+            await self._drop_old(name)  # before _unload, which forgets the versions it drops
             self._unload(name, status_of(exc)[1])
-            await self._drop_old(name)
             log.warning("model_load_failed", model=name, error=f"{type(exc).__name__}: {exc}")
             raise
         old = self._loaded.get(name, {})
         self._unavailable.pop(name, None)
         self._loaded[name] = versions
+        await self._close_residents(old.values())
         kept = {m.digest for m in versions.values()}
         for gone in {m.digest for m in old.values()} - kept:
             await self.sessions.drop(gone)
@@ -430,12 +438,27 @@ class V2Models:
             )
         else:
             self._batchers.pop(key, None)
-        probe = await self.plane.open(OpenRequest(digest=digest, owner=REPOSITORY_OWNER, shared=True))
+        resident = self.plane.backend.shares_models
+        probe = await self.plane.open(
+            OpenRequest(digest=digest, owner=REPOSITORY_OWNER, shared=True, resident=resident)
+        )
         try:
             model.learn(probe)
-        finally:
+        except BaseException:
+            await self.plane.close(probe.id, REPOSITORY_OWNER)
+            raise
+        if resident:  # kept open: the first request finds the model loaded, as READY promises
+            model.resident = probe.id
+        else:
             await self.plane.close(probe.id, REPOSITORY_OWNER)
         return model
+
+    async def _close_residents(self, models: Iterable[Model]) -> None:
+        for model in models:
+            resident, model.resident = model.resident, ""
+            if resident:
+                with contextlib.suppress(ServiceError):  # the daemon is stopping and closed it
+                    await self.plane.close(resident, REPOSITORY_OWNER)
 
     async def run_batch(
         self, sessions: list[Session], arrays: list[np.ndarray], formats: list[InputFormat]
@@ -466,6 +489,7 @@ class V2Models:
     async def _drop_old(self, name: str) -> None:
         for old in self._loaded.get(name, {}).values():
             await self.sessions.drop(old.digest)
+        await self._close_residents(self._loaded.get(name, {}).values())
 
     def _unload(self, name: str, reason: str) -> None:
         self._loaded.pop(name, None)

@@ -54,6 +54,11 @@ class RknnrtBackend(Backend):
             fix_freq=True,
         )
 
+    @property
+    def shares_models(self) -> bool:  # type: ignore[override]
+        """Sessions of a model share one context's weights where the library can duplicate it."""
+        return "rknn_dup_context" in self._library.symbols
+
     def __reduce__(self) -> tuple[Any, ...]:
         """Rebuilt from its arguments in a session's worker process (a loaded library cannot travel)."""
         return (RknnrtBackend, (self._library.path, self._probe, self._plugin_dir))

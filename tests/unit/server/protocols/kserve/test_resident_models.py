@@ -88,27 +88,12 @@ def test_a_ready_model_keeps_one_session_open_that_the_reaper_and_the_limits_lea
     asyncio.run(main())
 
 
-def test_a_reload_or_an_unload_closes_the_old_versions_session(
-    tmp_path: Path, executor: ThreadPoolExecutor
+@pytest.mark.parametrize("end", ["reload", "failed reload", "unload"])
+def test_every_session_of_a_version_closes_when_it_goes(
+    tmp_path: Path, executor: ThreadPoolExecutor, end: str
 ) -> None:
-    backend = SharingFake()
-    models = models_of(tmp_path, executor, backend)
-
-    async def main() -> None:
-        await models.load_all()
-        await models.load("m", REPOSITORY_OWNER)  # the same folder again: a new resident, the old closed
-        assert backend.opened[0].closed and open_runtimes(backend) == 1
-        await models.sessions.get(models._loaded["m"]["1"].digest, CALLER, shared=True)
-        await models.unload("m", REPOSITORY_OWNER)
-        assert open_runtimes(backend) == 0 and len(models.plane.registry._sessions) == 0
-
-    asyncio.run(main())
-
-
-def test_a_failed_reload_closes_every_session_of_the_old_version(
-    tmp_path: Path, executor: ThreadPoolExecutor
-) -> None:
-    """The old version's pooled sessions were dropped after the model was forgotten, so none was."""
+    """A reload's new version has a resident of its own; a failed reload closes the old version's
+    sessions (they were dropped after the model was forgotten, so none was); an unload closes all."""
     backend = SharingFake()
     models = models_of(tmp_path, executor, backend)
 
@@ -116,11 +101,19 @@ def test_a_failed_reload_closes_every_session_of_the_old_version(
         await models.load_all()
         await models.sessions.get(models._loaded["m"]["1"].digest, CALLER, shared=True)
         assert open_runtimes(backend) == 2
-        backend.refuse = ModelFormatError("the new file is not a model")
-        with pytest.raises(ModelFormatError):
+        if end == "unload":
+            await models.unload("m", REPOSITORY_OWNER)
+        elif end == "failed reload":
+            backend.refuse = ModelFormatError("the new file is not a model")
+            with pytest.raises(ModelFormatError):
+                await models.load("m", REPOSITORY_OWNER)
+            assert "not a model" in models._unavailable["m"]
+        else:  # the same folder again: the old resident closed, the caller's session kept
             await models.load("m", REPOSITORY_OWNER)
+            assert backend.opened[0].closed and not backend.opened[1].closed
+            assert open_runtimes(backend) == 2 and models._loaded["m"]["1"].resident
+            return
         assert open_runtimes(backend) == 0 and len(models.plane.registry._sessions) == 0
-        assert "not a model" in models._unavailable["m"]
 
     asyncio.run(main())
 

@@ -112,6 +112,12 @@ def error_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status and message an exception travels as; unknown exceptions are INTERNAL with a reference
     id only (logged with the detail)."""
+    return expected_status(exc) or (grpc.StatusCode.INTERNAL, _internal(exc))
+
+
+def expected_status(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The status of an error the daemon means (a refusal, bad input, a runtime's failure); None for
+    an unexpected one (status_of logs it and sends INTERNAL)."""
     if isinstance(exc, ServiceError):
         return exc.code, str(exc)
     if isinstance(exc, LimitExceeded):
@@ -129,7 +135,7 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         # A runtime's failure can quote a library's own text with server paths in it; the messages of
         # the other kinds are composed by the runtimes about the client's input, and may quote it.
         return code, without_paths(str(exc)) if code == grpc.StatusCode.INTERNAL else str(exc)
-    return grpc.StatusCode.INTERNAL, _internal(exc)
+    return None
 
 
 def _internal(exc: BaseException) -> str:

@@ -44,6 +44,7 @@ from rknn_server.errors import (
     ServiceError,
     StreamIdle,
     error_metadata,
+    expected_status,
     status_of,
 )
 from rknn_server.kit.auth import AccessPolicy, Unauthenticated, bearer_token
@@ -56,7 +57,8 @@ _VERSIONED_PREFIX = f"/{rknn_pb2.DESCRIPTOR.package}."
 # Calls that may wait long for a shared resource without holding any: outside the shared cap.
 _WAITING_SUFFIXES = ("/Reserve",)
 _V2_PREFIX = "/inference."  # KServe v2's package (server/kserve)
-# How long a stream that ended inside a frame waits for its cancellation to show, and how often it looks.
+# How long a request stream that ended inside a frame (or failed unexpectedly) waits for its
+# cancellation to show, and how often it looks.
 CANCEL_GRACE_S = 1.0
 CANCEL_POLL_S = 0.01
 Context = grpc.aio.ServicerContext
@@ -71,7 +73,7 @@ def serialized(reply: bytes) -> bytes:
 
 T = TypeVar("T")
 
-
+log = structlog.get_logger("rknn_server.guard")
 _CALL: ContextVar[Call] = ContextVar("rknn_call")
 
 
@@ -232,15 +234,21 @@ class Guard(grpc.aio.ServerInterceptor):
         """End a failed call with its status (context.abort raises). Returns only when the client had
         cancelled the call: a request stream cut short inside a frame is what a cancellation looks
         like to the reader when it wins the race with the cancellation itself, so wait for that to
-        land before blaming the client (a cancel is CANCELLED in the log, not INVALID_ARGUMENT)."""
-        if request_stream and isinstance(exc, TruncatedFrame):
+        land before blaming the client (a cancel is CANCELLED in the log, not INVALID_ARGUMENT). An
+        unexpected error of a request stream may be the cancellation's doing too (CI logged a pipeline
+        its client had cancelled as INTERNAL, not reproduced since): it gets the same grace, and if
+        the cancellation lands it is logged as cancelled_call_error, not sent."""
+        expected = expected_status(exc)
+        if request_stream and (isinstance(exc, TruncatedFrame) or expected is None):
             deadline = time.monotonic() + CANCEL_GRACE_S
             while not context.cancelled() and time.monotonic() < deadline:
                 await asyncio.sleep(CANCEL_POLL_S)
         if context.cancelled():
+            if expected is None:  # what the cancellation broke: kept in the log, never sent
+                log.info("cancelled_call_error", method=call.method, error=f"{type(exc).__name__}: {exc}")
             self.recorder.done(call, "CANCELLED")
             return
-        code, message = status_of(exc)
+        code, message = expected or status_of(exc)
         self.recorder.done(call, code.name)
         await context.abort(code, message, error_metadata(exc))
 

@@ -72,10 +72,11 @@ def test_cancelled_stream_leaves_the_session_usable(make_daemon: DaemonFactory, 
     # The cancelled stream may be logged after the next one: it ends when its cancellation lands.
     cancelled, finished = sorted(_pipeline_calls(daemon), key=lambda c: c[1] == len(images))
     assert finished == ("OK", len(images))
-    # The daemon may have answered all six frames it was sent before the cancellation reached it (the
-    # client had yet to read four): gRPC then ends the call as the handler left it, and the cancel
-    # cuts nothing short. A cancel that cut a frame short is CANCELLED, never OK and never an error.
-    assert cancelled[0] == "CANCELLED" or cancelled == ("OK", 2 + 4), cancelled
+    # The daemon may have answered every whole frame it was sent before the cancellation reached it
+    # (the client had submitted six and read two; gRPC's request thread may have sent fewer than six
+    # when the cancel came): gRPC then ends the call as the handler left it, and the cancel cuts
+    # nothing short. A cancel that cut a frame short is CANCELLED, never OK and never an error.
+    assert cancelled[0] == "CANCELLED" or (cancelled[0] == "OK" and 2 <= cancelled[1] <= 2 + 4), cancelled
 
 
 def frame_requests(session, inputs: list[np.ndarray], **options: Any) -> list[rknn_pb2.InferenceRequest]:

@@ -19,6 +19,7 @@ from rknn_proto.reasons import HINT_PREFIX, REASON_METADATA_KEY, Reason
 from rknn_proto.version import PROTOCOL_VERSION_METADATA_KEY
 from rknn_server.config.limits import Limits
 from rknn_server.errors import FailedPrecondition
+from rknn_server.kit import guard
 from rknn_server.kit.auth import AccessPolicy
 from rknn_server.kit.guard import Guard, client_identity, current_call
 from rknn_server.observe.metrics import DaemonMetrics
@@ -257,3 +258,40 @@ def test_a_handlers_own_abort_is_recorded_with_its_code() -> None:
     assert context.aborted == (grpc.StatusCode.NOT_FOUND, "no such model", ())
     [event] = rpc_events(logs)
     assert event["outcome"] == "NOT_FOUND" and served.count("NOT_FOUND") == 1
+
+
+class CancelledLater(FakeContext):
+    """A call whose cancellation lands a few looks after its handler failed (the handler's read won
+    the race with it)."""
+
+    def __init__(self, looks: int) -> None:
+        super().__init__()
+        self.looks = looks
+
+    def cancelled(self) -> bool:
+        self.looks -= 1
+        return self.looks < 0
+
+
+def test_an_unexpected_error_of_a_stream_the_client_cancels_is_cancelled_and_logged() -> None:
+    """CI logged a pipeline the client had cancelled as INTERNAL: the request stream failed in a way
+    the daemon does not expect as the cancellation landed, and only a cut frame waited for it."""
+    served, context = Served(streaming(RuntimeError("the request iterator broke"))), CancelledLater(looks=5)
+    with capture_logs() as logs:
+        assert asyncio.run(drain(served, context)) == ["abcd"]
+    assert context.aborted is None
+    [event] = rpc_events(logs)
+    assert event["outcome"] == "CANCELLED" and served.count("CANCELLED") == 1
+    [broken] = [e for e in logs if e["event"] == "cancelled_call_error"]
+    assert broken["error"] == "RuntimeError: the request iterator broke"
+
+
+def test_an_unexpected_error_of_a_stream_nobody_cancels_is_internal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guard, "CANCEL_GRACE_S", 0.05)
+    served, context = Served(streaming(RuntimeError("a bug"))), FakeContext()
+    with capture_logs() as logs, pytest.raises(grpc.aio.AbortError):
+        asyncio.run(drain(served, context))
+    assert context.aborted is not None and context.aborted[0] is grpc.StatusCode.INTERNAL
+    assert "a bug" not in context.aborted[1]  # the detail stays in the log, under its reference
+    [event] = rpc_events(logs)
+    assert event["outcome"] == "INTERNAL" and served.count("INTERNAL") == 1

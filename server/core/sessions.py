@@ -71,11 +71,10 @@ class SessionRegistry:
         self.idle_timeout_s = idle_timeout_s
         self._sessions: dict[str, Session] = {}
         self._reserved: Counter[str] = Counter()
-        self._residents = 0
 
     def __len__(self) -> int:
         """The clients' open sessions, as the limits count them (residents are the repository's)."""
-        return len(self._sessions) - self._residents
+        return sum(not s.resident for s in self._sessions.values())
 
     def reserve(self, owner: str) -> None:
         """Claim a slot before loading a model, so concurrent loads cannot exceed the limits."""
@@ -101,12 +100,11 @@ class SessionRegistry:
         self, digest: str, options: RuntimeOptions, runtime: ModelRuntime, owner: str, resident: bool = False
     ) -> Session:
         """A session opened in the slot `owner` reserved; a resident one took none."""
-        if resident:
-            self._residents += 1
-        else:
+        if not resident:
             self.unreserve(owner)
-        session = Session(secrets.token_hex(16), digest, options, runtime, self.idle_timeout_s, owner)
-        session.resident = resident
+        session = Session(
+            secrets.token_hex(16), digest, options, runtime, self.idle_timeout_s, owner, resident=resident
+        )
         self._sessions[session.id] = session
         return session
 
@@ -130,7 +128,6 @@ class SessionRegistry:
     def pop(self, session_id: str, owner: str) -> Session:
         session = self.get(session_id, owner, usable=False)
         del self._sessions[session_id]
-        self._residents -= session.resident
         return session
 
     def expired(self) -> list[Session]:
@@ -152,7 +149,6 @@ class SessionRegistry:
     def drain(self) -> list[Session]:
         gone = list(self._sessions.values())
         self._sessions.clear()
-        self._residents = 0
         return gone
 
     def close(self, session: Session, reason: str) -> None:

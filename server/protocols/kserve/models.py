@@ -396,11 +396,10 @@ class V2Models:
         try:
             for folder in self.repository.read(name):
                 versions[folder.version] = await self._import(folder)
-        except NotFound:
-            await self._close_residents(versions.values())
-            raise
         except Exception as exc:
-            await self._close_residents(versions.values())
+            await self._close_residents(versions.values())  # the versions this load got to
+            if isinstance(exc, NotFound):  # the folder is gone: what was loaded before still serves
+                raise
             await self._drop_old(name)  # before _unload, which forgets the versions it drops
             self._unload(name, status_of(exc)[1])
             log.warning("model_load_failed", model=name, error=f"{type(exc).__name__}: {exc}")

@@ -48,7 +48,7 @@ from rknn_server.runtime.base import (
     RuntimeOptions,
 )
 from rknn_server.runtime.external_data import check_external_data
-from rknn_server.runtime.qdq_outputs import Affine, expose_quantized_outputs
+from rknn_server.runtime.qdq_outputs import Affine, expose_quantized_outputs, has_quantized_outputs
 from rknn_server.runtime.redact import without_paths
 
 log = logging.getLogger(__name__)
@@ -169,12 +169,12 @@ def _runnable(path: Path | None, graph: onnx.ModelProto) -> tuple[str | bytes, d
         t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer
     ):
         return str(path), {}
+    if not has_quantized_outputs(graph):  # a float model is never copied: a copy is all its weights
+        return (graph.SerializeToString() if path is None else str(path)), {}
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(graph)
     exposed = expose_quantized_outputs(rewritten)
-    if exposed or path is None:
-        return rewritten.SerializeToString(), exposed
-    return str(path), {}
+    return rewritten.SerializeToString(), exposed
 
 
 def _load_graph(path: Path) -> tuple[onnx.ModelProto, bool]:
@@ -245,20 +245,23 @@ class LoadedModel:
         self.path = path
         self.threads = threads
         try:
-            self.graph, virtual = _load_graph(path)
+            graph, virtual = _load_graph(path)
         except Exception as exc:
             raise ModelFormatError(runtime_failure(f"{path.name} is not a loadable ONNX model", exc)) from exc
-        check_external_data(self.graph, path.parent)
+        check_external_data(graph, path.parent)
         # Shape inference once per model: its budget (each open's), its arena and its memory report.
-        self.tensors = onnx_graph.inferred_tensors(self.graph)
-        self.need = onnx_graph.materialized_bytes(self.graph, self.tensors)
+        self.tensors = onnx_graph.inferred_tensors(graph)
+        self.need = onnx_graph.materialized_bytes(graph, self.tensors)
         self.check_budget(budget)
+        self.weight_bytes = onnx_graph.initializer_bytes(graph)
+        self.internal_bytes = onnx_graph.peak_intermediate_bytes(graph, self.tensors)
         process = psutil.Process()
         rss_before = process.memory_info().rss
-        self.source, quantized = _runnable(None if virtual else path, self.graph)
+        self.source, quantized = _runnable(None if virtual else path, graph)
         # Whether every run does the same work, whatever the caller's input (no dynamic axis, no shape
         # computed from the data). Only then an arena: one input that made a run huge must leave nothing held.
-        self.steady = onnx_graph.shapes_static(self.graph, self.tensors)
+        self.steady = onnx_graph.shapes_static(graph, self.tensors)
+        del graph  # ONNX Runtime holds the weights now; graph() reads them again for a dump
         try:
             self.session = ort.InferenceSession(
                 self.source,
@@ -271,6 +274,11 @@ class LoadedModel:
         self.inputs = [_spec(i, a) for i, a in enumerate(self.session.get_inputs())]
         self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self.session.get_outputs())]
         self.input_names = [s.name for s in self.inputs]
+
+    def graph(self) -> onnx.ModelProto:
+        """The model's graph, weights and all, read again from its file (the cache's, which does not
+        change): only a dump needs it, so a loaded model keeps its weights once, in ONNX Runtime."""
+        return _load_graph(self.path)[0]
 
     def check_budget(self, budget: int) -> None:
         """Refuse, before ONNX Runtime allocates anything, a session whose budget the model exceeds."""
@@ -417,8 +425,7 @@ class HostModel(ModelRuntime):
         return parse_profile(events, PROFILE_RUNS), profiled_run_us(events, PROFILE_RUNS)
 
     def memory(self) -> EvalMemoryResponse:
-        weights = onnx_graph.initializer_bytes(self._model.graph)
-        internal = onnx_graph.peak_intermediate_bytes(self._model.graph, self._model.tensors)
+        weights, internal = self._model.weight_bytes, self._model.internal_bytes
         model_size = sum(
             p.stat().st_size for p in self._model.path.parent.iterdir() if p.is_file() and p.name != ".main"
         )
@@ -440,7 +447,8 @@ class HostModel(ModelRuntime):
         a batch's tensors are handed out (and dropped) before the next batch is computed.
         """
         feeds = dict(zip(self._input_names, inputs, strict=True))
-        graph = onnx_graph.with_input_shapes(self._model.graph, {n: tuple(a.shape) for n, a in feeds.items()})
+        graph = self._model.graph()
+        onnx_graph.fix_input_shapes(graph, {n: tuple(a.shape) for n, a in feeds.items()})
         tensors = onnx_graph.inferred_tensors(graph)
         layers = [
             layer

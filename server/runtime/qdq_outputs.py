@@ -58,20 +58,34 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
             graph.node.remove(node)
 
 
-def expose_quantized_outputs(model: onnx.ModelProto) -> dict[str, Affine]:
-    """Rewrite `model` in place so each output computed by a per-tensor DequantizeLinear becomes
-    that DequantizeLinear's integer input; returns the quantization of each rewritten output."""
+def _exposable(model: onnx.ModelProto) -> list[tuple[onnx.ValueInfoProto, tuple[str, Affine, int]]]:
+    """The graph outputs a rewrite would expose, each with what _dequantizer found behind it."""
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
     initializers = {t.name: t for t in graph.initializer}
     graph_inputs = {i.name for i in graph.input}
     consumed = {name for node in graph.node for name in node.input}
+    found = [(output, _dequantizer(output.name, producers, initializers)) for output in graph.output]
+    return [
+        (output, behind)
+        for output, behind in found
+        if behind is not None and behind[0] not in graph_inputs and output.name not in consumed
+    ]
+
+
+def has_quantized_outputs(model: onnx.ModelProto) -> bool:
+    """Whether expose_quantized_outputs would rewrite anything: asked first, so that a float model
+    is never copied for a rewrite that changes nothing (a copy is the whole model, weights and all)."""
+    return bool(_exposable(model))
+
+
+def expose_quantized_outputs(model: onnx.ModelProto) -> dict[str, Affine]:
+    """Rewrite `model` in place so each output computed by a per-tensor DequantizeLinear becomes
+    that DequantizeLinear's integer input; returns the quantization of each rewritten output."""
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
     exposed: dict[str, Affine] = {}
-    for output in graph.output:
-        found = _dequantizer(output.name, producers, initializers)
-        if found is None or found[0] in graph_inputs or output.name in consumed:
-            continue
-        quantized, info, elem_type = found
+    for output, (quantized, info, elem_type) in _exposable(model):
         graph.node.remove(producers[output.name])
         graph.node.append(
             helper.make_node("Identity", [quantized], [output.name], name=f"{output.name}_native")

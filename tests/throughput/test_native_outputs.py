@@ -12,7 +12,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from rknn_client import connect
-from rknn_server.runtime.qdq_outputs import expose_quantized_outputs
+from rknn_server.runtime.qdq_outputs import expose_quantized_outputs, has_quantized_outputs
 from tests import models as base_models
 from tests.conftest import DaemonFactory
 
@@ -79,8 +79,10 @@ def test_native_outputs_send_a_quarter_of_the_bytes(
 
 def test_float_models_and_inner_dequantizers_are_left_alone(tmp_path, qdq_detector):
     plain = onnx.load(str(base_models.small_cnn(tmp_path / "cnn.onnx")))
+    assert not has_quantized_outputs(plain)  # so a load runs the file itself, never a copy of it
     assert expose_quantized_outputs(plain) == {}
     qdq = onnx.load(str(qdq_detector))
+    assert has_quantized_outputs(qdq)
     # An output that another node also reads cannot change type.
     qdq.graph.node.append(onnx.helper.make_node("Identity", ["out3"], ["copy"]))
     exposed = expose_quantized_outputs(qdq)

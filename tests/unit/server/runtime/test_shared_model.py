@@ -127,3 +127,19 @@ def test_only_models_whose_runs_allocate_the_same_every_time_keep_an_arena(tmp_p
         options = _shared(runtime).session.get_session_options()  # type: ignore[attr-defined]
         assert str(int(options.enable_cpu_mem_arena)) == arena, what
         runtime.close()
+
+
+def test_a_loaded_model_holds_its_weights_once_and_a_dump_reads_them_again(tmp_path: Path) -> None:
+    """ONNX Runtime holds the weights; the parsed ONNX graph (a second copy of every weight) is not
+    kept past the load, and a dump, which needs the graph, reads it from the file."""
+    backend = HostBackend(threads=1)
+    model = small_cnn(tmp_path / "cnn.onnx")
+    runtime = backend.open(model, RuntimeOptions())
+    held = [name for name, value in vars(_shared(runtime)).items() if isinstance(value, onnx.ModelProto)]
+    assert held == []
+    x = np.full((1, 3, 16, 16), 0.5, np.float32)
+    layers = {layer.tensor_name: layer.array for layer in runtime.dump_layers([x])}  # type: ignore[attr-defined]
+    np.testing.assert_allclose(layers["logits"], runtime.run([x])[0], rtol=1e-5, atol=1e-6)  # type: ignore[attr-defined]
+    weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(str(model)).graph.initializer)
+    assert runtime.memory().weight_memory == weights  # type: ignore[attr-defined]
+    runtime.close()  # type: ignore[attr-defined]

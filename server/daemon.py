@@ -193,6 +193,7 @@ def _backend(config: DaemonConfig, probe: PlatformInfo, metrics: DaemonMetrics) 
             probe=probe,
             runtime_lib=config.runtime_lib,
             plugin_dir=config.plugin_dir,
+            models_in_cache=True,
         )
     if config.isolation == "process":
         backend = IsolatedBackend(backend, config.limits.call_timeout_s or None, metrics.worker_lost)

@@ -257,6 +257,8 @@ SERVER_LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
                 "onnx_graph",
                 "external_data",
                 "qdq_outputs",
+                "host_facts",
+                "host_study",
                 "host_model",
                 "host",
                 "isolated",

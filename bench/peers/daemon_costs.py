@@ -1,6 +1,8 @@
 """What our daemon costs before it serves anything: its start-to-ready time (spawned until it
-listens, no model), and the RSS each further session of MobileNetV2 adds, from N callers each with
-its own connection and session (each run once), against the model file's size."""
+listens, no model), the same with the bench models in a repository at a first start and at a restart
+over its cache (whose models' facts the first start kept: host_facts), and the RSS each further
+session of MobileNetV2 adds, from N callers each with its own connection and session (each run
+once), against the model file's size."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 import psutil
 
 from bench.peers.models import BenchModel
-from bench.peers.servers import DAEMON_ARGS
+from bench.peers.servers import DAEMON_ARGS, start_ours
 from rknn_client import Device, Session, connect
 from rknn_server.testing import start_daemon
 
@@ -36,6 +38,24 @@ def start_to_ready(work: Path) -> dict[str, Any]:
         "median_s": statistics.median(seconds),
         "min_s": min(seconds),
         "max_s": max(seconds),
+    }
+
+
+def restart_to_ready(work: Path, models: list[BenchModel]) -> dict[str, Any]:
+    """Seconds from spawning `rknn_server` with `models` in a repository until each answers ready:
+    first over an empty cache, then again over the cache the first start filled; STARTS pairs."""
+    first, again = [], []
+    for number in range(STARTS):
+        for times in (first, again):
+            running = start_ours(work / f"restart-{number}", models)
+            times.append(running.start_s)
+            running.stop()
+    ratios = [a / f for a, f in zip(again, first, strict=True)]
+    return {
+        "starts": STARTS,
+        "first_median_s": statistics.median(first),
+        "restart_median_s": statistics.median(again),
+        "restart_over_first": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
     }
 
 

@@ -16,7 +16,7 @@ import onnxruntime
 
 from bench.peers import summary
 from bench.peers.batching import measure_batching
-from bench.peers.daemon_costs import rss_per_session, start_to_ready
+from bench.peers.daemon_costs import restart_to_ready, rss_per_session, start_to_ready
 from bench.peers.models import bench_models
 from bench.peers.rounds import CONCURRENCY, ROUNDS, SECONDS, Contender, Pythons, run_rounds
 from bench.peers.servers import DAEMON_ARGS, start_ours, start_peer
@@ -84,6 +84,7 @@ def measure_peers(work: Path) -> dict[str, Any]:
     mobilenet = models[1]
     result["daemon"] = {
         "start_to_ready": _guarded(lambda: start_to_ready(work / "daemon")),
+        "restart_to_ready": _guarded(lambda: restart_to_ready(work / "daemon", models)),
         "rss_per_session": _guarded(lambda: rss_per_session(work / "daemon", mobilenet)),
     }
     result["dynamic_batching"] = _guarded(lambda: measure_batching(work / "batching"))

@@ -76,6 +76,13 @@ def _daemon_lines(daemon: dict[str, Any]) -> list[str]:
         lines.append(
             f"our daemon alone, no model: start to listening {start['median_s']:.2f} s (median of {start['starts']})"
         )
+    restart = daemon.get("restart_to_ready", {})
+    if "restart_median_s" in restart:
+        lines.append(
+            f"our daemon with both models: start to ready {restart['first_median_s']:.2f} s over an empty cache, "
+            f"{restart['restart_median_s']:.2f} s restarted over it (restart/first {_ratio(restart['restart_over_first'])}, "
+            f"median of {restart['starts']})"
+        )
     rss = daemon.get("rss_per_session", {})
     if "rss_per_extra_session_mib" in rss:
         lines.append(

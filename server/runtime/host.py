@@ -65,8 +65,9 @@ class ModelShelf:
     sessions holds it (the last one's close frees it). Opens of one file wait for its first load;
     opens of other files do not."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, remember_facts: bool) -> None:
         self._threads = threads
+        self._remember_facts = remember_facts
         self._models: weakref.WeakValueDictionary[str, LoadedModel] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self._loading: dict[str, _Loading] = {}
@@ -84,7 +85,7 @@ class ModelShelf:
                 if model is None:
                     from rknn_server.runtime.host_model import LoadedModel
 
-                    model = LoadedModel(path, self._threads, budget)
+                    model = LoadedModel(path, self._threads, budget, self._remember_facts)
                     self._models[key] = model
                 else:
                     model.check_budget(budget)
@@ -105,15 +106,24 @@ class HostBackend(Backend):
     unpinned_reason = "the host runtime has no NPU and leaves the CPU to the OS"
     shares_models = True  # ModelShelf
 
-    def __init__(self, soc: str = "", threads: int | None = None, sysfs_root: Path = Path("/")) -> None:
+    def __init__(
+        self,
+        soc: str = "",
+        threads: int | None = None,
+        sysfs_root: Path = Path("/"),
+        remember_facts: bool = False,
+    ) -> None:
+        """`remember_facts`: the daemon's backend, whose models are files of its cache, beside which
+        what a load learns of each model is kept for the next start (host_facts)."""
         self._soc = soc.lower()
         self.threads = threads or default_threads()
         self._sysfs_root = sysfs_root
+        self.remember_facts = remember_facts
         # Shared by all sessions: at most concurrent_runs(threads) compute at once.
         self.gate = run_gate(self.threads)
         self.parallel_runs = concurrent_runs(self.threads)
         self.gated_runs = True
-        self._shelf = ModelShelf(self.threads)
+        self._shelf = ModelShelf(self.threads, self.remember_facts)
 
     def __getstate__(self) -> dict[str, object]:
         """Picklable for worker processes (--isolation process), each of which gets its own gate and
@@ -123,7 +133,7 @@ class HostBackend(Backend):
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self.gate = run_gate(self.threads)
-        self._shelf = ModelShelf(self.threads)
+        self._shelf = ModelShelf(self.threads, self.remember_facts)
 
     def version(self) -> VersionInfo:
         from importlib import metadata

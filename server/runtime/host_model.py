@@ -4,8 +4,10 @@ Per-layer timings come from ONNX Runtime's own profiler (real per-node durations
 with perf_debug the total is those same runs', as the toolkit's is), memory from the model's weights,
 a liveness pass over intermediates and the process's measured memory growth while loading.
 
-Apart from host.py because onnx and onnxruntime cost a small board a tenth of a second to import:
-the daemon imports this module when it opens its first model, not when it starts.
+Apart from host.py because onnxruntime costs a small board a tenth of a second to import: the
+daemon imports this module when it opens its first model, not when it starts. The onnx package,
+as costly, is imported only to study a model not studied before (host_study, host_facts) and for
+a dump.
 """
 
 from __future__ import annotations
@@ -21,14 +23,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import psutil
 
-from rknn_proto import model_container
 from rknn_proto.buffers import MIN_POOLED_BYTES, BufferPool
 from rknn_proto.messages import (
     EvalMemoryResponse,
@@ -38,7 +38,7 @@ from rknn_proto.messages import (
     QuantType,
     TensorAttr,
 )
-from rknn_server.runtime import onnx_graph
+from rknn_server.runtime import host_facts
 from rknn_server.runtime.base import (
     ExecutionError,
     InputFormat,
@@ -47,9 +47,13 @@ from rknn_server.runtime.base import (
     OverBudget,
     RuntimeOptions,
 )
-from rknn_server.runtime.external_data import check_external_data
-from rknn_server.runtime.qdq_outputs import Affine, expose_quantized_outputs, has_quantized_outputs
 from rknn_server.runtime.redact import without_paths
+
+if TYPE_CHECKING:
+    import onnx
+
+    from rknn_server.runtime import onnx_graph
+    from rknn_server.runtime.qdq_outputs import Affine
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +87,6 @@ PERF_RUNS = 5
 PROFILE_RUNS = 3
 # Most bytes of layer outputs one dump run exposes: the daemon never holds more than this many at once.
 DUMP_BATCH_BYTES = 32 << 20
-# ONNX element types whose tensors a dump can send (the wire's dtypes).
-_DUMP_ELEM_TYPES = frozenset(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in _ORT_TYPES.values())
 
 
 def session_options(threads: int, model_dir: Path | None = None, arena: bool = True) -> ort.SessionOptions:
@@ -160,30 +162,6 @@ def _spec(index: int, arg: ort.NodeArg, affine: Affine | None = None) -> TensorA
     return replace(attr, quant_type=QuantType.AFFINE_ASYMMETRIC, zero_point=zero_point, scale=scale)
 
 
-def _runnable(path: Path | None, graph: onnx.ModelProto) -> tuple[str | bytes, dict[str, Affine]]:
-    """What ONNX Runtime loads: the file itself (its bytes when `path` is None: the graph came from a
-    virtual-board container), or, for a QDQ model whose outputs end in DequantizeLinear, the rewritten
-    graph that returns them quantized (see qdq_outputs).
-    Models with external data are loaded as they are (their bytes cannot move without the data)."""
-    if path is not None and any(
-        t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer
-    ):
-        return str(path), {}
-    if not has_quantized_outputs(graph):  # a float model is never copied: a copy is all its weights
-        return (graph.SerializeToString() if path is None else str(path)), {}
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(graph)
-    exposed = expose_quantized_outputs(rewritten)
-    return rewritten.SerializeToString(), exposed
-
-
-def _load_graph(path: Path) -> tuple[onnx.ModelProto, bool]:
-    """The model's graph, and whether it came out of a virtual-board container (export_rknn's file)."""
-    if model_container.file_is_virtual(path):
-        return onnx.load_from_string(model_container.read(path).onnx), True
-    return onnx.load(str(path), load_external_data=False), False
-
-
 def _shape_text(shape: Sequence[int]) -> str:
     return "(" + ",".join(str(d) for d in shape) + ")"
 
@@ -241,36 +219,44 @@ class LoadedModel:
     every session of that file (ONNX Runtime runs one InferenceSession from several threads at once),
     so that eight callers of a model hold it once. Made and found by host.ModelShelf."""
 
-    def __init__(self, path: Path, threads: int, budget: int) -> None:
+    def __init__(self, path: Path, threads: int, budget: int, remember: bool = False) -> None:
+        """`remember`: the path is in the daemon's cache, where the model's facts are kept beside it
+        (host_facts), so that a model studied once is not studied again, nor onnx imported for it."""
         self.path = path
         self.threads = threads
+        quantized: dict[str, Affine] = {}
+        self.source: str | bytes  # what ONNX Runtime loads (a profile's session too)
+        facts = host_facts.recall(path) if remember else None
+        if facts is not None:  # studied before: a file ONNX Runtime loads as it is
+            self.facts, self.source = facts, str(path)
+            self.check_budget(budget)
+            rss_before = psutil.Process().memory_info().rss
+        else:
+            from rknn_server.runtime import host_study
+
+            try:
+                graph, virtual = host_study.read_model(path)
+            except Exception as exc:
+                raise ModelFormatError(
+                    runtime_failure(f"{path.name} is not a loadable ONNX model", exc)
+                ) from exc
+            self.facts = host_study.facts_of(graph, path.parent)
+            self.check_budget(budget)
+            rss_before = psutil.Process().memory_info().rss
+            self.source, quantized = host_study.runnable(None if virtual else path, graph)
+            del graph  # ONNX Runtime holds the weights now; graph() reads them again for a dump
+            if remember and self.source == str(path):  # a rewrite is made again at each load
+                host_facts.remember(path, self.facts)
         try:
-            graph, virtual = _load_graph(path)
-        except Exception as exc:
-            raise ModelFormatError(runtime_failure(f"{path.name} is not a loadable ONNX model", exc)) from exc
-        check_external_data(graph, path.parent)
-        # Shape inference once per model: its budget (each open's), its arena and its memory report.
-        self.tensors = onnx_graph.inferred_tensors(graph)
-        self.need = onnx_graph.materialized_bytes(graph, self.tensors)
-        self.check_budget(budget)
-        self.weight_bytes = onnx_graph.initializer_bytes(graph)
-        self.internal_bytes = onnx_graph.peak_intermediate_bytes(graph, self.tensors)
-        process = psutil.Process()
-        rss_before = process.memory_info().rss
-        self.source, quantized = _runnable(None if virtual else path, graph)
-        # Whether every run does the same work, whatever the caller's input (no dynamic axis, no shape
-        # computed from the data). Only then an arena: one input that made a run huge must leave nothing held.
-        self.steady = onnx_graph.shapes_static(graph, self.tensors)
-        del graph  # ONNX Runtime holds the weights now; graph() reads them again for a dump
-        try:
+            # An arena only for a steady model: one input that made a run huge must leave nothing held.
             self.session = ort.InferenceSession(
                 self.source,
-                session_options(threads, path.parent, self.steady),
+                session_options(threads, path.parent, self.facts.steady),
                 providers=["CPUExecutionProvider"],
             )
         except Exception as exc:
             raise ModelFormatError(runtime_failure(f"ONNX Runtime cannot load {path.name}", exc)) from exc
-        self.load_growth = max(0, process.memory_info().rss - rss_before)
+        self.load_growth = max(0, psutil.Process().memory_info().rss - rss_before)
         self.inputs = [_spec(i, a) for i, a in enumerate(self.session.get_inputs())]
         self.outputs = [_spec(i, a, quantized.get(a.name)) for i, a in enumerate(self.session.get_outputs())]
         self.input_names = [s.name for s in self.inputs]
@@ -278,13 +264,15 @@ class LoadedModel:
     def graph(self) -> onnx.ModelProto:
         """The model's graph, weights and all, read again from its file (the cache's, which does not
         change): only a dump needs it, so a loaded model keeps its weights once, in ONNX Runtime."""
-        return _load_graph(self.path)[0]
+        from rknn_server.runtime import host_study
+
+        return host_study.read_model(self.path)[0]
 
     def check_budget(self, budget: int) -> None:
         """Refuse, before ONNX Runtime allocates anything, a session whose budget the model exceeds."""
-        if budget and self.need > budget:
+        if budget and self.facts.need > budget:
             raise OverBudget(
-                f"{self.path.name} needs at least {self.need} bytes to load and run (weights, constants "
+                f"{self.path.name} needs at least {self.facts.need} bytes to load and run (weights, constants "
                 "computed at load, live intermediates), over the session budget "
                 f"max_session_memory={budget} (--max-session-memory)"
             )
@@ -301,7 +289,7 @@ class HostModel(ModelRuntime):
         self._gate = gate
         self.inputs = model.inputs
         self.outputs = model.outputs
-        self.steady = model.steady
+        self.steady = model.facts.steady
         self._input_names = model.input_names
         # Outputs of static shapes are written into arrays allocated here (see run) where one of them is
         # large enough for the pool to hand its memory out again; off for good once ONNX Runtime refuses
@@ -425,9 +413,11 @@ class HostModel(ModelRuntime):
         return parse_profile(events, PROFILE_RUNS), profiled_run_us(events, PROFILE_RUNS)
 
     def memory(self) -> EvalMemoryResponse:
-        weights, internal = self._model.weight_bytes, self._model.internal_bytes
+        weights, internal = self._model.facts.weight_bytes, self._model.facts.internal_bytes
         model_size = sum(
-            p.stat().st_size for p in self._model.path.parent.iterdir() if p.is_file() and p.name != ".main"
+            p.stat().st_size
+            for p in self._model.path.parent.iterdir()
+            if p.is_file() and not p.name.startswith(".")
         )
         return EvalMemoryResponse(
             weight_memory=weights,
@@ -446,14 +436,15 @@ class HostModel(ModelRuntime):
         Each batch is one run of the part of the graph that computes its tensors, exposed as outputs;
         a batch's tensors are handed out (and dropped) before the next batch is computed.
         """
+        from rknn_server.runtime import host_study, onnx_graph
+
         feeds = dict(zip(self._input_names, inputs, strict=True))
+        sendable = host_study.dump_elem_types(list(_ORT_TYPES.values()))
         graph = self._model.graph()
         onnx_graph.fix_input_shapes(graph, {n: tuple(a.shape) for n, a in feeds.items()})
         tensors = onnx_graph.inferred_tensors(graph)
         layers = [
-            layer
-            for layer in onnx_graph.dump_tensors(graph, tensors)
-            if layer.info.elem_type in _DUMP_ELEM_TYPES
+            layer for layer in onnx_graph.dump_tensors(graph, tensors) if layer.info.elem_type in sendable
         ]
         for layer in layers:
             if layer.info.name in feeds:
@@ -478,6 +469,8 @@ class HostModel(ModelRuntime):
         feeds: dict[str, np.ndarray],
     ) -> list[ort.OrtValue]:
         """The batch's tensors as ONNX Runtime holds them: each becomes numpy (a copy) only when sent."""
+        from rknn_server.runtime import onnx_graph
+
         model = onnx_graph.model_for_outputs(graph, names, tensors)
         opts = dump_session_options(self._model.threads, self._model.path.parent)
         try:

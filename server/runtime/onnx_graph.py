@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from google.protobuf.message import Message
 from onnx import helper, shape_inference
 
 
@@ -53,7 +52,9 @@ def _tensor_info(value: onnx.ValueInfoProto) -> ValueInfo:
 _SHAPE_DATA_MAX_BYTES = 4096
 
 
-def _copy_fields(source: Message, target: Message, skip: str) -> None:
+def _copy_fields(
+    source: onnx.ModelProto | onnx.GraphProto, target: onnx.ModelProto | onnx.GraphProto, skip: str
+) -> None:
     """Every field of `source` set on `target`, but `skip`."""
     for field, value in source.ListFields():
         if field.name == skip:

@@ -18,7 +18,9 @@ class BackendUnavailable(Exception):
     """The requested backend cannot run here; the message says what is missing."""
 
 
-def host_backend(soc: str, threads: int | None, sysfs_root: Path = Path("/")) -> Backend:
+def host_backend(
+    soc: str, threads: int | None, sysfs_root: Path = Path("/"), models_in_cache: bool = False
+) -> Backend:
     try:
         from rknn_server.runtime.host import HostBackend
 
@@ -32,7 +34,7 @@ def host_backend(soc: str, threads: int | None, sysfs_root: Path = Path("/")) ->
             f"the host runtime (ONNX Runtime on the CPU) needs the project's host extra, which this install "
             f"lacks ({exc}); reinstall the project's wheel with it: pip install 'WHEEL[host]' (docs/deploy.md)"
         ) from exc
-    return HostBackend(soc=soc, threads=threads, sysfs_root=sysfs_root)
+    return HostBackend(soc=soc, threads=threads, sysfs_root=sysfs_root, remember_facts=models_in_cache)
 
 
 def _npu_node(probe: PlatformInfo) -> str:
@@ -84,17 +86,21 @@ def select_backend(
     probe: PlatformInfo | None = None,
     runtime_lib: Path | None = None,
     plugin_dir: Path | None = None,
+    models_in_cache: bool = False,
 ) -> tuple[Backend, str]:
     """The backend to serve with and a sentence on why it was chosen.
 
     `auto` picks rknnrt when the runtime library loads and the board has an NPU device node, else
-    host. A declared `soc` (--soc) takes the place of the probed one.
+    host. A declared `soc` (--soc) takes the place of the probed one. `models_in_cache`: the daemon's
+    backend, which opens only files of its model cache, and may keep beside them what it learns.
     """
     probe = probe or PlatformInfo()
     if soc:
         probe = dataclasses.replace(probe, soc=soc)
     if requested == "host":
-        return host_backend(probe.soc, threads, probe.root), "host runtime requested (--runtime host)"
+        return host_backend(
+            probe.soc, threads, probe.root, models_in_cache
+        ), "host runtime requested (--runtime host)"
     if requested == "rknnrt":
         library = _library_path(probe, runtime_lib)
         reason = f"rknnrt runtime requested (--runtime rknnrt): {library}; {_npu_node(probe)}"
@@ -104,7 +110,8 @@ def select_backend(
             backend, library = _auto_rknnrt(probe, runtime_lib, plugin_dir)
         except BackendUnavailable as rknnrt_cause:
             try:
-                return host_backend(probe.soc, threads, probe.root), f"{rknnrt_cause}; {HOST_FALLBACK}"
+                host = host_backend(probe.soc, threads, probe.root, models_in_cache)
+                return host, f"{rknnrt_cause}; {HOST_FALLBACK}"
             except BackendUnavailable as host_cause:
                 raise BackendUnavailable(
                     f"neither runtime can start (--runtime auto): rknnrt: {rknnrt_cause}; host: {host_cause}"

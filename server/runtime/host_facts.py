@@ -4,8 +4,9 @@ graph or importing the onnx package (together about a tenth of a second for Mobi
 several times that on a board).
 
 The facts are a function of the file's bytes, and the cache's files never change in place (a model
-is content-addressed; a damaged one is removed whole), so the file's size and modification time are
-kept with them only to catch a file that did change. Nothing here imports onnx."""
+is content-addressed; a damaged one is removed whole), so the file's size, modification time and
+inode are kept with them only to catch a file that did change (as the store's `.verified` record
+does). Nothing here imports onnx."""
 
 from __future__ import annotations
 
@@ -36,7 +37,12 @@ def facts_path(model: Path) -> Path:
 
 def _stamp(model: Path) -> dict[str, int]:
     info = model.stat()
-    return {"version": FACTS_VERSION, "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+    return {
+        "version": FACTS_VERSION,
+        "size": info.st_size,
+        "mtime_ns": info.st_mtime_ns,
+        "inode": info.st_ino,
+    }
 
 
 def recall(model: Path) -> ModelFacts | None:

@@ -215,7 +215,7 @@ def profiled_run_us(events: list[dict], runs: int) -> float:
 
 
 class LoadedModel:
-    """One model file in ONNX Runtime: its graph, InferenceSession and tensor descriptions, shared by
+    """One model file in ONNX Runtime: its InferenceSession, facts and tensor descriptions, shared by
     every session of that file (ONNX Runtime runs one InferenceSession from several threads at once),
     so that eight callers of a model hold it once. Made and found by host.ModelShelf."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,12 @@ def test_facts_that_do_not_fit_the_file_are_studied_again(
     os.utime(model, ns=(0, 0))  # the file changed since
     _open_and_close(HostBackend(threads=1, remember_facts=True), model)
     assert read == [model]
+    stamp = model.stat()
+    shutil.copyfile(model, tmp_path / "copy.onnx")  # another file in its place, of the same size and time
+    os.utime(tmp_path / "copy.onnx", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    os.replace(tmp_path / "copy.onnx", model)
+    _open_and_close(HostBackend(threads=1, remember_facts=True), model)
+    assert read == [model, model]
 
 
 def test_only_the_daemons_backend_writes_beside_a_model_and_never_for_a_rewrite(tmp_path: Path) -> None:

@@ -98,9 +98,8 @@ def select_backend(
     if soc:
         probe = dataclasses.replace(probe, soc=soc)
     if requested == "host":
-        return host_backend(
-            probe.soc, threads, probe.root, models_in_cache
-        ), "host runtime requested (--runtime host)"
+        host = host_backend(probe.soc, threads, probe.root, models_in_cache)
+        return host, "host runtime requested (--runtime host)"
     if requested == "rknnrt":
         library = _library_path(probe, runtime_lib)
         reason = f"rknnrt runtime requested (--runtime rknnrt): {library}; {_npu_node(probe)}"

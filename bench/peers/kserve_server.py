@@ -46,7 +46,7 @@ def main() -> None:
     server = kserve.ModelServer(
         http_port=job.http_port, grpc_port=job.grpc_port, enable_latency_logging=False
     )
-    for quiet in ("uvicorn.access", "kserve.trace"):  # a line a request: ours logs none
+    for quiet in ("uvicorn.access", "kserve.trace"):  # a line a request each (ours writes its rpc line)
         logging.getLogger(quiet).disabled = True
     announce_when_ready(job)
     server.start(models)

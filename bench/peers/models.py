@@ -1,5 +1,7 @@
-"""The two models every server serves: a tiny one (serving cost alone) and MobileNetV2 (a real
-classifier's compute), and the batchable MobileNetV2 of the dynamic-batching measurement."""
+"""The models every server serves: a tiny one (a call's serving cost alone), MobileNetV2 (a real
+classifier's compute), and an Identity of MobileNetV2's input (serving a tensor that size, without the
+compute: what the servers' code adds to MobileNetV2's ONNX Runtime run); and the batchable
+MobileNetV2 of the dynamic-batching measurement."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import onnx
 
 from demo.models import mobilenet_v2, save_mobilenet_v2
 from tests.models import identity_of
+
+MOBILENET_INPUT = (1, 3, 224, 224)
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,25 @@ def bench_models(folder: Path) -> list[BenchModel]:
     folder.mkdir(parents=True, exist_ok=True)
     tiny = identity_of(folder / "tiny.onnx", "float32", (1, 4))
     mobilenet = save_mobilenet_v2(folder / "mobilenet_v2.onnx")
+    sized = identity_of(folder / "identity_224.onnx", "float32", MOBILENET_INPUT)
     return [
         BenchModel("tiny", "tiny (Identity 1x4 float32)", tiny, "x", "y", (1, 4)),
         BenchModel(
-            "mobilenet_v2", "MobileNetV2 1x3x224x224 float32", mobilenet, "input", "prob", (1, 3, 224, 224)
+            "mobilenet_v2", "MobileNetV2 1x3x224x224 float32", mobilenet, "input", "prob", MOBILENET_INPUT
+        ),
+        BenchModel(
+            "identity_224",
+            "Identity 1x3x224x224 float32 (MobileNetV2's tensor, no compute; 588 KiB each way)",
+            sized,
+            "x",
+            "y",
+            MOBILENET_INPUT,
         ),
     ]
+
+
+def model_named(models: list[BenchModel], name: str) -> BenchModel:
+    return next(m for m in models if m.name == name)
 
 
 def batchable_mobilenet_v2(path: Path) -> Path:

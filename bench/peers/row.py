@@ -17,7 +17,7 @@ import onnxruntime
 from bench.peers import summary
 from bench.peers.batching import measure_batching
 from bench.peers.daemon_costs import restart_to_ready, rss_per_session, start_to_ready
-from bench.peers.models import bench_models
+from bench.peers.models import bench_models, model_named
 from bench.peers.rounds import CONCURRENCY, ROUNDS, SECONDS, Contender, Pythons, run_rounds
 from bench.peers.servers import DAEMON_ARGS, start_ours, start_peer
 from bench.peers.table import render
@@ -63,8 +63,9 @@ def measure_peers(work: Path) -> dict[str, Any]:
         "models": {m.name: m.label for m in models},
         "servers": servers,
         "settings": "every server: one ONNX Runtime InferenceSession a model with our session options "
-        "(intra-op 1, inter-op 1, no spinning, no memory arena), at most 2 runs at once (our --threads 1 on "
-        "2 cores; the peers' handlers run it in a 2-thread pool, PyTriton 2 instances); no per-request logs; "
+        "(intra-op 1, inter-op 1, no spinning, a memory arena), at most 2 runs at once (our --threads 1 on "
+        "2 cores; the peers' handlers run it in a 2-thread pool, PyTriton 2 instances); ours writes its "
+        "rpc log line for every call (info level, JSON), the peers' per-request log lines are off; "
         f"clients: tritonclient {tritonclient_venv.VERSION} (v2) and rknn_client (rknn.v1, RKNN_SHM=off), one connection per thread",
     }
     python, reason = tritonclient_venv.ensure()
@@ -81,10 +82,12 @@ def measure_peers(work: Path) -> dict[str, Any]:
         errors=summary.errors(rounds),
         per_round=rounds,
     )
-    mobilenet = models[1]
+    mobilenet = model_named(models, "mobilenet_v2")
     result["daemon"] = {
         "start_to_ready": _guarded(lambda: start_to_ready(work / "daemon")),
-        "restart_to_ready": _guarded(lambda: restart_to_ready(work / "daemon", models)),
+        "restart_to_ready": _guarded(
+            lambda: restart_to_ready(work / "daemon", [model_named(models, "tiny"), mobilenet])
+        ),
         "rss_per_session": _guarded(lambda: rss_per_session(work / "daemon", mobilenet)),
     }
     result["dynamic_batching"] = _guarded(lambda: measure_batching(work / "batching"))

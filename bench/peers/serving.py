@@ -47,7 +47,7 @@ class Job:
 def session_options() -> ort.SessionOptions:
     """rknn_server.runtime.host_model.session_options(1), which this venv cannot import: one
     intra-op and one inter-op thread, no spinning, a memory arena (ours has one for models whose
-    shapes are all static, as both bench models are)."""
+    shapes are all static, as every bench model is)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1

@@ -81,7 +81,7 @@ def ratios(
 
 
 def start_times(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each server's start-to-ready seconds (both models ready), median and spread of its starts."""
+    """Each server's start-to-ready seconds (every bench model ready), median and spread of its starts."""
     names = {name for r in rounds for name in r}
     return {
         name: spread([r[name]["start_s"] for r in rounds if "start_s" in r.get(name, {})])

@@ -60,7 +60,7 @@ def render(result: dict[str, Any]) -> str:
     starts = result["start_to_ready_s"]
     lines += [
         "",
-        "start-to-ready s (both models ready), median of the rounds: "
+        "start-to-ready s (every bench model ready), median of the rounds: "
         + ", ".join(f"{n} {s['median']:.2f}" for n, s in starts.items() if s),
     ]
     lines += _daemon_lines(result.get("daemon", {})) + _batching_lines(result.get("dynamic_batching", {}))
@@ -79,7 +79,7 @@ def _daemon_lines(daemon: dict[str, Any]) -> list[str]:
     restart = daemon.get("restart_to_ready", {})
     if "restart_median_s" in restart:
         lines.append(
-            f"our daemon with both models: start to ready {restart['first_median_s']:.2f} s over an empty cache, "
+            f"our daemon with tiny and MobileNetV2: start to ready {restart['first_median_s']:.2f} s over an empty cache, "
             f"{restart['restart_median_s']:.2f} s restarted over it (restart/first {_ratio(restart['restart_over_first'])}, "
             f"median of {restart['starts']})"
         )

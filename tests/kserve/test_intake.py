@@ -90,15 +90,51 @@ def extremes(datatype: str) -> np.ndarray:
     return np.array([*values, -0.1234567, -1.2345678e-5], dtype)
 
 
+def written_data(values: np.ndarray, datatype: str) -> bytes:
+    """The text a REST reply writes for `values` as its one JSON output's data, brackets included."""
+    reply = infer_reply("m", "", None, [OutputTensor("y", datatype, values.shape, values)], {"": False})
+    body = bytes(reply.body)
+    start = body.index(b'"data":') + len(b'"data":')
+    return body[start : body.index(b"]", start) + 1]
+
+
 @pytest.mark.parametrize("datatype", sorted(V2_DTYPES))
 def test_json_element_bytes_bound_what_the_rest_reply_writes(datatype: str) -> None:
     """The reply rule weighs a JSON reply at these bytes per element before anything is encoded;
-    no element may take more, or a reply the rule let through could outgrow its limit."""
+    no element the reply writes may take more, or a reply the rule let through could outgrow its
+    limit: with NaN and infinities (the standard library writes those slices) and without (orjson
+    writes them, in decimals down to 1e-5: -0.000040529070247430354 is its longest)."""
     values = extremes(datatype)
-    reply = infer_reply("m", "", None, [OutputTensor("y", datatype, values.shape, values)], {"": False})
-    body = json.loads(reply.body)
-    data = json.dumps(body["outputs"][0]["data"], separators=(",", ":"))
-    assert len(data) - 2 <= values.size * JSON_ELEMENT_BYTES[datatype] - 1, data
+    finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+    if values.dtype.kind == "f":
+        finite = np.concatenate([finite, np.array([-4.0529070247430354e-05, -1.0000001e-05], values.dtype)])
+    for shown in (values, finite):
+        data = written_data(shown, datatype)
+        assert len(data) - 2 <= shown.size * JSON_ELEMENT_BYTES[datatype] - 1, data
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_a_rest_reply_writes_each_float_as_the_number_it_is(datatype: str, fast: bool) -> None:
+    """Finite floats read back as exactly the numbers `tolist` makes of them, whichever library
+    wrote the text; a slice holding NaN or an infinity writes them as NaN and Infinity (which
+    tritonclient's parser reads), never as orjson's null."""
+    dtype = V2_DTYPES[datatype]
+    finite = (np.random.default_rng(0).standard_normal(4096) * np.logspace(-7, 4, 4096)).astype(dtype)
+    with pytest.MonkeyPatch.context() as patch:
+        if not fast:
+            patch.setattr(rest, "orjson", None)
+        assert json.loads(written_data(finite, datatype)) == finite.tolist()
+        odd = np.array([1.5, np.nan, np.inf, -np.inf], dtype)
+        assert written_data(odd, datatype) == b"[1.5,NaN,Infinity,-Infinity]"
+
+
+def test_the_server_extra_writes_rest_json_with_orjson_here() -> None:
+    """A REST reply's finite floats are written by orjson (18x the standard library's speed on
+    MobileNetV2's input here), which spells 1e-05 in decimals."""
+    assert rest.orjson is not None
+    assert written_data(np.array([1e-05, 2.5]), "FP64") == b"[0.00001,2.5]"
+    assert written_data(np.array([3, -1], np.int64), "INT64") == b"[3,-1]"
 
 
 # What the REST door must read exactly as the standard library does, whichever parser reads it.

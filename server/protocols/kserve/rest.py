@@ -311,12 +311,22 @@ def _echoed_id(request_id: object) -> bytes:
     return b',"id":' + _dumps(request_id) if isinstance(request_id, str) and request_id else b""
 
 
+def _json_numbers(values: np.ndarray) -> bytes:
+    """A slice's elements as JSON text, each the number `tolist` makes of it. orjson writes them where
+    it is installed (MobileNetV2's 150,528 floats: 4 ms against the standard library's 73 here; no
+    element longer than JSON_ELEMENT_BYTES allows), unless a float is NaN or infinite: orjson would
+    write null, the standard library writes what tritonclient's parser reads back."""
+    items = values.tolist()
+    numbers = values.dtype.kind in "biu" or (values.dtype.kind == "f" and bool(np.isfinite(values).all()))
+    return orjson.dumps(items) if orjson is not None and numbers else _dumps(items)
+
+
 def _json_data(array: np.ndarray) -> Iterator[bytes]:
-    """An array's elements as a JSON array's text, a slice at a time (as `tolist` writes them)."""
+    """An array's elements as a JSON array's text, a slice at a time."""
     flat = array.reshape(-1)
     yield b"["
     for start in range(0, flat.size, JSON_SLICE):
-        text = _dumps(flat[start : start + JSON_SLICE].tolist())[1:-1]
+        text = _json_numbers(flat[start : start + JSON_SLICE])[1:-1]
         yield text if start == 0 else b"," + text
     yield b"]"
 

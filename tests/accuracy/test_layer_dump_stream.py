@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -100,7 +101,8 @@ def test_dump_errors_come_back_as_the_daemon_said(host_daemon: DaemonProcess, cn
         assert [layer.tensor_name for layer in session.dump_layers([np.ones((1, 3, 16, 16), np.float32)])][
             -1
         ] == ("logits")
-    assert '"method": "DumpLayers"' in host_daemon.log_text()
+    logged = [json.loads(line) for line in host_daemon.log_text().splitlines() if line.startswith("{")]
+    assert any(event.get("method") == "DumpLayers" for event in logged)
 
 
 def test_worker_process_sessions_dump_and_survive_an_early_stop(

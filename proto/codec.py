@@ -230,7 +230,30 @@ class TensorAssembler:
         allocate: Callable[[int], np.ndarray] = _new_buffer,
     ) -> None:
         """`allocate` gives each tensor's uint8 buffer of a byte length (its bytes need not be zero)."""
-        self._layouts = check_metas(metas, limits, what)
+        self._setup(metas, check_metas(metas, limits, what), what, allocate)
+
+    @classmethod
+    def of_checked(
+        cls,
+        metas: Sequence[rknn_pb2.TensorMeta],
+        layouts: list[tuple[np.dtype, tuple[int, ...]]],
+        what: str,
+        allocate: Callable[[int], np.ndarray],
+    ) -> TensorAssembler:
+        """An assembler of metas that passed check_metas, which gave `layouts` (for a receiver that
+        keeps the check of metas it sees again)."""
+        assembler = cls.__new__(cls)
+        assembler._setup(metas, layouts, what, allocate)
+        return assembler
+
+    def _setup(
+        self,
+        metas: Sequence[rknn_pb2.TensorMeta],
+        layouts: list[tuple[np.dtype, tuple[int, ...]]],
+        what: str,
+        allocate: Callable[[int], np.ndarray],
+    ) -> None:
+        self._layouts = layouts
         self._metas = list(metas)
         self._buffers = [allocate(m.byte_length) for m in metas]
         self._views = [b.data for b in self._buffers]

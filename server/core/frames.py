@@ -55,6 +55,40 @@ def check_inputs(specs: Sequence[TensorAttr], metas: Sequence[rknn_pb2.TensorMet
     )
 
 
+# What the intake's checks read of a TensorMeta (its name is only in their messages).
+MetaKey = tuple[tuple[int, tuple[int, ...], int, bool, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedInputs:
+    """A frame header's inputs as they passed the intake: codec.check_metas's layouts (the daemon's
+    limits) and check_inputs's plans (the session's model). A session keeps the last one, and a frame
+    whose inputs are declared the same (a client sends the same inputs frame after frame) takes it:
+    both checks are pure functions of what the key holds. In place in the daemon, the two took 36 us
+    of a tiny model's Run, the key 1 us."""
+
+    key: MetaKey
+    limits: codec.TensorLimits
+    layouts: list[tuple[np.dtype, tuple[int, ...]]]
+    plans: list[InputPlan]
+
+
+def checked_inputs(
+    session: Session, metas: Sequence[rknn_pb2.TensorMeta], limits: codec.TensorLimits
+) -> CheckedInputs:
+    """The intake of a frame header's inputs (raises what either check raises): the session's last
+    one where the inputs and the limits are the same, else both checks, kept for the next frame."""
+    key = tuple((m.dtype, tuple(m.shape), m.layout, m.pass_through, m.byte_length) for m in metas)
+    last = session.checked_inputs
+    if last is not None and last.key == key and last.limits is limits:
+        return last
+    checked = CheckedInputs(
+        key, limits, codec.check_metas(metas, limits, "input"), check_inputs(session.runtime.inputs, metas)
+    )
+    session.checked_inputs = checked  # one reference, replaced whole: a doorbell's thread reads it too
+    return checked
+
+
 def _check_count(specs: Sequence[TensorAttr], count: int) -> None:
     if count != len(specs):
         raise InvalidInput(
@@ -146,13 +180,15 @@ class IncomingFrame:
         limits: codec.TensorLimits,
         budget: MemoryBudget,
     ) -> IncomingFrame:
-        """Check the declared inputs against the limits (the assembler does, before its buffers,
-        which np.empty only reserves) and then the model, and reserve the buffers against the
+        """Check the declared inputs against the limits and then the model (checked_inputs), before
+        the assembler's buffers (which np.empty only reserves), and reserve the buffers against the
         daemon's memory budget, before any byte arrives."""
-        assembler = codec.TensorAssembler(header.inputs, limits, "input", session.buffers.take)
-        plans = check_inputs(session.runtime.inputs, header.inputs)
+        checked = checked_inputs(session, header.inputs, limits)
+        assembler = codec.TensorAssembler.of_checked(
+            header.inputs, checked.layouts, "input", session.buffers.take
+        )
         budget.hold(assembler.buffers, f"the inputs of frame {header.frame_id}")
-        return cls(header, session, plans, assembler, limits)
+        return cls(header, session, checked.plans, assembler, limits)
 
     # The framing's Assembly (rknn_proto.framing): rknn_proto.framing.FrameReader feeds chunks here.
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -22,6 +23,9 @@ from rknn_proto.buffers import BufferPool
 from rknn_proto.reasons import Reason
 from rknn_server.errors import FailedPrecondition, NotFound, ResourceExhausted
 from rknn_server.runtime.base import ModelRuntime, RuntimeOptions
+
+if TYPE_CHECKING:
+    from rknn_server.core.frames import CheckedInputs
 
 log = structlog.get_logger("rknn_server.sessions")
 
@@ -51,6 +55,8 @@ class Session:
     # The model repository's own session of a READY model (kserve/models.py): it keeps the model
     # loaded between callers, so it has no idle lease and no place under the clients' session limits.
     resident: bool = False
+    # Its last frame's inputs as the intake passed them, for the next frame like it (frames.py).
+    checked_inputs: CheckedInputs | None = None
 
     def renew(self) -> None:
         self.last_used = time.monotonic()

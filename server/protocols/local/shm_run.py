@@ -1,7 +1,7 @@
 """One inference over shared memory (RunShared): inputs read from, outputs written into, regions.
 
 The intake is the wire's: the header's metas are checked against the tensor limits and the model
-(frames.check_inputs) and the inputs' buffers are held against the frame memory budget before a
+(frames.checked_inputs) and the inputs' buffers are held against the frame memory budget before a
 byte is read; the one layout transpose is frames.arrange's. Only where the bytes come from differs:
 each input's slot is checked to lie inside its region and has the meta's exact length; it is read
 in place from a mapped region (a sealed memfd) or copied with pread from a /dev/shm file (shm.py
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rknn_proto import codec, rknn_pb2
+from rknn_proto import rknn_pb2
 from rknn_proto.messages import QuantType, TensorAttr
 from rknn_proto.reasons import Reason
 from rknn_server.core.data_plane import DataPlane, RunTimes
-from rknn_server.core.frames import InputPlan, arrange, check_inputs, wire_outputs
+from rknn_server.core.frames import InputPlan, arrange, checked_inputs, wire_outputs
 from rknn_server.core.sessions import Session
 from rknn_server.core.shm import Region, SharedMemoryRegistry
 from rknn_server.errors import InvalidInput, ResourceExhausted
@@ -203,8 +203,8 @@ def prepare(
 ) -> SharedFrame:
     """Check a frame whose tensors live in the owner's regions; nothing is read yet. A /dev/shm
     file's inputs need buffers, held against --max-memory for as long as the frame is kept."""
-    layouts = codec.check_metas(header.inputs, plane.tensor_limits, "input")
-    plans = check_inputs(session.runtime.inputs, header.inputs)
+    checked = checked_inputs(session, header.inputs, plane.tensor_limits)
+    layouts, plans = checked.layouts, checked.plans
     inputs, outputs = _plan(header, session, registry, owner)
     buffers = [
         None if slot.region.map is not None else np.empty(m.byte_length, dtype=np.uint8)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rknn_proto import codec, framing, rknn_pb2
+from rknn_server.core import frames
 from rknn_server.core.frames import Declared, IncomingFrame, check_inputs, take_arrays
 from rknn_server.core.memory import MemoryBudget
 from rknn_server.core.sessions import Session
@@ -150,3 +151,45 @@ def test_pass_through_data_is_brought_into_the_models_own_layout() -> None:
     x = np.arange(48, dtype=np.float32).reshape(1, 4, 4, 3)
     (plan,) = check_inputs([RKNNRT_INPUT], [codec.meta_of(x, layout="NHWC", pass_through=True)])
     assert plan.permutation == (0, 3, 1, 2) and plan.format.layout == "NCHW"
+
+
+def test_a_session_checks_a_frame_declared_like_its_last_one_once_and_every_other_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session keeps its last frame's intake; a frame declaring anything else (shape, dtype,
+    layout, byte length) or checked under other limits is checked again, and refused as ever."""
+    own, budget, limits = session(), MemoryBudget(0), codec.TensorLimits()
+    x = np.zeros((1, 3, 4, 4), np.float32)
+    checks: list[str] = []
+    real_metas, real_inputs = codec.check_metas, frames.check_inputs
+
+    def counted_metas(*args: object, **kwargs: object) -> object:
+        checks.append("limits")
+        return real_metas(*args, **kwargs)  # type: ignore[arg-type]
+
+    def counted_inputs(*args: object) -> object:
+        checks.append("model")
+        return real_inputs(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(codec, "check_metas", counted_metas)
+    monkeypatch.setattr(frames, "check_inputs", counted_inputs)
+    for _ in range(3):
+        IncomingFrame.start(header(x), own, limits, budget)
+    assert checks == ["limits", "model"]
+
+    checks.clear()
+    nhwc = IncomingFrame.start(header(x.transpose(0, 2, 3, 1), layout="NHWC"), own, limits, budget)
+    assert checks == ["limits", "model"] and nhwc.formats()[0].layout == "NCHW"
+    assert nhwc.plans[0].permutation == (0, 3, 1, 2)  # not the last frame's plan
+    with pytest.raises(InvalidInput, match=r"has shape \[1, 3, 4, 5\]"):
+        IncomingFrame.start(header(np.zeros((1, 3, 4, 5), np.float32)), own, limits, budget)
+    with pytest.raises(InvalidInput, match="the model expects float32"):
+        IncomingFrame.start(header(x.astype(np.float16)), own, limits, budget)
+    IncomingFrame.start(header(x), own, limits, budget)
+    lying = header(x)
+    lying.inputs[0].byte_length -= 4
+    with pytest.raises(codec.CodecError, match="byte_length 188 does not match"):
+        IncomingFrame.start(lying, own, limits, budget)
+    with pytest.raises(codec.LimitExceeded, match="max_tensor_bytes=64"):
+        IncomingFrame.start(header(x), own, replace(limits, max_tensor_bytes=64), budget)
+    assert IncomingFrame.start(header(x), own, limits, budget).plans[0].permutation is None

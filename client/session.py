@@ -77,6 +77,9 @@ class Session:
         self._instance = self.device.instance_id
         self._route = None
         self._last_frame: _LastFrame | None = None  # see _frame
+        # The last outputs' metas as check_metas passed them (their key, its layouts): the daemon
+        # answers frame after frame with the same (new_output_assembler).
+        self._last_outputs: tuple[codec.MetasKey, list[tuple[np.dtype, tuple[int, ...]]]] | None = None
         self._quantized = any(s.quant_type is not QuantType.NONE for s in self.outputs)
 
     def allow_reconnect(self, allowed: bool) -> None:
@@ -198,7 +201,11 @@ class Session:
         )
 
     def new_output_assembler(self, header: rknn_pb2.OutputsHeader) -> OutputFrame:
-        return OutputFrame(header, self._output_buffers)
+        key = codec.metas_key(header.outputs)
+        last = self._last_outputs
+        if last is None or last[0] != key:
+            last = self._last_outputs = (key, codec.check_metas(header.outputs, _OUTPUT_LIMITS, "output"))
+        return OutputFrame.receiving(header, last[1], self._output_buffers)
 
     def real_outputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Received outputs as float32 where they came as quantized integers (native outputs)."""
@@ -275,9 +282,19 @@ class Session:
 class OutputFrame(codec.TensorAssembler):
     """One frame's outputs being received: the daemon's header and the outputs' bytes (in `buffers`)."""
 
-    def __init__(self, header: rknn_pb2.OutputsHeader, buffers: BufferPool) -> None:
-        super().__init__(header.outputs, _OUTPUT_LIMITS, "output", buffers.take)
-        self.header = header
+    header: rknn_pb2.OutputsHeader
+
+    @classmethod
+    def receiving(
+        cls,
+        header: rknn_pb2.OutputsHeader,
+        layouts: list[tuple[np.dtype, tuple[int, ...]]],
+        buffers: BufferPool,
+    ) -> OutputFrame:
+        """The frame of `header`, whose outputs' metas passed check_metas with `layouts`."""
+        frame = cls.of_checked(header.outputs, layouts, "output", buffers.take)
+        frame.header = header
+        return frame
 
 
 class LayerFrame(codec.TensorAssembler):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -186,6 +186,16 @@ def check_meta(
     return dtype, shape
 
 
+# What check_metas (and the daemon's input intake) read of each TensorMeta: its name is only in their messages.
+MetasKey = tuple[tuple[int, tuple[int, ...], int, bool, int], ...]
+
+
+def metas_key(metas: Sequence[rknn_pb2.TensorMeta]) -> MetasKey:
+    """The metas as the checks see them: equal keys pass (or fail) every check of metas alike, so a
+    receiver may keep the result for the next frame whose key is the same."""
+    return tuple((m.dtype, tuple(m.shape), m.layout, m.pass_through, m.byte_length) for m in metas)
+
+
 def check_metas(
     metas: Sequence[rknn_pb2.TensorMeta], limits: TensorLimits, what: str = "tensor"
 ) -> list[tuple[np.dtype, tuple[int, ...]]]:
@@ -219,6 +229,9 @@ def _new_buffer(nbytes: int) -> np.ndarray:
     return np.empty(nbytes, dtype=np.uint8)
 
 
+_Assembler = TypeVar("_Assembler", bound="TensorAssembler")
+
+
 class TensorAssembler:
     """Collects the chunks of several tensors into preallocated buffers, checking order and size."""
 
@@ -234,12 +247,12 @@ class TensorAssembler:
 
     @classmethod
     def of_checked(
-        cls,
+        cls: type[_Assembler],
         metas: Sequence[rknn_pb2.TensorMeta],
         layouts: list[tuple[np.dtype, tuple[int, ...]]],
         what: str,
         allocate: Callable[[int], np.ndarray],
-    ) -> TensorAssembler:
+    ) -> _Assembler:
         """An assembler of metas that passed check_metas, which gave `layouts` (for a receiver that
         keeps the check of metas it sees again)."""
         assembler = cls.__new__(cls)

@@ -55,10 +55,6 @@ def check_inputs(specs: Sequence[TensorAttr], metas: Sequence[rknn_pb2.TensorMet
     )
 
 
-# What the intake's checks read of a TensorMeta (its name is only in their messages).
-MetaKey = tuple[tuple[int, tuple[int, ...], int, bool, int], ...]
-
-
 @dataclass(frozen=True, slots=True)
 class CheckedInputs:
     """A frame header's inputs as they passed the intake: codec.check_metas's layouts (the daemon's
@@ -67,7 +63,7 @@ class CheckedInputs:
     both checks are pure functions of what the key holds. In place in the daemon, the two took 36 us
     of a tiny model's Run, the key 1 us."""
 
-    key: MetaKey
+    key: codec.MetasKey
     limits: codec.TensorLimits
     layouts: list[tuple[np.dtype, tuple[int, ...]]]
     plans: list[InputPlan]
@@ -78,7 +74,7 @@ def checked_inputs(
 ) -> CheckedInputs:
     """The intake of a frame header's inputs (raises what either check raises): the session's last
     one where the inputs and the limits are the same, else both checks, kept for the next frame."""
-    key = tuple((m.dtype, tuple(m.shape), m.layout, m.pass_through, m.byte_length) for m in metas)
+    key = codec.metas_key(metas)
     last = session.checked_inputs
     if last is not None and last.key == key and last.limits is limits:
         return last

@@ -98,3 +98,32 @@ def test_frames_with_an_id_get_headers_of_their_own() -> None:
     two, _ = frame(s, x, frame_id=2)
     assert (one.frame_id, two.frame_id, zero.frame_id) == (1, 2, 0)
     assert one is not two and one.inputs == zero.inputs
+
+
+def test_outputs_declared_like_the_last_ones_are_checked_once_and_others_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The daemon answers frame after frame with the same outputs: their metas are checked once, and
+    each frame's own bytes are what it reads. Outputs declared otherwise are checked again."""
+    s = session()
+    checks = []
+    real = codec.check_metas
+    monkeypatch.setattr(codec, "check_metas", lambda *args: checks.append(1) or real(*args))
+
+    def received(y: np.ndarray, byte_length: int | None = None) -> np.ndarray:
+        meta = codec.meta_of(y, "y")
+        meta.byte_length = y.nbytes if byte_length is None else byte_length
+        assembler = s.new_output_assembler(rknn_pb2.OutputsHeader(outputs=[meta]))
+        assembler.add_bytes(0, 0, y.tobytes())
+        (out,) = assembler.arrays()
+        return out
+
+    for value in range(3):
+        y = np.full((1, 4), value, np.float32)
+        np.testing.assert_array_equal(received(y), y)
+    assert len(checks) == 1
+    wider = np.arange(8, dtype=np.float32).reshape(1, 8)
+    np.testing.assert_array_equal(received(wider), wider)
+    assert len(checks) == 2
+    with pytest.raises(codec.CodecError, match="byte_length 12 does not match"):
+        received(np.zeros((1, 4), np.float32), byte_length=12)

@@ -14,16 +14,12 @@ import numpy as np
 import pytest
 
 from rknn_proto import codec
-from rknn_server.config.limits import CacheLimits, SessionLimits
-from rknn_server.core.data_plane import DataPlane
 from rknn_server.errors import InvalidInput
-from rknn_server.observe.metrics import DaemonMetrics
 from rknn_server.protocols.kserve import models as v2
 from rknn_server.protocols.kserve.models import InputTensor, V2Models
-from rknn_server.protocols.kserve.repository import ModelRepository
 from rknn_server.runtime.host import HostBackend
-from rknn_server.store.model_cache import ModelCache
 from tests.models import two_inputs
+from tests.unit.server.protocols.kserve.serving import models_of
 
 CALLER = "uid:1000"
 
@@ -31,29 +27,14 @@ CALLER = "uid:1000"
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[V2Models]:
     """The repository model `m` (y = a * 2 + b, and a's shape) served by the host runtime."""
-    folder = tmp_path / "repository" / "m"
-    folder.mkdir(parents=True)
-    two_inputs(folder / "model.onnx")
-    backend = HostBackend(threads=1)
     with ThreadPoolExecutor(2) as executor:
-        plane = DataPlane(
-            backend,
-            ModelCache(tmp_path / "cache", CacheLimits()),
-            executor,
-            DaemonMetrics(),
-            codec.TensorLimits(),
-            SessionLimits(),
-        )
-        repository = ModelRepository(
-            tmp_path / "repository", backend.model_suffixes, CacheLimits.max_model_bytes
-        )
-        models = V2Models(plane, repository, max_cached_sessions=8)
+        models = models_of(tmp_path, executor, HostBackend(threads=1), make=two_inputs)
         asyncio.run(models.load_all())
         try:
             yield models
         finally:
-            plane.close_all("test over")
-            plane.shutdown()
+            models.plane.close_all("test over")
+            models.plane.shutdown()
 
 
 def raw(name: str, array: np.ndarray, datatype: str = "FP32") -> InputTensor:

@@ -10,18 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from rknn_proto import codec
-from rknn_server.config.limits import CacheLimits, SessionLimits
-from rknn_server.core.data_plane import DataPlane
+from rknn_server.config.limits import CacheLimits
 from rknn_server.errors import ResourceExhausted
-from rknn_server.observe.metrics import DaemonMetrics
-from rknn_server.protocols.kserve.models import REPOSITORY_OWNER, V2Models
-from rknn_server.protocols.kserve.repository import ModelRepository
-from rknn_server.runtime.base import Backend, ModelFormatError
+from rknn_server.protocols.kserve.models import REPOSITORY_OWNER
+from rknn_server.runtime.base import ModelFormatError
 from rknn_server.runtime.host import HostBackend
-from rknn_server.store.model_cache import ModelCache
 from tests.models import identity_of
 from tests.unit.server.fakes import FakeBackend
+from tests.unit.server.protocols.kserve.serving import models_of
 
 CALLER = "uid:1000"
 
@@ -36,24 +32,6 @@ class SharingFake(FakeBackend):
     """The fake runtime, as a backend whose sessions of a model share its loaded copy."""
 
     shares_models = True
-
-
-def models_of(
-    tmp_path: Path, executor: ThreadPoolExecutor, backend: Backend, max_sessions: int = 64
-) -> V2Models:
-    folder = tmp_path / "repository" / "m"
-    folder.mkdir(parents=True, exist_ok=True)
-    identity_of(folder / "model.onnx", "float32", (1, 4))
-    plane = DataPlane(
-        backend,
-        ModelCache(tmp_path / "cache", CacheLimits()),
-        executor,
-        DaemonMetrics(),
-        codec.TensorLimits(),
-        SessionLimits(max_sessions=max_sessions),
-    )
-    repository = ModelRepository(tmp_path / "repository", backend.model_suffixes, CacheLimits.max_model_bytes)
-    return V2Models(plane, repository, max_cached_sessions=8)
 
 
 def open_runtimes(backend: FakeBackend) -> int:

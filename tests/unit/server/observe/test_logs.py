@@ -77,10 +77,24 @@ def test_json_lines_are_written_by_orjson_where_it_is_installed(monkeypatch: pyt
     assert line.startswith('{"method":"Run","bytes_in":16,"event":"rpc"')
 
 
-def test_json_lines_read_back_as_the_standard_library_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_orjson_the_standard_library_writes_the_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """armv7l has no orjson wheels: its daemon writes json.dumps's lines."""
+    monkeypatch.setattr(logs, "orjson", None)
+    (line,) = _lines([{"method": "Run", "bytes_in": 16}], monkeypatch)
+    assert line.startswith('{"method": "Run", "bytes_in": 16, "event": "rpc"')
+
+
+@pytest.mark.parametrize("with_orjson", [True, False], ids=["orjson", "standard library"])
+def test_json_lines_read_back_as_the_standard_library_writes_them(
+    monkeypatch: pytest.MonkeyPatch, with_orjson: bool
+) -> None:
     """Whichever writer wrote it, a line reads back as the event: values JSON has no type for are
     their repr (a dataclass, a datetime, an object), keys become text, and what orjson refuses (an
     integer beyond 64 bits, a lone surrogate) is still written."""
+    if not with_orjson:
+        monkeypatch.setattr(logs, "orjson", None)
+    elif logs.orjson is None:
+        pytest.skip("orjson is not installed here (armv7l)")
     when = datetime(2026, 12, 8, tzinfo=timezone.utc)
     events: list[dict[str, Any]] = [
         {"limits": _Limits(8), "when": when, "counts": {1: "one"}, "text": "naïve ☃"},

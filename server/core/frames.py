@@ -60,8 +60,8 @@ class CheckedInputs:
     """A frame header's inputs as they passed the intake: codec.check_metas's layouts (the daemon's
     limits) and check_inputs's plans (the session's model). A session keeps the last one, and a frame
     whose inputs are declared the same (a client sends the same inputs frame after frame) takes it:
-    both checks are pure functions of what the key holds. In place in the daemon, the two took 36 us
-    of a tiny model's Run, the key 1 us."""
+    both checks are pure functions of what the key holds. In place in the daemon, a tiny model's Run
+    spent 36 us in the checks and the assembler, and 17 us with the kept result (its key included)."""
 
     key: codec.MetasKey
     limits: codec.TensorLimits

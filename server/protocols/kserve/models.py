@@ -84,8 +84,8 @@ class CheckedRequest:
     """A request's inputs as they passed the intake (V2Models._intake): names, datatypes, shapes and
     byte counts against the model and the tensor limits, and frames.plan_inputs's plans. A model
     keeps the last one, and a request sending the same inputs as raw bytes takes it: every check is
-    a pure function of the key, the limits and the model. In place in the daemon, the checks took
-    39 us of a tiny model's ModelInfer."""
+    a pure function of the key, the limits and the model. In place in the daemon, a tiny model's
+    ModelInfer spent 39 us in this intake, and 12 us taking the kept one."""
 
     key: RequestKey
     limits: codec.TensorLimits

@@ -680,12 +680,13 @@ class V2Models:
                 raw_array(inputs[at].raw, dtype, shape)  # type: ignore[arg-type]  # raw: in the key
                 for at, (dtype, shape) in zip(last.order, last.layouts, strict=True)
             ]
-            return arrays, arrange(arrays, last.plans), [plan.format for plan in last.plans]
-        arrays, declared, order = self._checked_arrays(model, inputs, limits)
-        plans = plan_inputs(model.inputs, declared)
-        if key is not None:
-            layouts = tuple((a.dtype, tuple(a.shape)) for a in arrays)
-            model.checked = CheckedRequest(key, limits, order, layouts, plans)
+            plans = last.plans
+        else:
+            arrays, declared, order = self._checked_arrays(model, inputs, limits)
+            plans = plan_inputs(model.inputs, declared)
+            if key is not None:
+                layouts = tuple((a.dtype, tuple(a.shape)) for a in arrays)
+                model.checked = CheckedRequest(key, limits, order, layouts, plans)
         return arrays, arrange(arrays, plans), [plan.format for plan in plans]
 
     def _checked_arrays(

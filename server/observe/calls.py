@@ -9,6 +9,8 @@ metrics and the same log lines.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 
@@ -44,11 +46,17 @@ class Recorder:
         self._log = log.is_enabled_for(logging.INFO)
 
     def done(self, call: Call, outcome: str) -> None:
-        """Record the call's end; `outcome` is its status code's name ("OK", "CANCELLED", ...)."""
+        """Record the call's end; `outcome` is its status code's name ("OK", "CANCELLED", ...).
+
+        The duration ends and the metrics count here. The `rpc` line is written when the event loop
+        next runs its ready callbacks (in the call's context, so with its client), after the reply
+        this call ends with has been handed to the transport: rendering and writing it (36-45 us in
+        place as JSON, about 60 as console text) is then not part of the caller's wait."""
         seconds = time.perf_counter() - call.start
         self.metrics.rpc_done(call.method, outcome, seconds, call.bytes_in, call.bytes_out)
         if self._log:
-            log.info(
+            line = functools.partial(
+                log.info,
                 "rpc",
                 method=call.method,
                 session=call.session[:12] or None,
@@ -58,6 +66,7 @@ class Recorder:
                 duration_ms=round(seconds * 1000, 3),
                 outcome=outcome,
             )
+            asyncio.get_running_loop().call_soon(line)
 
 
 __all__ = ["Call", "Recorder"]

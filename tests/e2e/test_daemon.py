@@ -110,6 +110,9 @@ def test_one_log_event_per_rpc(
         session.run([np.zeros((1, 3, 16, 16), dtype=np.float32)])
     import json
 
+    # A call's line is written just after its reply leaves (calls.Recorder): the last call's (Release)
+    # is in the log once the daemon has stopped.
+    assert daemon.stop() == 0
     events = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
     rpcs = [e for e in events if e.get("event") == "rpc"]
     inference = next(e for e in rpcs if e["method"] == "Run")
